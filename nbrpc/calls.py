@@ -1,0 +1,87 @@
+"""Make torch's blocking RPC calls behave in an interactive session.
+
+Two wrappers, installed in every member by ``group.join``:
+
+- ``api._to_worker_info`` (every ``rpc_sync``, ``rpc_async`` and ``remote`` resolves
+  its destination through it): an unknown name raises ``UnknownWorkerError``
+  listing the workers that exist.
+- ``rpc.rpc_sync``: waits on the main thread in a way Ctrl-C (the notebook's stop
+  button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
+  deliver ``KeyboardInterrupt``; and names the worker in timeouts and in failures
+  of workers whose process has ended.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch.distributed.rpc as rpc
+from torch.distributed.rpc import api
+from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
+from torch.distributed.rpc.internal import RPCExecMode
+
+from .errors import RpcTimeoutError, UnknownWorkerError, WorkerDiedError
+
+_torch_to_worker_info = api._to_worker_info
+_torch_rpc_sync = api.rpc_sync
+
+# Set by the driver's cluster: worker name -> why it is gone, or None if alive.
+worker_fate: Callable[[str], str | None] = lambda name: None
+
+
+def install() -> None:
+    """Put the wrappers in place (idempotent)."""
+    api._to_worker_info = _to_worker_info
+    api.rpc_sync = rpc.rpc_sync = rpc_sync
+
+
+def _to_worker_info(to):
+    try:
+        return _torch_to_worker_info(to)
+    except RuntimeError as e:
+        if "Unknown destination worker" not in str(e):
+            raise
+        known = sorted(info.name for info in api._get_current_rpc_agent().get_worker_infos())
+        msg = f"no worker named {to!r} in this RPC group; the workers are: {', '.join(known)}"
+        raise UnknownWorkerError(msg) from e
+
+
+@api._require_initialized
+def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+    """``torch.distributed.rpc.rpc_sync``, interruptible and with named failures."""
+    fut = api._invoke_rpc(to, func, RPCExecMode.SYNC, args, kwargs, timeout)
+    try:
+        if not fut.done() and threading.current_thread() is threading.main_thread():
+            done = threading.Event()
+            fut.add_done_callback(lambda _: done.set())
+            done.wait()
+        return fut.wait()
+    except RuntimeError as e:
+        named = _named(e, to, func, timeout)
+        if named is e:
+            raise
+        raise named from e
+
+
+def _named(error: RuntimeError, to, func, timeout: float) -> Exception:
+    """Return a clearer error for a dead worker or a timeout, else ``error`` itself."""
+    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    what = getattr(func, "__qualname__", repr(func))
+    fate = worker_fate(name)
+    if fate:
+        msg = (
+            f"rpc_sync({name!r}, {what}) failed: worker {name!r} {fate}. Its state is "
+            "lost; the other workers keep running. Start a new cluster (%rpc_shutdown, "
+            f"then %rpc_init) to get {name!r} back. Torch said: {error}"
+        )
+        return WorkerDiedError(msg)
+    if "RPC ran for more than set timeout" in str(error):
+        seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
+        msg = (
+            f"rpc_sync({name!r}, {what}) got no answer within {seconds:g} s (it may still "
+            "be running there). Pass timeout=SECONDS to the call, or start the cluster "
+            "with a longer default (%rpc_init --timeout SECONDS)."
+        )
+        return RpcTimeoutError(msg)
+    return error

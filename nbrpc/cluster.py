@@ -1,0 +1,356 @@
+"""The cluster: this process as the RPC driver (rank 0) plus worker kernels.
+
+``Cluster.start`` hosts the rendezvous store, joins RPC as the driver, launches the
+worker kernels in parallel and waits until each has joined RPC and answers on the
+Jupyter protocol, or fails with the worker's own output. ``run`` executes code on
+workers, ``status`` reports on every member, ``shutdown`` ends RPC everywhere and
+every worker process. One cluster runs per process at a time (``current()``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import sys
+import time
+import uuid
+from typing import Callable, Iterable
+
+import torch.distributed.rpc as rpc
+from torch.distributed.rpc import api
+
+from . import calls, execution, group, workers
+from ._util import LOOPBACK
+from .errors import (
+    ClusterRunningError,
+    NoClusterError,
+    UnknownWorkerError,
+    WorkerDiedError,
+    WorkerStartError,
+)
+from .workers import Worker
+
+__all__ = ["Cluster", "current", "start"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
+_current: Cluster | None = None
+
+Progress = Callable[[int, int, str], None]
+
+
+def current() -> Cluster | None:
+    """The running cluster of this process, or None."""
+    return _current
+
+
+def start(n: int | None = None, **options) -> Cluster:
+    """Start a cluster (``Cluster(n, **options).start()``) and return it."""
+    return Cluster(n, **options).start()
+
+
+def text_progress(done: int, total: int, message: str) -> None:
+    """Default start-up progress for scripts and terminals."""
+    print(f"nbrpc: {message} ({done}/{total})", file=sys.stderr, flush=True)
+
+
+class Cluster:
+    """A driver (this process, rank 0) and worker kernels in one torch RPC group.
+
+    Parameters
+    ----------
+    n
+        Number of workers, named ``worker1`` ... ``workerN`` (default 2).
+    names
+        Worker names instead of ``n``.
+    driver_name
+        The RPC name of this process.
+    threads
+        TensorPipe worker threads per member (``num_worker_threads``).
+    timeout
+        Default RPC timeout in seconds (``rpc_timeout``).
+    startup_timeout
+        Seconds to wait for every worker to join before giving up.
+    env
+        Extra environment variables for the worker processes.
+    """
+
+    def __init__(
+        self,
+        n: int | None = None,
+        *,
+        names: Iterable[str] | None = None,
+        driver_name: str = "master",
+        threads: int = 16,
+        timeout: float = 60.0,
+        startup_timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+        progress: Progress | None = text_progress,
+    ):
+        worker_names = _worker_names(n, names)
+        _check_names(worker_names, driver_name)
+        for label, value in (("threads", threads), ("timeout", timeout),
+                             ("startup_timeout", startup_timeout)):
+            if not value > 0:
+                raise ValueError(f"{label} must be a positive number, got {value!r}")
+        self.driver_name = driver_name
+        self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
+        self.env = dict(env or {})
+        self.progress = progress or (lambda done, total, message: None)
+        self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
+        self._store = None
+        self.state = "new"
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> Cluster:
+        """Bring the RPC group up; raise ``WorkerStartError`` if a worker cannot join."""
+        global _current
+        if _current is not None:
+            raise ClusterRunningError(
+                f"a cluster is already running in this process ({_current!r}); "
+                "shut it down first (%rpc_shutdown or cluster.shutdown())"
+            )
+        if group.is_member():
+            raise ClusterRunningError(
+                "torch RPC is already initialized in this process (rpc.init_rpc was "
+                "called); call rpc.shutdown() before starting an nbrpc cluster"
+            )
+        began = time.monotonic()
+        self._store = group.host_store(LOOPBACK, 0, self.startup_timeout)
+        prefix = f"nbrpc-{uuid.uuid4().hex[:12]}"
+        options = group.backend_options(self.threads, self.timeout)
+        group.join(self._store, prefix, self.driver_name, group.DRIVER_RANK, options)
+        _current, self.state = self, "starting"
+        atexit.register(self.shutdown)
+        calls.worker_fate = self._fate
+        try:
+            self._launch_all(prefix)
+            self._await_joined(began + self.startup_timeout)
+        except BaseException:
+            self._abort()
+            raise
+        self.state = "running"
+        self.progress(len(self._workers), len(self._workers),
+                      f"{self._summary()} up in {time.monotonic() - began:.1f} s")
+        return self
+
+    def shutdown(self) -> None:
+        """End RPC in every member and every worker process (safe to call twice)."""
+        global _current
+        if self.state in ("new", "stopped"):
+            return
+        atexit.unregister(self.shutdown)
+        everyone_alive = all(w.alive() for w in self._workers) and self.state == "running"
+        try:
+            if everyone_alive:
+                self._leave_gracefully()
+        finally:
+            if group.is_member():
+                group.leave(graceful=False, timeout=0)
+            workers.stop(self._workers)
+            self._store = None
+            self.state = "stopped"
+            calls.worker_fate = lambda name: None
+            if _current is self:
+                _current = None
+
+    def __enter__(self) -> Cluster:
+        return self.start() if self.state == "new" else self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- use ---------------------------------------------------------------------
+
+    @property
+    def workers(self) -> list[Worker]:
+        """The worker kernels (name, rank, host, pid, state), with fresh states."""
+        self._refresh_states()
+        return list(self._workers)
+
+    def worker(self, name: str) -> Worker:
+        for w in self._workers:
+            if w.name == name:
+                return w
+        known = ", ".join(w.name for w in self._workers)
+        raise UnknownWorkerError(f"no worker named {name!r}; the workers are: {known} (or 'all')")
+
+    def run(self, code: str, targets: str | Iterable[str] = "all",
+            output: execution.Output | None = None) -> None:
+        """Execute ``code`` on the ``targets`` kernels (what ``%%rpc_on`` does)."""
+        self._require_running()
+        chosen = self.select(targets)
+        for w in chosen:
+            fate = w.fate()
+            if fate:
+                raise WorkerDiedError(
+                    f"worker {w.name!r} {fate}; run on the others, or restart the cluster "
+                    "(%rpc_shutdown, then %rpc_init)"
+                )
+        execution.run(code, chosen, output or execution.PrintOutput())
+
+    def select(self, targets: str | Iterable[str]) -> list[Worker]:
+        """Workers named by ``"all"``, ``"a,b"`` or a list of names."""
+        if isinstance(targets, str):
+            targets = [t.strip() for t in targets.split(",") if t.strip()]
+        targets = list(targets)
+        if targets == ["all"]:
+            return list(self._workers)
+        if not targets:
+            raise UnknownWorkerError("no target worker given; name one, several (a,b) or 'all'")
+        return [self.worker(name) for name in dict.fromkeys(targets)]
+
+    def status(self) -> list[dict]:
+        """One row per member: name, rank, host, pid, state, busy, owned_rrefs."""
+        self._refresh_states()
+        rows = [dict(name=self.driver_name, rank=0, host=self._workers[0].host if self._workers else "",
+                     pid=os.getpid(), state=self.state if self.state != "running" else "driver",
+                     **(_debug_counts(local=True) if group.is_member() else _no_counts()))]
+        futures = {}
+        for w in self._workers:
+            if w.state == "running":
+                futures[w.name] = rpc.rpc_async(w.name, _debug_counts, timeout=5)
+        for w in self._workers:
+            counts = _no_counts()
+            if w.name in futures:
+                try:
+                    counts = futures[w.name].wait()
+                except RuntimeError:
+                    counts = _no_counts()
+            rows.append(dict(name=w.name, rank=w.rank, host=w.host, pid=w.pid, state=w.state, **counts))
+        return rows
+
+    def __repr__(self) -> str:
+        return f"<nbrpc.Cluster {self.state}: {self._summary()}>"
+
+    # -- internals ---------------------------------------------------------------
+
+    def _summary(self) -> str:
+        return f"{self.driver_name} + " + ", ".join(w.name for w in self._workers)
+
+    def _fate(self, name: str) -> str | None:
+        for w in self._workers:
+            if w.name == name:
+                fate = w.fate()
+                if fate and w.state != "stopped":
+                    w.state = "dead"
+                return fate
+        return None
+
+    def _refresh_states(self) -> None:
+        for w in self._workers:
+            if w.state in ("running", "starting") and not w.alive() and w.pid is not None:
+                w.state = "dead"
+
+    def _require_running(self) -> None:
+        if self.state != "running":
+            raise NoClusterError(f"the cluster is {self.state}; start one with %rpc_init or nbrpc.start()")
+
+    def _launch_all(self, prefix: str) -> None:
+        host, port = LOOPBACK, self._store.port
+        total = len(self._workers)
+        self.progress(0, total, f"starting {total} worker kernel{'s' * (total > 1)}")
+        for w in self._workers:
+            env = {
+                **self.env,
+                "NBRPC_STORE": f"{host}:{port}", "NBRPC_PREFIX": prefix,
+                "NBRPC_NAME": w.name, "NBRPC_RANK": str(w.rank),
+                "NBRPC_THREADS": str(self.threads), "NBRPC_TIMEOUT": str(self.timeout),
+                "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
+            }
+            workers.launch(w, env, os.getcwd())
+
+    def _await_joined(self, deadline: float) -> None:
+        waiting, total = list(self._workers), len(self._workers)
+        while waiting:
+            members = set(group.member_names())
+            for w in list(waiting):
+                if w.name in members:
+                    waiting.remove(w)
+                    workers.connect(w)
+                    self.progress(total - len(waiting), total, f"{w.name} joined")
+                elif not w.alive():
+                    raise WorkerStartError(self._start_failure(w, f"exited before joining ({w.fate()})"))
+            if waiting and time.monotonic() > deadline:
+                raise WorkerStartError(self._start_failure(
+                    waiting[0], f"did not join within startup_timeout={self.startup_timeout:g} s"))
+            time.sleep(0.02)
+        for w in self._workers:
+            try:
+                w.client.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
+            except RuntimeError as e:
+                raise WorkerStartError(self._start_failure(w, f"kernel did not answer: {e}")) from e
+            w.state = "running"
+
+    def _start_failure(self, w: Worker, what: str) -> str:
+        tail = w.log_tail().strip() or "(no output)"
+        return (
+            f"worker {w.name!r} (pid {w.pid}) {what}. Its output:\n{tail}\n"
+            "Fix the cause above (a package missing from this environment, a crash at import, "
+            "a machine out of memory), or raise startup_timeout / %rpc_init --startup-timeout."
+        )
+
+    def _leave_gracefully(self) -> None:
+        """Every member leaves the group in turn, so none sees the others vanish."""
+        replies = [w.client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True)
+                   for w in self._workers]
+        try:
+            group.leave(graceful=True, timeout=self.timeout)
+        except RuntimeError:
+            pass  # shutdown() finishes locally whatever happened
+        deadline = time.monotonic() + 10
+        for w, msg_id in zip(self._workers, replies):
+            while time.monotonic() < deadline and w.alive():
+                try:
+                    reply = w.client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:
+                    break
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+
+    def _abort(self) -> None:
+        """Undo a start that failed: nothing may survive it."""
+        self.state = "failed"
+        self.shutdown()
+
+
+def _worker_names(n: int | None, names: Iterable[str] | None) -> list[str]:
+    if names is not None:
+        if isinstance(names, str):
+            names = [x.strip() for x in names.split(",") if x.strip()]
+        names = list(names)
+        if n is not None and n != len(names):
+            raise ValueError(f"n={n} but {len(names)} names given; give one or the other")
+        return names
+    n = 2 if n is None else n
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"the number of workers must be a whole number >= 1, got {n!r}")
+    return [f"worker{i}" for i in range(1, n + 1)]
+
+
+def _check_names(names: list[str], driver_name: str) -> None:
+    if not names:
+        raise ValueError("a cluster needs at least one worker name")
+    for name in [*names, driver_name]:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(
+                f"invalid worker name {name!r}: use letters, digits, '_', ':' or '-' "
+                "(1 to 127 characters), as torch RPC requires"
+            )
+    everyone = [*names, driver_name]
+    duplicates = sorted({x for x in everyone if everyone.count(x) > 1})
+    if duplicates:
+        raise ValueError(f"worker names must be unique; repeated: {', '.join(duplicates)}")
+
+
+def _no_counts() -> dict:
+    return {"busy": None, "owned_rrefs": None}
+
+
+def _debug_counts(local: bool = False) -> dict:
+    """Busy RPC threads and owned RRefs of this member, from torch's debug info."""
+    info = rpc._get_debug_info()
+    busy = int(info["agent.thread_pool_size"]) - int(info["agent.num_idle_threads"])
+    # Asked over RPC, one busy thread is the one answering.
+    return {"busy": busy - (0 if local else 1), "owned_rrefs": int(info["num_owner_rrefs"])}
