@@ -1,0 +1,34 @@
+# make demo | make test | make bench | make lab — each sets up .venv on first use.
+PYTHON ?= python3
+# The torch build to install; a machine with a GPU may choose another, e.g.
+# make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+READY := $(VENV)/.nbrpc-installed
+
+.PHONY: demo test bench lab clean
+
+$(READY): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e ".[test,tutorials]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(READY)
+
+demo: $(READY)
+	$(VENV)/bin/nbrpc run tutorials/00_quickstart.ipynb --output build/00_quickstart.ipynb
+
+test: $(READY)
+	$(PY) -m pytest tests
+	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials
+
+bench: $(READY)
+	$(PY) benchmarks/run.py
+
+lab: $(READY)
+	$(PY) -m pip install --quiet -e ".[lab]"
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir tutorials
+
+clean:
+	rm -rf $(VENV) build

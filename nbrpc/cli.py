@@ -1,0 +1,49 @@
+"""The ``nbrpc`` command: ``nbrpc run NOTEBOOK`` executes a notebook headless."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def run_notebook(path: str, output: str, timeout: int = 600) -> float:
+    """Execute ``path`` top to bottom in a fresh kernel, save it to ``output``.
+
+    Widget state is not stored, so viewers without a kernel (GitHub, nbviewer) show
+    each widget's static fallback rather than a blank widget.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook, timeout=timeout, kernel_name="python3", store_widget_state=False,
+        resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}},
+    )
+    began = time.monotonic()
+    try:
+        client.execute()
+    finally:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        nbformat.write(notebook, output)
+    return time.monotonic() - began
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nbrpc", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="execute a notebook headless and save the result")
+    run.add_argument("notebook")
+    run.add_argument("--output", help="where to save the executed notebook (default: build/NAME)")
+    run.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    args = parser.parse_args(argv)
+    output = args.output or os.path.join("build", os.path.basename(args.notebook))
+    seconds = run_notebook(args.notebook, output, args.timeout)
+    print(f"nbrpc: ran {args.notebook} in {seconds:.1f} s; executed notebook: {os.path.abspath(output)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_shutdown``: thin shells over ``Cluster``."""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .. import cluster as cluster_mod
+from ..errors import NoClusterError
+from .display import KernelOutput, StatusTable, start_progress
+
+
+def _parse(magic, line: str):
+    """``parse_argstring`` that reports bad input as ``UsageError``."""
+    try:
+        return parse_argstring(magic, line)
+    except UsageError:
+        raise
+    except (SystemExit, ValueError) as e:
+        raise UsageError(f"{magic.__name__}: {e}") from e
+
+
+def _running() -> cluster_mod.Cluster:
+    cluster = cluster_mod.current()
+    if cluster is None:
+        raise NoClusterError("no cluster is running; start one with %rpc_init -n 2")
+    return cluster
+
+
+@magics_class
+class RpcMagics(Magics):
+    @magic_arguments()
+    @argument("-n", type=int, default=None, help="number of workers, named worker1..workerN (default 2)")
+    @argument("--names", default=None, help="comma-separated worker names, e.g. ps,trainer1,trainer2")
+    @argument("--driver-name", default="master", help="RPC name of this kernel (rank 0)")
+    @argument("--threads", type=int, default=16, help="TensorPipe worker threads per member")
+    @argument("--timeout", type=float, default=60.0, help="default RPC timeout in seconds")
+    @argument("--startup-timeout", type=float, default=60.0, help="seconds to wait for workers to join")
+    @line_cell_magic
+    def rpc_init(self, line: str, cell: str | None = None):
+        """Start worker kernels and join them with this kernel in one torch RPC group.
+
+        In the cell form the body runs on every worker, then here, once RPC is up.
+        """
+        args = _parse(self.rpc_init, line)
+        try:
+            cluster = cluster_mod.Cluster(
+                args.n, names=args.names, driver_name=args.driver_name, threads=args.threads,
+                timeout=args.timeout, startup_timeout=args.startup_timeout, progress=None,
+            )
+        except ValueError as e:
+            raise UsageError(f"%rpc_init: {e}") from e
+        cluster.progress = start_progress(len(cluster._workers))
+        cluster.start()
+        if cell and cell.strip():
+            cluster.run(cell, "all", KernelOutput())
+            self.shell.run_cell(cell, store_history=False)
+
+    @magic_arguments()
+    @argument("targets", help="worker name, comma-separated names (a,b), or all")
+    @cell_magic
+    def rpc_on(self, line: str, cell: str):
+        """Run this cell on the named worker kernels; their output streams here."""
+        args = _parse(self.rpc_on, line)
+        _running().run(cell, args.targets, KernelOutput())
+
+    @line_magic
+    def rpc_status(self, line: str = ""):
+        """Show every member: name, rank, host, pid, state, busy threads, owned RRefs."""
+        if line.strip():
+            raise UsageError("%rpc_status takes no arguments")
+        return StatusTable(_running().status())
+
+    @line_magic
+    def rpc_shutdown(self, line: str = ""):
+        """Stop RPC everywhere and end every worker process."""
+        if line.strip():
+            raise UsageError("%rpc_shutdown takes no arguments")
+        cluster = cluster_mod.current()
+        if cluster is None:
+            print("nbrpc: no cluster is running")
+            return
+        cluster.shutdown()
+        print(f"nbrpc: {cluster._summary()} shut down")

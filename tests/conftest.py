@@ -1,0 +1,57 @@
+"""Shared fixtures: one real cluster per module, and a check that no worker survives."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import nbrpc
+from nbrpc._util import kill_pids, pid_alive
+
+
+def worker_pids() -> set[int]:
+    """Pids of every live nbrpc worker kernel on this machine."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"nbrpc.worker" in cmdline and pid_alive(int(entry)):
+            pids.add(int(entry))
+    return pids
+
+
+def wait_gone(pids, timeout: float = 10.0) -> set[int]:
+    """Wait until ``pids`` have ended; return those still alive after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    alive = {p for p in pids if pid_alive(p)}
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = {p for p in alive if pid_alive(p)}
+    return alive
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_leftover_workers():
+    """Fail the module if it leaves a worker process behind (and end it by pid)."""
+    before = worker_pids()
+    yield
+    survivors = wait_gone(worker_pids() - before)
+    kill_pids(sorted(survivors))
+    assert not survivors, f"worker processes survived the tests: {sorted(survivors)}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A running driver + worker1, worker2 cluster shared by a test module."""
+    c = nbrpc.start(2, progress=None, timeout=30)
+    pids = [w.pid for w in c.workers]
+    yield c
+    c.shutdown()
+    assert not wait_gone(pids), "shutdown left worker processes running"
