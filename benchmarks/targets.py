@@ -1,0 +1,11 @@
+"""RPC targets of the benchmark.
+
+They live in an importable module (not in ``__main__``) so that nbrpc and raw
+torch both pickle them by reference: the comparison then measures the RPC layers,
+not the cost of shipping a function by value.
+"""
+
+
+def echo(value):
+    """Return ``value``: the smallest useful call, and a round trip for tensors."""
+    return value

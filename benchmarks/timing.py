@@ -1,0 +1,67 @@
+"""The timing loops, shared by the nbrpc side and the raw torch side.
+
+Both sides run exactly this code and call through the module attribute
+``torch.distributed.rpc.rpc_sync`` as a user would: in an nbrpc member that is
+nbrpc's wrapper, in a raw member torch's own function.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+import torch.distributed.rpc as rpc
+
+from targets import echo
+
+TENSOR_MB = 100
+SMALL_ARG = 1
+
+
+def sync_latencies(to: str, calls: int) -> list[float]:
+    """Seconds taken by each of ``calls`` small ``rpc_sync`` calls, one at a time."""
+    samples = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        rpc.rpc_sync(to, echo, args=(SMALL_ARG,))
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
+def async_throughput(to: str, calls: int, in_flight: int) -> float:
+    """Small ``rpc_async`` calls per second with up to ``in_flight`` outstanding."""
+    pending = collections.deque()
+    began = time.perf_counter()
+    for _ in range(calls):
+        if len(pending) >= in_flight:
+            pending.popleft().wait()
+        pending.append(rpc.rpc_async(to, echo, args=(SMALL_ARG,)))
+    while pending:
+        pending.popleft().wait()
+    return calls / (time.perf_counter() - began)
+
+
+def tensor_round_trips(to: str, trips: int, megabytes: int = TENSOR_MB) -> list[float]:
+    """Seconds taken by each ``rpc_sync`` that sends a float tensor and gets it back."""
+    tensor = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+    samples = []
+    for _ in range(trips):
+        began = time.perf_counter()
+        returned = rpc.rpc_sync(to, echo, args=(tensor,))
+        samples.append(time.perf_counter() - began)
+        if returned.numel() != tensor.numel():
+            raise RuntimeError(f"{to} returned {returned.numel()} elements, sent {tensor.numel()}")
+        del returned
+    return samples
+
+
+def measure(to: str, op: str, count: int, in_flight: int = 32):
+    """Run the measurement named ``op`` (what the raw driver receives as a command)."""
+    if op == "latency":
+        return sync_latencies(to, count)
+    if op == "throughput":
+        return async_throughput(to, count, in_flight)
+    if op == "tensor":
+        return tensor_round_trips(to, count)
+    raise ValueError(f"unknown measurement {op!r}: use latency, throughput or tensor")
