@@ -26,12 +26,25 @@ def listening_socket(host: str = LOOPBACK, port: int = 0) -> socket.socket:
     return sock
 
 
+# The kernel's "this task is exiting" flag (PF_EXITING in /proc/PID/stat's flags).
+_EXITING = 0x4
+
+
 def pid_alive(pid: int) -> bool:
-    """True while ``pid`` is running (zombies count as ended)."""
+    """True while ``pid`` is running (zombies and processes on their way out count as ended).
+
+    A killed process closes its sockets before it turns into a zombie, so peers see
+    the connection drop while its state still reads running; its flags already say
+    it is exiting.
+    """
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    try:
+        return fields[0] not in ("Z", "X") and not int(fields[6]) & _EXITING
+    except (IndexError, ValueError):
         return False
 
 

@@ -143,7 +143,9 @@ class Cluster:
         atexit.unregister(self.shutdown)
         everyone_alive = all(w.alive() for w in self._workers) and self.state == "running"
         try:
-            if everyone_alive:
+            # A graceful leave waits for every call this process still awaits (one the
+            # user interrupted may run for minutes); the workers end either way.
+            if everyone_alive and not group.calls_in_flight():
                 self._leave_gracefully()
         finally:
             if group.is_member():

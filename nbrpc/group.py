@@ -94,6 +94,14 @@ def is_member() -> bool:
     return api._is_current_rpc_agent_set()
 
 
+def calls_in_flight() -> int:
+    """How many RPCs this process sent and still awaits (0 outside a group)."""
+    if not is_member():
+        return 0
+    info = api._get_current_rpc_agent().get_debug_info()
+    return int(info.get("agent.client_active_calls", 0))
+
+
 def member_names() -> list[str]:
     """Names this process's agent knows, itself included."""
     return [info.name for info in api._get_current_rpc_agent().get_worker_infos()]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 
 from jupyter_client import BlockingKernelClient
-from jupyter_client.connect import write_connection_file
 from jupyter_client.launcher import launch_kernel
 
 from ._util import LOOPBACK, kill_pids, pid_alive
@@ -45,6 +47,11 @@ class Worker:
         if self.alive():
             return None
         code = self.exit_code()
+        if code is None and self._popen is not None:
+            try:  # it has ended, but its last threads may still be exiting
+                code = self._popen.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
         how = f"was killed by signal {-code}" if code is not None and code < 0 else (
             f"exited with code {code}" if code is not None else "is not running"
         )
@@ -62,9 +69,8 @@ class Worker:
 def launch(worker: Worker, env: dict[str, str], workdir: str) -> None:
     """Start ``worker``'s kernel process; it joins RPC by itself from ``env``."""
     scratch = tempfile.mkdtemp(prefix=f"nbrpc-{worker.name}-")
-    worker.connection_file, _ = write_connection_file(
-        os.path.join(scratch, "kernel.json"), ip=worker.ip
-    )
+    worker.connection_file = os.path.join(scratch, "kernel.json")
+    _write_unbound_connection_file(worker.connection_file, worker.ip)
     worker.log_path = os.path.join(scratch, "output.log")
     cmd = [sys.executable, "-m", "nbrpc.worker", "-f", worker.connection_file]
     with open(worker.log_path, "wb") as log:
@@ -72,6 +78,19 @@ def launch(worker: Worker, env: dict[str, str], workdir: str) -> None:
             cmd, stdout=log, stderr=log, env={**os.environ, **FAST_ALLOC_ENV, **env}, cwd=workdir
         )
     worker.pid = worker._popen.pid
+
+
+def _write_unbound_connection_file(path: str, ip: str) -> None:
+    """Write connection info whose ports are all 0, for the kernel to fill in.
+
+    The kernel binds free ports itself and writes them back before it joins RPC;
+    ports picked here could be taken before the kernel binds them (by another
+    worker's RPC sockets, say), and it would fail with "Address already in use".
+    """
+    info = {f"{channel}_port": 0 for channel in ("shell", "iopub", "stdin", "control", "hb")}
+    info.update(ip=ip, transport="tcp", key=uuid.uuid4().hex, signature_scheme="hmac-sha256")
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        json.dump(info, f)
 
 
 def connect(worker: Worker) -> BlockingKernelClient:
@@ -92,7 +111,12 @@ def stop(workers: list[Worker]) -> None:
     kill_pids([w.pid for w in workers if w.pid is not None])
     for worker in workers:
         if worker._popen is not None:
-            worker._popen.poll()
+            try:
+                # A killed kernel shows as a zombie a moment before it can be reaped
+                # (its other threads are still exiting); wait so Popen sees the end.
+                worker._popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         if worker.state != "dead":
             worker.state = "stopped"
         _remove_scratch(worker)

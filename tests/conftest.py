@@ -10,9 +10,23 @@ import pytest
 import nbrpc
 from nbrpc._util import kill_pids, pid_alive
 
+# Every process this test run starts inherits the mark (workers, driver scripts,
+# kernels and their workers), so concurrent runs never count or end each other's.
+RUN_MARK = "NBRPC_TEST_RUN"
+os.environ[RUN_MARK] = f"{os.getpid()}-{time.time_ns()}"
+
+
+def _marked(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{RUN_MARK}={os.environ[RUN_MARK]}".encode() in environ
+
 
 def worker_pids() -> set[int]:
-    """Pids of every live nbrpc worker kernel on this machine."""
+    """Pids of every live nbrpc worker kernel started by this test run."""
     pids = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -22,7 +36,7 @@ def worker_pids() -> set[int]:
                 cmdline = f.read()
         except OSError:
             continue
-        if b"nbrpc.worker" in cmdline and pid_alive(int(entry)):
+        if b"nbrpc.worker" in cmdline and _marked(entry) and pid_alive(int(entry)):
             pids.add(int(entry))
     return pids
 

@@ -1,0 +1,513 @@
+"""Lifecycle and failures, with real processes: shutdown, restart, a killed driver,
+a restarted notebook kernel, a killed worker, workers that fail to start, Ctrl-C
+during a long call, and ``%rpc_init`` while a cluster runs.
+
+Every process a test starts is recorded by pid (with its start time, so a reused
+pid is never touched); finalizers end them gently, SIGKILL survivors and assert
+they are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch.distributed.rpc as rpc
+from jupyter_client import KernelManager
+
+import nbrpc
+from nbrpc._util import kill_pids, pid_alive
+
+from conftest import wait_gone
+
+# The contract's numbers, and margins for a loaded two-core machine.
+DRIVER_DEATH_EXIT = 10.0
+SHUTDOWN_LIMIT = 30.0
+INTERRUPT_LIMIT = 2.5
+SUBPROCESS_START = 120.0
+
+DRIVER_THEN_SLEEP = """
+import json, time
+import nbrpc
+
+cluster = nbrpc.start(2, progress=None)
+print(json.dumps({"pids": [w.pid for w in cluster.workers]}), flush=True)
+time.sleep(600)
+"""
+
+DRIVER_INTERRUPTED = """
+import json, os, time
+import torch.distributed.rpc as rpc
+import nbrpc
+
+cluster = nbrpc.start(2, progress=None, timeout=120)
+print(json.dumps({"pids": [w.pid for w in cluster.workers]}), flush=True)
+print(json.dumps({"calling": True}), flush=True)
+began = time.monotonic()
+try:
+    rpc.rpc_sync("worker1", time.sleep, args=(60,))
+    print(json.dumps({"returned": time.monotonic() - began}), flush=True)
+except KeyboardInterrupt:
+    print(json.dumps({"interrupted_after": time.monotonic() - began}), flush=True)
+began = time.monotonic()
+cluster.shutdown()
+print(json.dumps({"shutdown_took": time.monotonic() - began,
+                  "current": repr(nbrpc.current())}), flush=True)
+"""
+
+
+# -- process bookkeeping -----------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class Pids:
+    """Processes a test started, each identified by pid and start time."""
+
+    def __init__(self):
+        self.known: dict[int, str | None] = {}
+
+    def add(self, *pids: int) -> None:
+        for pid in pids:
+            self.known.setdefault(pid, _start_time(pid))
+
+    def alive(self) -> list[int]:
+        return [p for p, t in self.known.items() if pid_alive(p) and _start_time(p) == t]
+
+    def end(self) -> list[int]:
+        """SIGTERM, then SIGKILL what is still ours and alive; return the survivors."""
+        kill_pids(self.alive())
+        return self.alive()
+
+
+@pytest.fixture
+def pids():
+    tracked = Pids()
+    yield tracked
+    survivors = tracked.end()
+    assert not survivors, f"processes survived the test: {survivors}"
+
+
+@pytest.fixture
+def clusters(pids):
+    """Factory: ``clusters(**options)`` builds a Cluster whose pids are tracked."""
+    made: list[nbrpc.Cluster] = []
+
+    def make(n: int = 2, **options) -> nbrpc.Cluster:
+        options.setdefault("progress", None)
+        cluster = nbrpc.Cluster(n, **options)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        pids.add(*(w.pid for w in cluster._workers if w.pid is not None))
+        cluster.shutdown()
+
+
+def _start(cluster: nbrpc.Cluster, pids: Pids) -> list[int]:
+    try:
+        cluster.start()
+    finally:
+        pids.add(*(w.pid for w in cluster._workers if w.pid is not None))
+    return [w.pid for w in cluster.workers]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        items = [x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x]
+    return {k.decode(): v.decode(errors="replace") for k, v in items}
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Driver:
+    """A driver script in a subprocess; its stdout is read as JSON lines."""
+
+    def __init__(self, source: str, folder, pids: Pids):
+        script = folder / "driver.py"
+        script.write_text(textwrap.dedent(source))
+        self.stderr_path = folder / "driver.err"
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err,
+                cwd=folder, start_new_session=True, text=True,
+            )
+        pids.add(self.proc.pid)
+        self.pids = pids
+        self.lines: queue.Queue = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def close(self) -> None:
+        """End the driver if it still runs, and release its pipe."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.reader.join(timeout=10)
+        self.proc.stdout.close()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def expect(self, key: str, timeout: float) -> dict:
+        """The next JSON line that has ``key``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                line = ""
+            if line is None or (not line and time.monotonic() >= deadline):
+                pytest.fail(f"driver printed no {key!r} (exit {self.proc.poll()}); "
+                            f"its stderr:\n{self.stderr_path.read_text()[-3000:]}")
+            if line and line.startswith("{"):
+                record = json.loads(line)
+                if key in record:
+                    return record
+
+    def worker_pids(self) -> list[int]:
+        workers = self.expect("pids", SUBPROCESS_START)["pids"]
+        self.pids.add(*workers)
+        assert len(workers) == 2 and all(pid_alive(p) for p in workers)
+        return workers
+
+
+@pytest.fixture
+def drivers(tmp_path, pids):
+    """Factory: ``drivers(source)`` runs a driver script; each is ended at the end."""
+    started: list[Driver] = []
+
+    def start(source: str) -> Driver:
+        started.append(Driver(source, tmp_path, pids))
+        return started[-1]
+
+    yield start
+    for driver in started:
+        driver.close()
+
+
+@pytest.fixture(scope="module")
+def ip():
+    """IPython's test shell with the extension loaded (a terminal, not a kernel)."""
+    from IPython.testing import globalipapp
+
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()
+    shell.run_line_magic("load_ext", "nbrpc")
+    return shell
+
+
+@pytest.fixture
+def shell(ip, pids):
+    """The IPython shell; a cluster the test left running is shut down after it."""
+    yield ip
+    if nbrpc.current() is not None:
+        pids.add(*(w.pid for w in nbrpc.current()._workers))
+        nbrpc.current().shutdown()
+
+
+def _rpc_pids() -> list[int]:
+    """Each worker's pid as it answers ``os.getpid`` over RPC (a real round trip)."""
+    return [rpc.rpc_sync(name, os.getpid) for name in ("worker1", "worker2")]
+
+
+def _assert_ended(cluster: nbrpc.Cluster, worker_pids: list[int]) -> None:
+    """After shutdown: no worker process, no cluster, no RPC."""
+    assert [p for p in worker_pids if pid_alive(p)] == []
+    assert nbrpc.current() is None
+    assert cluster.state == "stopped"
+    with pytest.raises(RuntimeError, match="RPC has not been initialized"):
+        rpc.rpc_sync("worker1", os.getpid)
+    with pytest.raises(nbrpc.NoClusterError):
+        cluster.run("1")
+
+
+# -- shutdown and restart -----------------------------------------------------------
+
+
+def test_shutdown_ends_rpc_and_workers_and_restarts_three_times(clusters, pids):
+    store_ports = []
+    for _ in range(3):
+        cluster = clusters()
+        worker_pids = _start(cluster, pids)
+        assert nbrpc.current() is cluster
+        assert _rpc_pids() == worker_pids
+        store_ports.append(cluster._store.port)
+        assert _listening(store_ports[-1])
+
+        began = time.monotonic()
+        cluster.shutdown()
+        assert time.monotonic() - began < SHUTDOWN_LIMIT
+        _assert_ended(cluster, worker_pids)
+        assert {w.state for w in cluster.workers} == {"stopped"}
+        # Every worker process is reaped, not left as a zombie.
+        assert None not in [w.exit_code() for w in cluster.workers]
+        cluster.shutdown()  # a second call is harmless
+    # torch holds on to the store of the first RPC group a process ever joins; the
+    # stores of later clusters must close with them.
+    assert sum(_listening(port) for port in store_ports) <= 1
+
+
+def test_magics_shutdown_then_init_three_times(shell, pids, capsys):
+    for cycle in range(3):
+        shell.run_line_magic("rpc_init", "-n 2")
+        cluster = nbrpc.current()
+        assert cluster is not None and cluster.state == "running"
+        worker_pids = [w.pid for w in cluster.workers]
+        pids.add(*worker_pids)
+
+        if cycle == 0:
+            with pytest.raises(nbrpc.ClusterRunningError, match="already running"):
+                shell.run_line_magic("rpc_init", "-n 2")
+            assert nbrpc.current() is cluster
+            assert all(pid_alive(p) for p in worker_pids)
+
+        result = shell.run_cell(
+            "import os\nimport torch.distributed.rpc as rpc\n"
+            "double = lambda x: (os.getpid(), 2 * x)\n"
+            "answers = [rpc.rpc_sync(w, double, args=(21,)) for w in ('worker1', 'worker2')]"
+        )
+        result.raise_error()
+        assert shell.user_ns["answers"] == [(worker_pids[0], 42), (worker_pids[1], 42)]
+
+        capsys.readouterr()
+        shell.run_cell_magic("rpc_on", "worker2", "import os; print('pid', os.getpid())")
+        assert f"[worker2] pid {worker_pids[1]}" in capsys.readouterr().out
+
+        rows = shell.run_line_magic("rpc_status", "").rows
+        assert [(r["name"], r["pid"], r["state"]) for r in rows] == [
+            ("master", os.getpid(), "driver"),
+            ("worker1", worker_pids[0], "running"),
+            ("worker2", worker_pids[1], "running"),
+        ]
+
+        shell.run_line_magic("rpc_shutdown", "")
+        _assert_ended(cluster, worker_pids)
+
+
+# -- the driver goes away -------------------------------------------------------------
+
+
+def test_driver_killed_workers_exit(drivers):
+    driver = drivers(DRIVER_THEN_SLEEP)
+    workers = driver.worker_pids()
+    assert {_environ(p)["NBRPC_DRIVER_PID"] for p in workers} == {str(driver.proc.pid)}
+
+    os.kill(driver.proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    assert driver.proc.wait(timeout=10) == -signal.SIGKILL
+    survivors = wait_gone(workers, timeout=DRIVER_DEATH_EXIT)
+    assert not survivors, f"workers outlived the killed driver by {DRIVER_DEATH_EXIT} s"
+    assert time.monotonic() - killed < DRIVER_DEATH_EXIT + 1
+
+
+def _execute(kc, code: str, timeout: float = SUBPROCESS_START) -> str:
+    """Run ``code`` in the kernel; return its stdout; fail with its error."""
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+            out.append(msg["content"]["text"])
+
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    content = reply["content"]
+    assert content["status"] == "ok", f"{content.get('ename')}: {content.get('evalue')}"
+    return "".join(out)
+
+
+@pytest.fixture
+def kernel(pids):
+    """A real ipykernel (the notebook's kernel) and a client; ended at the end."""
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    pids.add(km.provisioner.pid)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=SUBPROCESS_START)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        pid = km.provisioner.pid if km.has_kernel else None
+        if km.has_kernel:
+            pids.add(pid)
+            km.shutdown_kernel(now=True)
+        assert pid is None or not wait_gone([pid], timeout=5)
+
+
+def test_kernel_restart_ends_workers(kernel, pids):
+    km, kc = kernel
+    kernel_pid = km.provisioner.pid
+    _execute(kc, "%load_ext nbrpc")
+    _execute(kc, "%rpc_init -n 2")
+    workers = json.loads(_execute(
+        kc, "import json, nbrpc; print(json.dumps([w.pid for w in nbrpc.current().workers]))"
+    ))
+    pids.add(*workers)
+    assert len(workers) == 2 and all(pid_alive(p) for p in workers)
+    assert {_environ(p)["NBRPC_DRIVER_PID"] for p in workers} == {str(kernel_pid)}
+
+    # The stop button during a long call gives the kernel back promptly.
+    _execute(kc, "import time\nimport torch.distributed.rpc as rpc")
+    msg_id = kc.execute("rpc.rpc_sync('worker1', time.sleep, args=(60,))")
+    time.sleep(1.0)
+    km.interrupt_kernel()
+    interrupted = time.monotonic()
+    reply = kc.get_shell_msg(timeout=10)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert time.monotonic() - interrupted < INTERRUPT_LIMIT
+    assert (reply["content"]["status"], reply["content"]["ename"]) == ("error", "KeyboardInterrupt")
+    assert _execute(kc, "print(rpc.rpc_sync('worker2', pow, args=(3, 4)))").strip() == "81"
+
+    began = time.monotonic()
+    km.restart_kernel(now=True)
+    survivors = wait_gone(workers, timeout=began + DRIVER_DEATH_EXIT - time.monotonic())
+    assert not survivors, f"workers outlived the kernel restart by {DRIVER_DEATH_EXIT} s"
+    assert not pid_alive(kernel_pid)
+
+    # The new kernel is a clean slate.
+    new_pid = km.provisioner.pid
+    pids.add(new_pid)
+    assert new_pid != kernel_pid
+    kc.wait_for_ready(timeout=SUBPROCESS_START)
+    assert _execute(kc, "import nbrpc; print(nbrpc.current())").strip() == "None"
+
+
+# -- a worker goes away ---------------------------------------------------------------
+
+
+def test_worker_killed(clusters, pids, shell):
+    rpc_timeout = 20.0
+    cluster = clusters(timeout=rpc_timeout)
+    w1, w2 = _start(cluster, pids)
+    assert _rpc_pids() == [w1, w2]
+
+    # The kill lands while the main thread waits in a long call to that worker.
+    killer = threading.Timer(1.0, os.kill, args=(w1, signal.SIGKILL))
+    began = time.monotonic()
+    killer.start()
+    with pytest.raises(nbrpc.WorkerDiedError, match="worker 'worker1'") as pending:
+        rpc.rpc_sync("worker1", time.sleep, args=(60,))
+    killer.join()
+    assert time.monotonic() - began < rpc_timeout
+    assert f"(pid {w1}) was killed by signal 9" in str(pending.value)
+
+    # A new call fails at once, naming it.
+    began = time.monotonic()
+    with pytest.raises(nbrpc.WorkerDiedError, match="worker 'worker1'"):
+        rpc.rpc_sync("worker1", os.getpid)
+    assert time.monotonic() - began < rpc_timeout
+    with pytest.raises(nbrpc.WorkerDiedError, match="worker1"):
+        cluster.run("1", "worker1")
+
+    states = {r["name"]: (r["pid"], r["state"]) for r in cluster.status()}
+    assert states == {"master": (os.getpid(), "driver"), "worker1": (w1, "dead"),
+                      "worker2": (w2, "running")}
+    assert "dead" in repr(shell.run_line_magic("rpc_status", ""))
+
+    assert rpc.rpc_sync("worker2", os.getpid) == w2
+    assert rpc.rpc_sync("worker2", pow, args=(2, 10)) == 1024
+
+    began = time.monotonic()
+    cluster.shutdown()
+    assert time.monotonic() - began < SHUTDOWN_LIMIT
+    assert not wait_gone([w1, w2], timeout=0.5)
+    assert nbrpc.current() is None
+
+
+# -- workers that cannot start --------------------------------------------------------
+
+BROKEN_TORCH = 'raise ImportError("nbrpc-test-marker: this torch is broken")\n'
+NEVER_JOINS = "import time\ntime.sleep(3600)\n"
+
+
+def _start_fails(clusters, pids, folder, **options) -> tuple[str, float, list[int]]:
+    cluster = clusters(env={"PYTHONPATH": str(folder)}, **options)
+    began = time.monotonic()
+    with pytest.raises(nbrpc.WorkerStartError) as failure:
+        _start(cluster, pids)
+    took = time.monotonic() - began
+    worker_pids = [w.pid for w in cluster._workers]
+    assert len(worker_pids) == 2 and None not in worker_pids
+    assert not wait_gone(worker_pids, timeout=1), "a failed start left workers running"
+    assert nbrpc.current() is None
+    return str(failure.value), took, worker_pids
+
+
+def _start_works_after(clusters, pids) -> None:
+    cluster = clusters()
+    worker_pids = _start(cluster, pids)
+    assert _rpc_pids() == worker_pids
+    cluster.shutdown()
+    assert not wait_gone(worker_pids, timeout=1)
+
+
+def test_worker_crashing_at_start(clusters, pids, tmp_path):
+    # A broken package shadows torch in the workers only: they fail at import.
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(BROKEN_TORCH)
+    message, took, _ = _start_fails(clusters, pids, tmp_path, startup_timeout=60)
+    assert "nbrpc-test-marker: this torch is broken" in message
+    assert "ImportError" in message
+    assert "exited before joining" in message
+    assert "'worker1'" in message or "'worker2'" in message
+    assert took < 30
+    _start_works_after(clusters, pids)
+
+
+def test_worker_never_joining(clusters, pids, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(NEVER_JOINS)
+    startup_timeout = 15.0
+    message, took, _ = _start_fails(clusters, pids, tmp_path, startup_timeout=startup_timeout)
+    assert "worker 'worker1'" in message
+    assert "did not join within startup_timeout=15 s" in message
+    assert startup_timeout - 1 <= took < startup_timeout + 10
+    _start_works_after(clusters, pids)
+
+
+# -- interrupting and misusing a running cluster ---------------------------------------
+
+
+def test_keyboard_interrupt_during_long_rpc_sync(drivers):
+    driver = drivers(DRIVER_INTERRUPTED)
+    workers = driver.worker_pids()
+    driver.expect("calling", 10)
+    time.sleep(1.0)  # the call is in flight, waiting on worker1
+
+    os.kill(driver.proc.pid, signal.SIGINT)
+    signalled = time.monotonic()
+    record = driver.expect("interrupted_after", 10)
+    assert time.monotonic() - signalled < INTERRUPT_LIMIT
+    assert 1.0 <= record["interrupted_after"] < 1.0 + INTERRUPT_LIMIT + 2
+
+    done = driver.expect("shutdown_took", SHUTDOWN_LIMIT + 5)
+    assert done["shutdown_took"] < SHUTDOWN_LIMIT
+    assert done["current"] == "None"
+    assert driver.proc.wait(timeout=10) == 0
+    assert not wait_gone(workers, timeout=1)
