@@ -145,7 +145,7 @@ class Cluster:
         try:
             # A graceful leave waits for every call this process still awaits (one the
             # user interrupted may run for minutes); the workers end either way.
-            if everyone_alive and not group.calls_in_flight():
+            if everyone_alive and _calls_drained(within=2.0):
                 self._leave_gracefully()
         finally:
             if group.is_member():
@@ -344,6 +344,16 @@ def _check_names(names: list[str], driver_name: str) -> None:
     duplicates = sorted({x for x in everyone if everyone.count(x) > 1})
     if duplicates:
         raise ValueError(f"worker names must be unique; repeated: {', '.join(duplicates)}")
+
+
+def _calls_drained(within: float) -> bool:
+    """Wait briefly for this process's outstanding RPCs (RRef deletes just sent, say)."""
+    deadline = time.monotonic() + within
+    while group.calls_in_flight():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _no_counts() -> dict:
