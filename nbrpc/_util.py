@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -73,3 +74,30 @@ def _reap(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+# torch warnings an RPC user cannot act on. The TorchScript one is raised under
+# simplefilter("always") by every functional optimizer DistributedOptimizer builds,
+# so no warnings filter reaches it; it is dropped where warnings are shown.
+TORCH_NOISE = (
+    "`TorchScript` support for functional optimizers is deprecated",
+    "as a ProcessGroup",
+)
+
+
+def silence_torch_noise() -> None:
+    """Drop ``TORCH_NOISE`` warnings in this process (idempotent)."""
+    import warnings
+
+    for text in TORCH_NOISE:
+        warnings.filterwarnings("ignore", message=f".*{re.escape(text)}")
+    shown = warnings.showwarning
+    if getattr(shown, "_nbrpc_quiet", False):
+        return
+
+    def showwarning(message, *args, **kwargs):
+        if not any(text in str(message) for text in TORCH_NOISE):
+            shown(message, *args, **kwargs)
+
+    showwarning._nbrpc_quiet = True
+    warnings.showwarning = showwarning

@@ -20,7 +20,7 @@ import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
 from . import calls, serialization
-from ._util import listening_socket
+from ._util import listening_socket, silence_torch_noise
 
 DRIVER_RANK = 0
 
@@ -67,6 +67,7 @@ def join(
         os.environ["TP_SOCKET_IFNAME"] = interface
     serialization.install()
     calls.install()
+    silence_torch_noise()
     _forget_previous_group()
     dist_autograd._init(rank)
     rpc._init_rpc_backend(
