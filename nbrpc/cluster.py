@@ -294,22 +294,15 @@ class Cluster:
         )
 
     def _leave_gracefully(self) -> None:
-        """Every member leaves the group in turn, so none sees the others vanish."""
-        replies = [w.client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True)
-                   for w in self._workers]
+        """Leave before the workers do, so this process never sees their pipes close.
+
+        A dynamic group's graceful leave tells every member to drop this one; the
+        workers need no leave of their own since they end right after.
+        """
         try:
             group.leave(graceful=True, timeout=self.timeout)
         except RuntimeError:
             pass  # shutdown() finishes locally whatever happened
-        deadline = time.monotonic() + 10
-        for w, msg_id in zip(self._workers, replies):
-            while time.monotonic() < deadline and w.alive():
-                try:
-                    reply = w.client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
-                except Exception:
-                    break
-                if reply["parent_header"].get("msg_id") == msg_id:
-                    break
 
     def _abort(self) -> None:
         """Undo a start that failed: nothing may survive it."""

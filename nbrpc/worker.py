@@ -37,11 +37,6 @@ def main(argv: list[str] | None = None) -> None:
     app.start()
 
 
-def leave(graceful: bool = True, timeout: float = 20.0) -> None:
-    """Leave the RPC group; the driver runs this in the worker's kernel at shutdown."""
-    group.leave(graceful, timeout)
-
-
 def _watch_driver(driver_pid: int) -> None:
     """Exit at once when the driver process ends (killed, restarted, crashed)."""
     parent = os.getppid()
