@@ -7,8 +7,8 @@ Two wrappers, installed in every member by ``group.join``:
   listing the workers that exist.
 - ``rpc.rpc_sync``: waits on the main thread in a way Ctrl-C (the notebook's stop
   button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
-  deliver ``KeyboardInterrupt``; and names the worker in timeouts and in failures
-  of workers whose process has ended.
+  deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
+  could not pickle and in failures of workers whose process has ended.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.distributed.rpc import api
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 from torch.distributed.rpc.internal import RPCExecMode
 
-from .errors import RpcTimeoutError, UnknownWorkerError, WorkerDiedError
+from .errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError
 
 _torch_to_worker_info = api._to_worker_info
 _torch_rpc_sync = api.rpc_sync
@@ -40,10 +40,11 @@ def _to_worker_info(to):
     try:
         return _torch_to_worker_info(to)
     except RuntimeError as e:
-        if "Unknown destination worker" not in str(e):
+        if "could not find destination" not in str(e):
             raise
         known = sorted(info.name for info in api._get_current_rpc_agent().get_worker_infos())
-        msg = f"no worker named {to!r} in this RPC group; the workers are: {', '.join(known)}"
+        which = f"named {to!r}" if isinstance(to, str) else f"with id {to!r}"
+        msg = f"no worker {which} in this RPC group; the workers are: {', '.join(known)}"
         raise UnknownWorkerError(msg) from e
 
 
@@ -76,7 +77,14 @@ def _named(error: RuntimeError, to, func, timeout: float) -> Exception:
             f"then %rpc_init) to get {name!r} back. Torch said: {error}"
         )
         return WorkerDiedError(msg)
-    if "RPC ran for more than set timeout" in str(error):
+    text = str(error)
+    if text.startswith(f"{SerializationError.__name__}: "):
+        # The worker could not pickle its reply; torch hands back only the text,
+        # followed by its C++ stack.
+        reason = text.split("\n\nAt:", 1)[0].split(": ", 1)[1]
+        msg = f"rpc_sync({name!r}, {what}) ran on {name!r} but its reply could not be sent: {reason}"
+        return SerializationError(msg)
+    if "RPC ran for more than set timeout" in text:
         seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
         msg = (
             f"rpc_sync({name!r}, {what}) got no answer within {seconds:g} s (it may still "

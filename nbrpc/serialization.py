@@ -11,10 +11,13 @@ torch's dispatch table, so tensors still go to torch's tensor table and RRefs fo
 from __future__ import annotations
 
 import collections
+import io
 import pickle
 import types
 
 import cloudpickle
+import torch
+import torch.distributed.rpc as rpc
 from torch.distributed.rpc import internal
 
 from .errors import SerializationError
@@ -51,20 +54,35 @@ class RpcPickler(cloudpickle.Pickler):
 
 def _explain(obj, error: Exception) -> str:
     """Name the argument or value that failed to pickle, and what to do instead."""
-    what = "an RPC value"
-    parts = getattr(obj, "args", None)
-    if isinstance(parts, tuple):
-        for index, arg in enumerate(parts):
-            try:
-                cloudpickle.dumps(arg)
-            except Exception:
-                what = f"argument {index} ({type(arg).__name__})"
-                break
+    if isinstance(obj, internal.PythonUDF):
+        func_name = getattr(obj.func, "__qualname__", type(obj.func).__name__)
+        named = [(f"the function {func_name}", obj.func)]
+        named += [(f"argument {i}", v) for i, v in enumerate(obj.args or ())]
+        named += [(f"keyword argument {k!r}", v) for k, v in (obj.kwargs or {}).items()]
+        what = next((f"{label} ({type(v).__name__})" for label, v in named if not _pickles(v)),
+                    "the call")
+    else:
+        what = f"the result ({type(obj).__name__})"
     return (
         f"cannot send {what} over RPC: {error}. Send data that pickles (tensors, numbers, "
         "containers, functions, modules), or create the object where it is used, e.g. "
         "with rpc.remote(worker, Class, args=...) and pass the RRef."
     )
+
+
+def _pickles(value) -> bool:
+    """Whether ``value`` pickles, with tensors and RRefs stubbed out (no side effects)."""
+    pickler = RpcPickler(io.BytesIO())
+    pickler.dispatch_table = {t: _stub for t in (torch.Tensor, rpc.RRef, rpc.PyRRef)}
+    try:
+        cloudpickle.Pickler.dump(pickler, value)
+    except Exception:
+        return False
+    return True
+
+
+def _stub(_):
+    return type(None), ()
 
 
 def install() -> None:

@@ -1,0 +1,277 @@
+"""Bad input gets a clear error naming what was wrong, never a hang, and loses nothing.
+
+After every test the cluster must still answer (``cluster_still_works``).
+"""
+
+from __future__ import annotations
+
+import errno
+import operator
+import os
+import socket
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed.rpc as rpc
+from IPython.core.error import UsageError
+from IPython.testing import globalipapp
+
+import nbrpc
+from nbrpc import group
+from nbrpc._util import listening_socket
+
+
+def run(shell, code: str):
+    """Run ``code`` as a cell; raise what it raised, return its last expression's value."""
+    result = shell.run_cell(code, store_history=False)
+    result.raise_error()
+    return result.result
+
+
+def worker_children() -> set[int]:
+    """Pids of worker kernels this process started."""
+    me, pids = str(os.getpid()), set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, IndexError):
+            continue
+        if ppid == me and b"nbrpc.worker" in cmdline:
+            pids.add(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def ip(cluster):
+    globalipapp.start_ipython()
+    shell = globalipapp.get_ipython()
+    shell.run_line_magic("load_ext", "nbrpc")
+    run(shell, "import time\nimport torch\nimport torch.distributed.rpc as rpc")
+    return shell
+
+
+@pytest.fixture(autouse=True)
+def cluster_still_works(cluster):
+    """Every error leaves the same cluster running, and both workers answer."""
+    pids = {w.name: w.pid for w in cluster.workers}
+    yield
+    assert nbrpc.current() is cluster
+    assert worker_children() == set(pids.values())
+    for w in cluster.workers:
+        assert w.state == "running" and w.pid == pids[w.name]
+        assert rpc.rpc_sync(w.name, operator.mul, args=(6, 7), timeout=10) == 42
+
+
+# -- unknown worker --------------------------------------------------------------
+
+CALLS = {
+    "rpc_sync": lambda to: rpc.rpc_sync(to, operator.add, args=(1, 2)),
+    "rpc_async": lambda to: rpc.rpc_async(to, operator.add, args=(1, 2)).wait(),
+    "remote": lambda to: rpc.remote(to, operator.add, args=(1, 2)).to_here(),
+}
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_unknown_worker_in_rpc_calls(cluster, call):
+    with pytest.raises(nbrpc.UnknownWorkerError) as info:
+        CALLS[call]("worker3")
+    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert "'worker3'" in message
+    assert "the workers are: master, worker1, worker2" in message
+
+
+def test_unknown_worker_in_run_runs_nowhere(cluster, ip):
+    with pytest.raises(nbrpc.UnknownWorkerError) as info:
+        cluster.run("ran_here = True", "worker1,worker3")
+    assert "'worker3'" in str(info.value)
+    assert "worker1, worker2" in str(info.value)
+    # worker1 was named too, but nothing ran anywhere
+    check = "'ran_here' in __import__('__main__').__dict__"
+    assert rpc.rpc_sync("worker1", eval, args=(check,)) is False
+
+    with pytest.raises(nbrpc.UnknownWorkerError) as info:
+        ip.run_cell_magic("rpc_on", "worker3", "ran_here = True")
+    assert "'worker3'" in str(info.value) and "worker1, worker2" in str(info.value)
+    assert rpc.rpc_sync("worker1", eval, args=(check,)) is False
+
+
+# -- unpicklable values ----------------------------------------------------------
+
+
+def test_unpicklable_argument_is_named(cluster):
+    lock = threading.Lock()
+    calls = {
+        "rpc_sync": lambda: rpc.rpc_sync("worker1", print, args=(torch.ones(2), lock)),
+        "rpc_async": lambda: rpc.rpc_async("worker1", print, args=(torch.ones(2), lock)),
+        "remote": lambda: rpc.remote("worker1", print, args=(torch.ones(2), lock)),
+    }
+    for call in calls.values():
+        with pytest.raises(nbrpc.SerializationError) as info:
+            call()
+        assert isinstance(info.value, TypeError)
+        message = str(info.value)
+        assert message.startswith("cannot send argument 1 (lock) over RPC: cannot pickle '_thread.lock'")
+        assert "rpc.remote(worker, Class" in message  # what to do instead
+        assert info.value.__cause__ is not None
+
+    with pytest.raises(nbrpc.SerializationError, match=r"keyword argument 'guard' \(lock\)"):
+        rpc.rpc_sync("worker1", print, args=(1,), kwargs={"sep": " ", "guard": lock})
+
+
+def test_unpicklable_function_is_named(ip):
+    run(ip, "import threading\nheld = threading.Lock()")
+    expected = r"cannot send the function <lambda> \(function\)"
+    with pytest.raises(nbrpc.SerializationError, match=expected):
+        run(ip, 'rpc.rpc_sync("worker1", lambda: held.locked())')
+
+
+def test_unpicklable_result_names_the_worker(cluster):
+    with pytest.raises(nbrpc.SerializationError) as info:
+        rpc.rpc_sync("worker2", threading.Lock)
+    message = str(info.value)
+    assert message.startswith(
+        "rpc_sync('worker2', allocate_lock) ran on 'worker2' but its reply could not be sent"
+    )
+    assert "cannot send the result (lock) over RPC" in message
+    assert "frame #" not in message  # torch's C++ stack stays out of it
+
+
+# -- exceptions in remote code ---------------------------------------------------
+
+
+def test_exception_in_remote_function_shows_worker_and_traceback(ip):
+    run(ip, """
+def failing_step(x):
+    raise ValueError(f"bad value {x}")
+""")
+    worker_id = rpc.get_worker_info("worker1").id
+    attempts = {
+        "rpc_sync": 'rpc.rpc_sync("worker1", failing_step, args=(5,))',
+        "rpc_async": 'rpc.rpc_async("worker1", failing_step, args=(5,)).wait()',
+        "remote": 'rpc.remote("worker1", failing_step, args=(5,)).to_here()',
+    }
+    for code in attempts.values():
+        with pytest.raises(ValueError) as info:
+            run(ip, code)
+        message = str(info.value)
+        assert f"On WorkerInfo(id={worker_id}, name=worker1):" in message
+        assert "ValueError('bad value 5')" in message
+        assert "Traceback (most recent call last)" in message
+        assert ", in failing_step" in message
+
+
+def test_exception_in_run_shows_worker_and_traceback(cluster):
+    code = "def load_batch():\n    raise KeyError('missing shard')\nload_batch()"
+    with pytest.raises(nbrpc.RemoteError) as info:
+        cluster.run(code, "worker2")
+    error = info.value
+    assert str(error) == "code raised on worker2: KeyError: 'missing shard'"
+    ename, evalue, traceback = error.failures["worker2"]
+    assert (ename, evalue) == ("KeyError", "'missing shard'")
+    assert "load_batch" in "\n".join(traceback)
+    rendered = "\n".join(error._render_traceback_())
+    assert "[worker2]" in rendered and "load_batch" in rendered
+
+
+# -- timeouts --------------------------------------------------------------------
+
+
+def test_timeout_names_the_worker(cluster):
+    began = time.monotonic()
+    with pytest.raises(nbrpc.RpcTimeoutError) as info:
+        rpc.rpc_sync("worker1", time.sleep, args=(3,), timeout=1)
+    elapsed = time.monotonic() - began
+    assert isinstance(info.value, TimeoutError)
+    assert 0.9 < elapsed < 2.9  # the call gave up before the 3 s sleep ended
+    message = str(info.value)
+    assert message.startswith("rpc_sync('worker1', sleep) got no answer within 1 s")
+    assert "timeout=SECONDS" in message
+
+
+# -- invalid options -------------------------------------------------------------
+
+BAD_OPTIONS = [
+    (dict(n=0), "got 0"),
+    (dict(n=-1), "got -1"),
+    (dict(n=2.5), "got 2.5"),
+    (dict(names=["a", "a"]), "repeated: a"),
+    (dict(names=["worker1"], driver_name="worker1"), "repeated: worker1"),
+    (dict(names=["worker one"]), "invalid worker name 'worker one'"),
+    (dict(names=["w/1"]), "invalid worker name 'w/1'"),
+    (dict(names=[]), "at least one worker name"),
+    (dict(names=[""]), "invalid worker name ''"),
+    (dict(n=3, names=["a", "b"]), "n=3 but 2 names"),
+    (dict(threads=0), "threads must be a positive number, got 0"),
+    (dict(timeout=-1), "timeout must be a positive number, got -1"),
+    (dict(startup_timeout=0), "startup_timeout must be a positive number, got 0"),
+]
+
+
+@pytest.mark.parametrize("options, expected", BAD_OPTIONS, ids=[str(o) for o, _ in BAD_OPTIONS])
+def test_invalid_options_raise_value_error_and_start_nothing(cluster, options, expected):
+    before = worker_children()
+    with pytest.raises(ValueError) as info:
+        nbrpc.Cluster(**options)
+    assert expected in str(info.value)
+    assert worker_children() == before
+
+
+BAD_LINES = [
+    ("-n 0", "got 0"),
+    ("-n -1", "got -1"),
+    ("-n two", "invalid int value"),
+    ("--names a,a", "repeated: a"),
+    ("--names worker.1", "invalid worker name 'worker.1'"),
+    ("--names w/1", "invalid worker name 'w/1'"),
+    ("--driver-name worker1 -n 1", "repeated: worker1"),
+    ("--threads 0", "threads must be a positive number, got 0"),
+    ("--timeout -1", "timeout must be a positive number, got -1"),
+    ("--bogus 3", "unrecognized arguments: --bogus 3"),
+]
+
+
+@pytest.mark.parametrize("line, expected", BAD_LINES, ids=[line for line, _ in BAD_LINES])
+def test_invalid_rpc_init_options_raise_usage_error(ip, line, expected):
+    # A cluster runs: an option that got past validation would fail differently.
+    before = worker_children()
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("rpc_init", line)
+    assert expected in str(info.value)
+    assert worker_children() == before
+
+
+def test_rpc_init_while_a_cluster_runs(ip, cluster):
+    before = worker_children()
+    attempts = (lambda: ip.run_line_magic("rpc_init", "-n 1"), lambda: nbrpc.start(1, progress=None))
+    for attempt in attempts:
+        with pytest.raises(nbrpc.ClusterRunningError) as info:
+            attempt()
+        assert "already running" in str(info.value)
+        assert "%rpc_shutdown" in str(info.value)
+        assert worker_children() == before
+
+
+# -- ports -----------------------------------------------------------------------
+
+
+def test_port_in_use_names_the_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        for attempt in (lambda: listening_socket("127.0.0.1", port),
+                        lambda: group.host_store("127.0.0.1", port, 5)):
+            began = time.monotonic()
+            with pytest.raises(OSError) as info:
+                attempt()
+            assert time.monotonic() - began < 2
+            assert info.value.errno == errno.EADDRINUSE
+            message = str(info.value)
+            assert f"127.0.0.1:{port}" in message
+            assert "choose another" in message

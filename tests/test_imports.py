@@ -1,0 +1,135 @@
+"""The runtime stays headless, and a local cluster listens on loopback only."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+FRONT_END = ("IPython", "ipywidgets")
+
+IMPORT_EVERYTHING = f"""
+import importlib, json, pkgutil, sys
+import nbrpc
+
+def loaded():
+    return sorted(m for m in sys.modules if m.split(".")[0] in {FRONT_END!r})
+
+runtime = sorted(m.name for m in pkgutil.iter_modules(nbrpc.__path__)
+                 if not m.ispkg and m.name != "__main__")
+for name in runtime:
+    importlib.import_module("nbrpc." + name)
+headless = loaded()
+importlib.import_module("nbrpc.kernel_ext.magics")
+print(json.dumps({{"runtime": runtime, "headless": headless, "with_magics": loaded()}}))
+"""
+
+
+def test_runtime_imports_no_ipython_or_widgets(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_EVERYTHING],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = {"calls", "cluster", "errors", "execution", "group", "serialization", "worker", "workers"}
+    assert expected <= set(report["runtime"])
+    assert report["headless"] == []
+    # the check sees front-end imports when there are some
+    assert "IPython" in report["with_magics"]
+
+
+# -- listening sockets -------------------------------------------------------------
+
+
+def socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def decode_address(hex_address: str) -> str:
+    """An address of /proc/net/tcp{,6}: hex, in 32-bit words of host (little-endian) order."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def proc_listeners(pids: list[int]) -> dict[int, list[tuple[str, int]]]:
+    """(address, port) of every listening TCP socket of each pid, from /proc."""
+    listening = {}
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pids[0]}/net/{table}") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], int(fields[9])
+                if state == "0A":  # LISTEN
+                    address, port = local.split(":")
+                    listening[inode] = (decode_address(address), int(port, 16))
+    return {pid: sorted(listening[i] for i in socket_inodes(pid) if i in listening) for pid in pids}
+
+
+def ss_listeners(pids: list[int]) -> dict[int, list[tuple[str, int]]]:
+    """The same, as ``ss -ltnp`` reports it."""
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    found = {pid: [] for pid in pids}
+    for line in out.splitlines():
+        fields = line.split()
+        address, port = fields[3].rsplit(":", 1)
+        address = address.strip("[]").split("%")[0]
+        if address == "*":  # ss's wildcard: every address of either family
+            address = "::"
+        for pid in pids:
+            if f"pid={pid}," in line:
+                found[pid].append((address, int(port)))
+    return {pid: sorted(found[pid]) for pid in pids}
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+@pytest.mark.parametrize("source", ["proc", "ss"])
+def test_local_cluster_listens_on_loopback_only(cluster, source):
+    if source == "ss" and shutil.which("ss") is None:
+        pytest.skip("ss is not installed; the /proc check covers this")
+    workers = {w.pid: w.name for w in cluster.workers}
+    pids = [os.getpid(), *workers]
+    listeners = (proc_listeners if source == "proc" else ss_listeners)(pids)
+    # The driver hosts the rendezvous store and a TensorPipe listener; each worker
+    # kernel has its five ZMQ ports and a TensorPipe listener.
+    assert len(listeners[os.getpid()]) >= 2, listeners
+    for pid in workers:
+        assert len(listeners[pid]) >= 6, (workers[pid], listeners[pid])
+    exposed = {pid: [a for a in found if not is_loopback(a[0])] for pid, found in listeners.items()}
+    assert exposed == {pid: [] for pid in pids}, listeners
+
+
+@pytest.mark.parametrize("source", ["proc", "ss"])
+def test_listener_scan_sees_other_addresses(source):
+    if source == "ss" and shutil.which("ss") is None:
+        pytest.skip("ss is not installed")
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        with socket.socket(family, socket.SOCK_STREAM) as exposed:
+            exposed.bind((address, 0))
+            exposed.listen(1)
+            port = exposed.getsockname()[1]
+            found = (proc_listeners if source == "proc" else ss_listeners)([os.getpid()])
+            (seen,) = [a for a, p in found[os.getpid()] if p == port]
+            assert ipaddress.ip_address(seen) == ipaddress.ip_address(address)
+            assert not is_loopback(seen)

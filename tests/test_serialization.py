@@ -1,0 +1,211 @@
+"""Notebook definitions travel over the unmodified torch RPC API, in both directions.
+
+Everything here is defined in the cells of a real IPython shell, whose namespace is
+``__main__`` like a notebook's: the workers cannot import any of it, so it only works
+if nbrpc ships it by value.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from IPython.testing import globalipapp
+from torch.distributed.rpc import internal
+
+from nbrpc.serialization import RpcPickler
+
+
+def run(shell, code: str):
+    """Run ``code`` as a cell; raise what it raised, return its last expression's value."""
+    result = shell.run_cell(code, store_history=False)
+    result.raise_error()
+    return result.result
+
+
+@pytest.fixture(scope="module")
+def ip(cluster):
+    globalipapp.start_ipython()
+    shell = globalipapp.get_ipython()
+    run(shell, "import os\nimport torch\nimport torch.nn as nn\nimport torch.distributed.rpc as rpc")
+    return shell
+
+
+def pid_of(cluster, name: str) -> int:
+    return next(w.pid for w in cluster.workers if w.name == name)
+
+
+def test_cells_define_in_main_which_workers_cannot_import(ip):
+    run(ip, "def where(): pass")
+    assert ip.user_ns["where"].__module__ == "__main__"
+    # torch's own pickler stores it by reference, which a worker cannot resolve
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(ip.user_ns["where"])
+    assert internal._pickler is RpcPickler
+
+
+def test_lambda_as_target(ip, cluster):
+    result = run(ip, """
+lambda_result = rpc.rpc_sync("worker1", lambda x: (os.getpid(), x * 2 + 1), args=(torch.arange(3.0),))
+lambda_result
+""")
+    pid, value = result
+    assert pid == pid_of(cluster, "worker1")
+    assert torch.equal(value, torch.tensor([1.0, 3.0, 5.0]))
+
+
+def test_closure_over_a_local_with_rpc_async(ip, cluster):
+    run(ip, """
+def make_scaler(factor):
+    offset = torch.tensor([0.5, -0.5])
+    def scale(x):
+        return os.getpid(), x * factor + offset
+    return scale
+
+scaled = rpc.rpc_async("worker2", make_scaler(5), args=(torch.ones(2),)).wait()
+""")
+    pid, value = ip.user_ns["scaled"]
+    assert pid == pid_of(cluster, "worker2")
+    assert torch.equal(value, torch.tensor([5.5, 4.5]))
+
+
+def test_functions_as_arguments_and_return_values(ip):
+    run(ip, """
+def apply(fn, value):
+    return fn(value)
+
+def make_adder(n):
+    return lambda x: x + n
+
+squared = rpc.rpc_sync("worker1", apply, args=(lambda v: v ** 2, 7))
+adder = rpc.rpc_sync("worker2", make_adder, args=(10,))
+""")
+    assert ip.user_ns["squared"] == 49
+    adder = ip.user_ns["adder"]
+    assert adder.__module__ == "__main__"
+    assert adder(5) == 15
+
+
+def test_class_instance_round_trip(ip):
+    run(ip, """
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def moved(self, dx):
+        return Point(self.x + dx, self.y)
+
+    def norm2(self):
+        return self.x ** 2 + self.y ** 2
+
+moved = rpc.rpc_sync("worker1", Point.moved, args=(Point(1, 2), 3))
+point_rref = rpc.remote("worker2", Point, args=(3, 4))
+norm2 = point_rref.rpc_sync().norm2()
+fetched = point_rref.to_here()
+""")
+    Point = ip.user_ns["Point"]
+    moved = ip.user_ns["moved"]
+    # The class comes back as the driver's own class, not a copy of it.
+    assert type(moved) is Point
+    assert (moved.x, moved.y) == (4, 2)
+    assert ip.user_ns["point_rref"].owner().name == "worker2"
+    assert ip.user_ns["norm2"] == 25
+    fetched = ip.user_ns["fetched"]
+    assert type(fetched) is Point and (fetched.x, fetched.y) == (3, 4)
+
+
+def test_nn_module_subclass_created_remotely(ip, cluster):
+    run(ip, """
+class MyModule(nn.Module):
+    def __init__(self, bias=1.0):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.arange(6.0).reshape(2, 3))
+            self.lin.bias.fill_(bias)
+
+    def forward(self, x):
+        return self.lin(x)
+
+    def where(self):
+        return os.getpid()
+
+module_rref = rpc.remote("worker1", MyModule)
+module_out = module_rref.rpc_sync().forward(torch.ones(3))
+module_pid = module_rref.rpc_sync().where()
+""")
+    assert ip.user_ns["module_rref"].owner().name == "worker1"
+    assert ip.user_ns["module_pid"] == pid_of(cluster, "worker1")
+    assert torch.equal(ip.user_ns["module_out"].detach(), torch.tensor([4.0, 13.0]))
+
+
+def test_module_with_kwargs_over_rpc_async_and_rref_passed_on(ip):
+    run(ip, """
+module_rref2 = rpc.remote("worker2", MyModule, kwargs={"bias": -1.0})
+via_async = module_rref2.rpc_async().forward(torch.ones(3)).wait()
+# An RRef as an argument: worker1 calls the module that lives on worker2.
+via_other = rpc.rpc_sync(
+    "worker1", lambda r, x: r.rpc_sync().forward(x), args=(module_rref2, torch.ones(3))
+)
+local_copy = module_rref2.to_here()
+""")
+    expected = torch.tensor([2.0, 11.0])
+    assert torch.equal(ip.user_ns["via_async"].detach(), expected)
+    assert torch.equal(ip.user_ns["via_other"].detach(), expected)
+    local_copy = ip.user_ns["local_copy"]
+    assert type(local_copy) is ip.user_ns["MyModule"]
+    assert torch.equal(local_copy(torch.ones(3)).detach(), expected)
+
+
+def test_worker_returns_instance_of_class_defined_on_the_worker(ip, cluster):
+    cluster.run(
+        """
+class Point3:
+    def __init__(self, x, y, z):
+        self.x, self.y, self.z = x, y, z
+
+    def total(self):
+        return self.x + self.y + self.z
+
+def make_point():
+    return Point3(1, 2, 3)
+""",
+        "worker1",
+    )
+    run(ip, 'from_worker = rpc.rpc_sync("worker1", lambda: __import__("__main__").make_point())')
+    point = ip.user_ns["from_worker"]
+    assert type(point).__name__ == "Point3"
+    assert "Point3" not in ip.user_ns  # the driver never defined it
+    assert (point.x, point.y, point.z) == (1, 2, 3)
+    assert point.total() == 6
+    # ...and it goes back to the worker as the worker's own class.
+    run(ip, """
+same_class = rpc.rpc_sync(
+    "worker1", lambda p: type(p) is __import__("__main__").Point3, args=(from_worker,)
+)
+""")
+    assert ip.user_ns["same_class"] is True
+
+
+def test_tensors_stay_out_of_the_pickle_stream(ip):
+    run(ip, """
+big = torch.randn(10 * 2**20 // 4)  # 10 MB of float32
+def total(t):
+    return t.sum()
+holds_big = lambda: big.sum()
+""")
+    big = ip.user_ns["big"]
+    assert big.nbytes == 10 * 2**20
+    pickler = internal._internal_rpc_pickler
+    cases = {
+        "argument": internal.PythonUDF(ip.user_ns["total"], (big,), {}),
+        "closure": internal.PythonUDF(ip.user_ns["holds_big"], (), {}),
+        "class instance": internal.PythonUDF(ip.user_ns["Point"], (big, 0), {}),
+    }
+    for what, udf in cases.items():
+        payload, tensors = pickler.serialize(udf)
+        assert len(payload) < 20_000, f"{what}: {len(payload)} bytes pickled"
+        assert any(t is big for t in tensors), f"{what}: tensor not in the tensor table"
+    # and the whole tensor arrives intact
+    assert torch.equal(run(ip, 'rpc.rpc_sync("worker2", lambda t: t.clone(), args=(big,))'), big)
