@@ -17,14 +17,23 @@ from targets import echo
 
 TENSOR_MB = 100
 SMALL_ARG = 1
+# Untimed calls before each measurement: a pair just resumed from SIGSTOP answers its
+# first calls slowly, and on a busy machine its first 100 MB trip after a pause can
+# take several times as long as the next one.
+WAKE_UP_CALLS = 20
+WAKE_UP_TRIPS = 1
 
 
-def sync_latencies(to: str, calls: int) -> list[float]:
-    """Seconds taken by each of ``calls`` small ``rpc_sync`` calls, one at a time."""
+def sync_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
+    """Seconds taken by each of ``calls`` small ``rpc_sync`` calls, one at a time.
+
+    ``rpc_sync`` replaces the public function, to time one layer of nbrpc at a time.
+    """
+    rpc_sync = rpc_sync or rpc.rpc_sync
     samples = []
     for _ in range(calls):
         began = time.perf_counter()
-        rpc.rpc_sync(to, echo, args=(SMALL_ARG,))
+        rpc_sync(to, echo, args=(SMALL_ARG,))
         samples.append(time.perf_counter() - began)
     return samples
 
@@ -56,12 +65,14 @@ def tensor_round_trips(to: str, trips: int, megabytes: int = TENSOR_MB) -> list[
     return samples
 
 
-def measure(to: str, op: str, count: int, in_flight: int = 32):
-    """Run the measurement named ``op`` (what the raw driver receives as a command)."""
+def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
+    """Run the measurement named ``op`` (a command from the benchmark) after a wake-up."""
+    sync_latencies(to, WAKE_UP_CALLS, rpc_sync)
     if op == "latency":
-        return sync_latencies(to, count)
+        return sync_latencies(to, count, rpc_sync)
     if op == "throughput":
         return async_throughput(to, count, in_flight)
     if op == "tensor":
+        tensor_round_trips(to, WAKE_UP_TRIPS)
         return tensor_round_trips(to, count)
     raise ValueError(f"unknown measurement {op!r}: use latency, throughput or tensor")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -101,3 +102,21 @@ def silence_torch_noise() -> None:
 
     showwarning._nbrpc_quiet = True
     warnings.showwarning = showwarning
+
+
+@contextlib.contextmanager
+def muted_stderr():
+    """Send this process's C-level stderr to /dev/null for the block.
+
+    TensorPipe logs a warning for every peer that closes its pipes; while workers
+    leave at shutdown that is expected, and in a notebook it would land in the cell.
+    """
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

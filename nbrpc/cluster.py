@@ -1,7 +1,7 @@
 """The cluster: this process as the RPC driver (rank 0) plus worker kernels.
 
-``Cluster.start`` hosts the rendezvous store, joins RPC as the driver, launches the
-worker kernels in parallel and waits until each has joined RPC and answers on the
+``Cluster.start`` joins RPC as the driver (once per process, see ``group``), launches
+the worker kernels in parallel and waits until each has joined RPC and answers on the
 Jupyter protocol, or fails with the worker's own output. ``run`` executes code on
 workers, ``status`` reports on every member, ``shutdown`` ends RPC everywhere and
 every worker process. One cluster runs per process at a time (``current()``).
@@ -14,14 +14,12 @@ import os
 import re
 import sys
 import time
-import uuid
 from typing import Callable, Iterable
 
 import torch.distributed.rpc as rpc
-from torch.distributed.rpc import api
 
 from . import calls, execution, group, workers
-from ._util import LOOPBACK
+from ._util import LOOPBACK, muted_stderr
 from .errors import (
     ClusterRunningError,
     NoClusterError,
@@ -98,7 +96,7 @@ class Cluster:
         self.env = dict(env or {})
         self.progress = progress or (lambda done, total, message: None)
         self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
-        self._store = None
+        self._driver = self._store = None
         self.state = "new"
 
     # -- lifecycle ---------------------------------------------------------------
@@ -111,21 +109,16 @@ class Cluster:
                 f"a cluster is already running in this process ({_current!r}); "
                 "shut it down first (%rpc_shutdown or cluster.shutdown())"
             )
-        if group.is_member():
-            raise ClusterRunningError(
-                "torch RPC is already initialized in this process (rpc.init_rpc was "
-                "called); call rpc.shutdown() before starting an nbrpc cluster"
-            )
         began = time.monotonic()
-        self._store = group.host_store(LOOPBACK, 0, self.startup_timeout)
-        prefix = f"nbrpc-{uuid.uuid4().hex[:12]}"
-        options = group.backend_options(self.threads, self.timeout)
-        group.join(self._store, prefix, self.driver_name, group.DRIVER_RANK, options)
+        driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout)
+        self._driver, self._store = driver, driver.store
+        for w, rank in zip(self._workers, driver.take_ranks(len(self._workers))):
+            w.rank = rank
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         calls.worker_fate = self._fate
         try:
-            self._launch_all(prefix)
+            self._launch_all(driver.prefix)
             self._await_joined(began + self.startup_timeout)
         except BaseException:
             self._abort()
@@ -143,14 +136,16 @@ class Cluster:
         atexit.unregister(self.shutdown)
         everyone_alive = all(w.alive() for w in self._workers) and self.state == "running"
         try:
-            # A graceful leave waits for every call this process still awaits (one the
-            # user interrupted may run for minutes); the workers end either way.
-            if everyone_alive and _calls_drained(within=2.0):
-                self._leave_gracefully()
+            with muted_stderr():
+                try:
+                    # A graceful leave waits for every call still awaited (one the user
+                    # interrupted may run for minutes); the workers end either way.
+                    if everyone_alive and _calls_drained(within=2.0):
+                        self._leave_gracefully()
+                finally:
+                    workers.stop(self._workers)
+                    self._forget_workers()
         finally:
-            if group.is_member():
-                group.leave(graceful=False, timeout=0)
-            workers.stop(self._workers)
             self._store = None
             self.state = "stopped"
             calls.worker_fate = lambda name: None
@@ -294,15 +289,23 @@ class Cluster:
         )
 
     def _leave_gracefully(self) -> None:
-        """Leave before the workers do, so this process never sees their pipes close.
+        """Each worker leaves the group in turn (torch's membership lock orders them)."""
+        pending = {w.client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True): w
+                   for w in self._workers}
+        deadline = time.monotonic() + min(self.timeout, 20.0)
+        for w in self._workers:
+            while pending and time.monotonic() < deadline and w.alive():
+                try:
+                    reply = w.client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:
+                    break
+                if pending.pop(reply["parent_header"].get("msg_id"), None) is w:
+                    break
 
-        A dynamic group's graceful leave tells every member to drop this one; the
-        workers need no leave of their own since they end right after.
-        """
-        try:
-            group.leave(graceful=True, timeout=self.timeout)
-        except RuntimeError:
-            pass  # shutdown() finishes locally whatever happened
+    def _forget_workers(self) -> None:
+        """Drop workers that did not leave (killed, crashed) from the driver's group."""
+        if group.is_member():
+            self._driver.forget({w.name: w.rank for w in self._workers})
 
     def _abort(self) -> None:
         """Undo a start that failed: nothing may survive it."""

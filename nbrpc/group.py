@@ -1,18 +1,23 @@
-"""Join and leave a torch RPC group whose rendezvous store nbrpc owns.
+"""The torch RPC group: the driver's membership for the life of its process, workers' joins.
 
-torch's ``init_rpc`` builds its store from an ``init_method`` URL and prefixes keys
-with a per-process counter, so a second cluster in the same driver process looks for
-keys that fresh workers never write. Here the driver hosts one ``TCPStore`` per
-cluster, listening on a socket nbrpc bound itself (loopback for local clusters; the
-store would otherwise listen on every interface), every member uses the same
-cluster-unique key prefix, and membership is dynamic (no ``world_size``): the driver
-is rank 0 and each worker joins with a fresh rank.
+torch binds its RRef bookkeeping to the first RPC agent a process creates and never
+lets go, so a driver that shut RPC down and joined again would route ``owner()``,
+forks and deletes through a dead agent. The driver therefore joins once (rank 0)
+and stays; each cluster is a set of workers that join this group with fresh,
+ever-increasing ranks (torch never frees a rank) and leave it at shutdown.
+
+The driver hosts the rendezvous ``TCPStore`` on a socket nbrpc bound itself
+(loopback for local clusters; torch's store would listen on every interface), and
+membership is dynamic (no ``world_size``), so workers can join at any time.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
+import uuid
+from dataclasses import dataclass
 
 import torch.distributed as dist
 import torch.distributed.autograd as dist_autograd
@@ -20,9 +25,86 @@ import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
 from . import calls, serialization
-from ._util import listening_socket, silence_torch_noise
+from ._util import LOOPBACK, listening_socket, muted_stderr, silence_torch_noise
+from .errors import ClusterRunningError
 
 DRIVER_RANK = 0
+# Keys torch keeps in the group's store: the join/leave lock and the member list.
+TOKEN = "RpcGroupManagementToken"
+NAMES = "names/_ALL_WORKER_INFOS"
+
+
+@dataclass
+class DriverGroup:
+    """This process's place in RPC as the driver: its store, key prefix and next rank."""
+
+    store: dist.TCPStore
+    prefix: str
+    name: str
+    threads: int
+    next_rank: int = DRIVER_RANK + 1
+
+    def take_ranks(self, count: int) -> list[int]:
+        ranks = list(range(self.next_rank, self.next_rank + count))
+        self.next_rank += count
+        return ranks
+
+    def forget(self, workers: dict[str, int]) -> None:
+        """Remove workers (name -> rank) that ended without leaving: what their own
+        graceful leave would have done, so the names can join again."""
+        members = dist.PrefixStore(self.prefix, self.store)
+        for name in workers.keys() & set(member_names()):
+            drop_member(name)
+        if members.check([NAMES]):
+            listed = members.get(NAMES).decode()
+            for name, rank in workers.items():
+                listed = listed.replace(f"{name}-{rank},", "")
+            members.set(NAMES, listed)
+        if members.check([TOKEN]):
+            holder = members.get(TOKEN).decode()
+            if holder in {f"Token_for_{name}_join" for name in workers}:
+                members.set(TOKEN, "")
+                members.set(holder, "Done")
+
+
+_driver: DriverGroup | None = None
+
+
+def driver_group(name: str, threads: int, timeout: float, store_timeout: float) -> DriverGroup:
+    """Join RPC as the driver the first time; later calls reuse that membership."""
+    global _driver
+    if _driver is None:
+        if is_member():
+            raise ClusterRunningError(
+                "torch RPC is already initialized in this process (rpc.init_rpc was "
+                "called); call rpc.shutdown() before starting an nbrpc cluster"
+            )
+        store = host_store(LOOPBACK, 0, store_timeout)
+        prefix = f"nbrpc-{uuid.uuid4().hex[:12]}"
+        join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout))
+        _driver = DriverGroup(store, prefix, name, threads)
+        atexit.register(_leave_at_exit)
+    elif not is_member():
+        raise ClusterRunningError(
+            "RPC was shut down in this process outside nbrpc (rpc.shutdown()); torch "
+            "cannot rejoin with working RRefs in the same process: restart the kernel"
+        )
+    elif name != _driver.name:
+        raise ValueError(
+            f"this process joined RPC as {_driver.name!r} and keeps that name until it "
+            f"exits (torch binds RRefs to its first RPC agent); use --driver-name "
+            f"{_driver.name} or restart the kernel to take the name {name!r}"
+        )
+    rpc._set_rpc_timeout(timeout)
+    return _driver
+
+
+def drop_member(name: str) -> None:
+    """Forget worker ``name`` in this process's agent (it died or was ended)."""
+    agent = api._get_current_rpc_agent()
+    for info in agent.get_worker_infos():
+        if info.name == name:
+            agent._update_group_membership(info, [], {}, False)
 
 
 def host_store(bind: str, port: int, timeout: float) -> dist.TCPStore:
@@ -88,6 +170,11 @@ def leave(graceful: bool, timeout: float) -> None:
         rpc.shutdown(graceful=True, timeout=timeout)
     else:
         rpc.shutdown(graceful=False)
+
+
+def _leave_at_exit() -> None:
+    with muted_stderr():  # the agent's own pipes report closing
+        leave(graceful=False, timeout=0)
 
 
 def is_member() -> bool:

@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> None:
     app.start()
 
 
+def leave(timeout: float = 20.0) -> None:
+    """Leave the RPC group gracefully; the driver runs this in the kernel at shutdown."""
+    group.leave(graceful=True, timeout=timeout)
+
+
 def _watch_driver(driver_pid: int) -> None:
     """Exit at once when the driver process ends (killed, restarted, crashed)."""
     parent = os.getppid()

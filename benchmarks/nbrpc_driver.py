@@ -1,0 +1,61 @@
+"""An nbrpc driver in a plain script: ``nbrpc.start(1)``, then measures (see commands.py).
+
+    python nbrpc_driver.py --threads 16 --timeout 60
+
+Besides the shared measurements it takes ``latency_unwrapped``: the same calls
+through torch's own ``rpc_sync`` inside the nbrpc cluster, which splits nbrpc's
+overhead into its ``rpc_sync`` wrapper's share and the rest.
+"""
+
+# nbrpc first, as in a notebook: it sets THP_MEM_ALLOC_ENABLE before torch loads.
+import nbrpc  # isort: skip
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+import commands
+import timing
+from nbrpc import calls
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    replies = commands.claim_stdout()
+    commands.exit_with_parent()
+    # SIGTERM from the benchmark unwinds like an error, so nbrpc ends its worker even
+    # in the middle of start().
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    cluster = nbrpc.start(1, threads=args.threads, timeout=args.timeout,
+                          env=_worker_env(), progress=None)
+    try:
+        commands.serve(_measure, replies, [w.pid for w in cluster.workers])
+    finally:
+        cluster.shutdown()
+
+
+def _measure(op: str, count: int):
+    if op == "latency_unwrapped":
+        return timing.measure("worker1", "latency", count, rpc_sync=calls._torch_rpc_sync)
+    return timing.measure("worker1", op, count)
+
+
+def _worker_env() -> dict[str, str]:
+    """Let the worker kernel import ``targets`` by reference, as this driver does."""
+    paths = [str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(paths)}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=16, help="num_worker_threads")
+    parser.add_argument("--timeout", type=float, default=60.0, help="rpc_timeout in seconds")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""nbrpc next to raw torch RPC, side by side in one run (``make bench``).
+
+Measures small ``rpc_sync`` latency, ``rpc_async`` throughput and a 100 MB tensor
+round trip through an nbrpc cluster (a plain script as the driver, worker1) and
+through a plain ``rpc.init_rpc`` pair of processes with the same settings; the
+100 MB trip also through a pair left at torch's default allocator; and the start-up
+of 4 nbrpc workers next to 4 Python processes importing torch.
+Prints a table and writes ``build/bench.json``.
+
+The sides take turns in short rounds, so a burst of load from elsewhere on the
+machine hits them alike. Every RPC member runs in a child process, never in this
+one: an idle TensorPipe member busy-polls, so idle groups are paused
+(``processes.Group``) and each start-up is timed in a fresh process.
+"""
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import processes
+import timing
+
+HERE = Path(__file__).resolve().parent
+REPORT = HERE.parent / "build" / "bench.json"
+
+THREADS, TIMEOUT = 16, 60.0  # nbrpc's defaults, given to both sides
+LATENCY_ROUNDS, LATENCY_CALLS = 10, 200  # 2,000 calls per side
+THROUGHPUT_ROUNDS, THROUGHPUT_CALLS, IN_FLIGHT = 6, 1000, 32
+TENSOR_ROUNDS, TENSOR_TRIPS = 4, 2
+STARTUP_ROUNDS, STARTUP_WORKERS = 2, 4
+
+
+_BEGAN = time.perf_counter()
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    calls = compare_calls()
+    progress(f"start-up of {STARTUP_WORKERS} workers, {STARTUP_ROUNDS} rounds")
+    startup = compare_startup()
+    rows = summarize(calls, startup)
+    breakdown = latency_breakdown(calls)
+    print(render(rows))
+    print(render_breakdown(breakdown))
+    write_report(rows, breakdown, calls, startup, _elapsed())
+    print(f"\nwrote {REPORT} ({_elapsed():.0f} s)")
+    return 0
+
+
+def progress(message: str) -> None:
+    """A line on stderr per phase: the run takes minutes."""
+    print(f"bench: {message} ({_elapsed():.0f} s)", file=sys.stderr, flush=True)
+
+
+def _elapsed() -> float:
+    return time.perf_counter() - _BEGAN
+
+
+# -- measurements 1-3: calls ----------------------------------------------------------
+
+
+def compare_calls() -> dict:
+    """Results by measurement, then by side: one list entry per round."""
+    settings = dict(threads=THREADS, timeout=TIMEOUT)
+    progress("starting an nbrpc cluster and two raw torch RPC pairs")
+    with contextlib.ExitStack() as stack:
+        nbrpc_group = stack.enter_context(processes.nbrpc_cluster(**settings))
+        raw = stack.enter_context(processes.raw_pair(fast_alloc=True, **settings))
+        raw_default = stack.enter_context(processes.raw_pair(fast_alloc=False, **settings))
+        for group in (nbrpc_group, raw, raw_default):
+            group.wait_ready()
+            group.pause()  # until its turn, so the others start and measure undisturbed
+            _warm_up(group)
+        progress(f"rpc_sync latency, {LATENCY_ROUNDS} rounds")
+        latency = _take_turns({"nbrpc": (nbrpc_group, "latency"),
+                               "nbrpc_unwrapped": (nbrpc_group, "latency_unwrapped"),
+                               "raw": (raw, "latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
+        progress(f"rpc_async throughput, {THROUGHPUT_ROUNDS} rounds")
+        throughput = _take_turns({"nbrpc": (nbrpc_group, "throughput"), "raw": (raw, "throughput")},
+                                 THROUGHPUT_ROUNDS, THROUGHPUT_CALLS)
+        progress(f"{timing.TENSOR_MB} MB round trips, {TENSOR_ROUNDS} rounds")
+        tensor = _take_turns({"nbrpc": (nbrpc_group, "tensor"), "raw": (raw, "tensor"),
+                              "raw_default": (raw_default, "tensor")}, TENSOR_ROUNDS, TENSOR_TRIPS)
+        progress("stopping the RPC groups")
+    return {"latency": latency, "throughput": throughput, "tensor": tensor}
+
+
+def _take_turns(variants: dict, rounds: int, count: int) -> dict[str, list]:
+    """Each round measures every variant once, the order rotating from round to round.
+
+    ``variants`` maps a name to ``(group, op)``; ``nbrpc_unwrapped`` is the nbrpc
+    cluster calling torch's own ``rpc_sync`` (see ``nbrpc_driver.py``).
+    """
+    results = {name: [] for name in variants}
+    for turn in range(rounds):
+        for name in _rotated(list(variants), turn):
+            results[name].append(_measure(*variants[name], count))
+    return results
+
+
+def _warm_up(group: processes.Group) -> None:
+    """First calls pay for connections, thread start-up and allocator growth: not timed."""
+    _measure(group, "latency", 200)
+    _measure(group, "throughput", 300)
+    _measure(group, "tensor", 2)
+
+
+def _measure(group: processes.Group, op: str, count: int):
+    """Run one measurement with only ``group`` awake."""
+    group.resume()
+    try:
+        return group.measure(op, count)
+    finally:
+        group.pause()
+
+
+def _rotated(names: list[str], turn: int) -> list[str]:
+    shift = turn % len(names)
+    return names[shift:] + names[:shift]
+
+
+# -- measurement 4: start-up ----------------------------------------------------------
+
+
+def compare_startup() -> dict:
+    """``nbrpc.start(4)`` and the 4-process baseline, taking turns."""
+    sides = {"nbrpc": lambda: processes.nbrpc_start_seconds(STARTUP_WORKERS),
+             "baseline": lambda: processes.import_torch_seconds(STARTUP_WORKERS)}
+    seconds = {name: [] for name in sides}
+    for turn in range(STARTUP_ROUNDS):
+        for name in _rotated(list(sides), turn):
+            seconds[name].append(sides[name]())
+    return seconds
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+def summarize(calls: dict, startup: dict) -> list[dict]:
+    """One row per metric: both values, their ratio and whether it meets the target."""
+    latency = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["latency"].items()}
+    throughput = {side: statistics.median(rates) for side, rates in calls["throughput"].items()}
+    tensor = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["tensor"].items()}
+    boot = {side: statistics.median(seconds) for side, seconds in startup.items()}
+    return [
+        _row(f"rpc_sync latency, median of {_count(calls['latency']['nbrpc']):,} (ms)",
+             latency["nbrpc"], latency["raw"], "nbrpc/raw", "<=", 1.05),
+        _row(f"rpc_async throughput, {IN_FLIGHT} in flight (calls/s)",
+             throughput["nbrpc"], throughput["raw"], "raw/nbrpc", "<=", 1.05),
+        _row(f"{timing.TENSOR_MB} MB round trip, same settings (ms)",
+             tensor["nbrpc"], tensor["raw"], "nbrpc/raw", "<=", 1.05),
+        _row(f"{timing.TENSOR_MB} MB round trip vs torch defaults (ms)",
+             tensor["nbrpc"], tensor["raw_default"], "raw/nbrpc", ">=", 3.0),
+        _row(f"start-up, {STARTUP_WORKERS} workers vs {STARTUP_WORKERS} x import torch (s)",
+             boot["nbrpc"], boot["baseline"], "nbrpc/baseline", "<=", 1.5),
+    ]
+
+
+def _row(metric: str, ours: float, theirs: float, ratio_of: str, sense: str, bound: float) -> dict:
+    """``ratio_of`` orders the ratio so that it reads as a cost ratio or a speed-up."""
+    ratio = ours / theirs if ratio_of.startswith("nbrpc/") else theirs / ours
+    passed = ratio <= bound if sense == "<=" else ratio >= bound
+    return {"metric": metric, "nbrpc": ours, "raw": theirs, "ratio": ratio,
+            "target": f"{ratio_of} {sense} {bound:g}", "pass": passed}
+
+
+def _pooled_median(rounds: list[list[float]]) -> float:
+    return statistics.median(sample for samples in rounds for sample in samples)
+
+
+def _count(rounds: list[list[float]]) -> int:
+    return sum(len(samples) for samples in rounds)
+
+
+def latency_breakdown(calls: dict) -> dict:
+    """Median small-call latency (ms) of nbrpc, of nbrpc without its wrapper, of raw torch."""
+    return {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["latency"].items()}
+
+
+def render_breakdown(medians: dict) -> str:
+    """Where nbrpc's small-call latency goes, as lines under the table."""
+    wrapper = medians["nbrpc"] - medians["nbrpc_unwrapped"]
+    rest = medians["nbrpc_unwrapped"] - medians["raw"]
+    return (
+        f"\nrpc_sync median (ms): nbrpc {medians['nbrpc']:.3f} = raw torch {medians['raw']:.3f}"
+        f"\n  {wrapper:+.3f} nbrpc's interruptible rpc_sync wrapper"
+        f"\n  {rest:+.3f} the rest: pickler, group set-up, kernel processes (torch's own"
+        f" rpc_sync in the nbrpc cluster: {medians['nbrpc_unwrapped']:.3f})"
+    )
+
+
+def render(rows: list[dict]) -> str:
+    """The rows as an aligned text table."""
+    header = ["metric", "nbrpc", "raw torch", "ratio", "target", "result"]
+    lines = [[r["metric"], _number(r["nbrpc"]), _number(r["raw"]), f"{r['ratio']:.2f}",
+              r["target"], "pass" if r["pass"] else "FAIL"] for r in rows]
+    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
+    numeric = {1, 2, 3}
+
+    def fmt(cells):
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, lines)])
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value >= 1000 else f"{value:#.3g}" if value < 10 else f"{value:.1f}"
+
+
+def write_report(rows: list[dict], breakdown: dict, calls: dict, startup: dict,
+                 seconds: float) -> None:
+    """``build/bench.json``: the table plus what it came from, for the README and CI logs."""
+    report = {
+        "rows": rows,
+        "rpc_sync_median_ms": breakdown,
+        "rounds": {
+            "latency_ms_p10_p90": {side: _spread(r) for side, r in calls["latency"].items()},
+            "throughput_calls_per_s": calls["throughput"],
+            "tensor_ms": {side: [round(x * 1e3, 1) for trips in rounds for x in trips]
+                          for side, rounds in calls["tensor"].items()},
+            "startup_s": startup,
+        },
+        "settings": {"num_worker_threads": THREADS, "rpc_timeout": TIMEOUT, "transports": "default",
+                     "rounds": {"latency": LATENCY_ROUNDS, "throughput": THROUGHPUT_ROUNDS,
+                                "tensor": TENSOR_ROUNDS, "startup": STARTUP_ROUNDS}},
+        "machine": {"torch": torch.__version__, "python": platform.python_version(),
+                    "cpus": os.cpu_count(), "platform": platform.platform()},
+        "seconds": round(seconds, 1),
+    }
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _spread(rounds: list[list[float]]) -> list[float]:
+    deciles = statistics.quantiles([x for samples in rounds for x in samples], n=10)
+    return [round(deciles[0] * 1e3, 4), round(deciles[-1] * 1e3, 4)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
