@@ -9,7 +9,7 @@ if "torch" not in sys.modules:
     # imported (or %load_ext nbrpc runs) before torch.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from .cluster import Cluster, current, start  # noqa: E402
+from .cluster import Cluster, current  # noqa: E402
 from .errors import (  # noqa: E402
     ClusterRunningError,
     NoClusterError,
@@ -34,6 +34,19 @@ __all__ = [
     "current",
     "start",
 ]
+
+
+def start(n=None, **options) -> Cluster:
+    """Start a cluster (what ``%rpc_init`` does) and return it.
+
+    Takes ``Cluster``'s options; start-up progress shows as a bar in a notebook and
+    as text elsewhere.
+    """
+    if "progress" not in options and "ipykernel" in sys.modules:
+        from .kernel_ext.display import start_progress
+
+        options["progress"] = start_progress()
+    return Cluster(n, **options).start()
 
 
 def load_ipython_extension(ipython):

@@ -20,19 +20,22 @@ def in_notebook() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def start_progress(total: int):
+def start_progress():
     """A progress reporter for ``Cluster.start``: a bar in a notebook, text elsewhere."""
     if not in_notebook():
         return text_progress
     import ipywidgets
 
-    bar = ipywidgets.IntProgress(value=0, min=0, max=total, description="workers")
-    display(bar)
+    bar = None
 
-    def report(done: int, _total: int, message: str) -> None:
+    def report(done: int, total: int, message: str) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = ipywidgets.IntProgress(value=0, min=0, max=total, description="workers")
+            display(bar)
         bar.value = done
-        bar.description = f"{done}/{_total} joined"
-        if done == _total and "up in" in message:
+        bar.description = f"{done}/{total} joined"
+        if done == total and "up in" in message:
             bar.close()
             print(f"nbrpc: {message}")
 

@@ -47,11 +47,11 @@ class RpcMagics(Magics):
         try:
             cluster = cluster_mod.Cluster(
                 args.n, names=args.names, driver_name=args.driver_name, threads=args.threads,
-                timeout=args.timeout, startup_timeout=args.startup_timeout, progress=None,
+                timeout=args.timeout, startup_timeout=args.startup_timeout,
+                progress=start_progress(),
             )
         except ValueError as e:
             raise UsageError(f"%rpc_init: {e}") from e
-        cluster.progress = start_progress(len(cluster._workers))
         cluster.start()
         if cell and cell.strip():
             cluster.run(cell, "all", KernelOutput())
