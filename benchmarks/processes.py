@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nbrpc._util import kill_pids, pid_alive
+from nbrpc._util import kill_pids, pid_alive, start_time
 
 HERE = Path(__file__).resolve().parent
 FAST_ALLOC = "THP_MEM_ALLOC_ENABLE"
@@ -74,7 +74,7 @@ class Group:
     @property
     def pids(self) -> list[int]:
         """Our children and, of the processes they started, those still the same process."""
-        started = [pid for pid, began in self._started_by_group.items() if _start_time(pid) == began]
+        started = [pid for pid, began in self._started_by_group.items() if start_time(pid) == began]
         return [p.pid for p in self._procs] + started
 
     def start(self) -> None:
@@ -92,7 +92,7 @@ class Group:
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until the group is up and takes commands."""
         pids = self._read_reply(timeout)["pids"]
-        self._started_by_group = {pid: _start_time(pid) for pid in pids}
+        self._started_by_group = {pid: start_time(pid) for pid in pids}
 
     def measure(self, op: str, count: int):
         """What ``timing.measure(op, count)`` returns, taken inside the measuring process."""
@@ -182,15 +182,6 @@ def nbrpc_cluster(threads: int, timeout: float) -> Group:
     command = [sys.executable, str(HERE / "nbrpc_driver.py"),
                "--threads", str(threads), "--timeout", str(timeout)]
     return Group("nbrpc cluster", [command], _environment_without_fast_alloc(), timeout)
-
-
-def _start_time(pid: int) -> str | None:
-    """When ``pid`` started (in clock ticks since boot), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def _environment_without_fast_alloc() -> dict[str, str]:

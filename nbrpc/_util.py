@@ -50,6 +50,15 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot): with the pid, it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def kill_pids(pids: list[int], grace: float = 3.0) -> None:
     """SIGTERM, wait up to ``grace`` seconds, then SIGKILL whatever is left."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):

@@ -25,7 +25,7 @@ import torch.distributed.rpc as rpc
 from jupyter_client import KernelManager
 
 import nbrpc
-from nbrpc._util import kill_pids, pid_alive
+from nbrpc._util import kill_pids, pid_alive, start_time
 
 from conftest import wait_gone
 
@@ -68,15 +68,6 @@ print(json.dumps({"shutdown_took": time.monotonic() - began,
 # -- process bookkeeping -----------------------------------------------------------
 
 
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 class Pids:
     """Processes a test started, each identified by pid and start time."""
 
@@ -85,10 +76,10 @@ class Pids:
 
     def add(self, *pids: int) -> None:
         for pid in pids:
-            self.known.setdefault(pid, _start_time(pid))
+            self.known.setdefault(pid, start_time(pid))
 
     def alive(self) -> list[int]:
-        return [p for p, t in self.known.items() if pid_alive(p) and _start_time(p) == t]
+        return [p for p, t in self.known.items() if pid_alive(p) and start_time(p) == t]
 
     def end(self) -> list[int]:
         """SIGTERM, then SIGKILL what is still ours and alive; return the survivors."""
