@@ -150,7 +150,6 @@ def join(
     serialization.install()
     calls.install()
     silence_torch_noise()
-    _forget_previous_group()
     dist_autograd._init(rank)
     rpc._init_rpc_backend(
         rpc.BackendType.TENSORPIPE,
@@ -164,7 +163,7 @@ def join(
 
 def leave(graceful: bool, timeout: float) -> None:
     """Shut RPC down in this process; ``graceful`` tells the others first."""
-    if not api._is_current_rpc_agent_set():
+    if not is_member():
         return
     if graceful:
         rpc.shutdown(graceful=True, timeout=timeout)
@@ -193,14 +192,3 @@ def calls_in_flight() -> int:
 def member_names() -> list[str]:
     """Names this process's agent knows, itself included."""
     return [info.name for info in api._get_current_rpc_agent().get_worker_infos()]
-
-
-def _forget_previous_group() -> None:
-    """Drop state torch keeps per process from an earlier group.
-
-    The all-gather bookkeeping is keyed by worker names, so a new group with the
-    same names would start from the old sequence numbers that fresh workers lack.
-    """
-    with api._all_gather_dict_lock:
-        api._all_gather_sequence_id.clear()
-        api._all_gather_sequence_id_to_states.clear()
