@@ -9,8 +9,10 @@ if "torch" not in sys.modules:
     # imported (or %load_ext nbrpc runs) before torch.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+from .autograd import autograd_snapshot, last_recorded, record_autograd  # noqa: E402
 from .cluster import Cluster, current  # noqa: E402
 from .errors import (  # noqa: E402
+    AutogradContextError,
     ClusterRunningError,
     NoClusterError,
     RemoteError,
@@ -20,6 +22,7 @@ from .errors import (  # noqa: E402
     WorkerDiedError,
     WorkerStartError,
 )
+from .rrefs import rref_snapshot  # noqa: E402
 
 __all__ = [
     "Cluster",
@@ -35,7 +38,11 @@ __all__ = [
     "start",
 ]
 
+    "autograd_snapshot",
 
+    "last_recorded",
+    "record_autograd",
+    "rref_snapshot",
 def start(n=None, **options) -> Cluster:
     """Start a cluster (what ``%rpc_init`` does) and return it.
 

@@ -43,6 +43,14 @@ class NoClusterError(RuntimeError):
 
 
 class RemoteError(RuntimeError):
+class JoinRefusedError(PermissionError):
+    """The driver refused a worker's join (wrong or missing token, a name taken)."""
+
+
+class AutogradContextError(LookupError):
+    """A distributed autograd context that no worker has (its block has exited)."""
+
+
     """Code run on workers with ``Cluster.run`` (``%%rpc_on``) raised.
 
     ``failures`` maps each failing worker's name to ``(ename, evalue, traceback)``,

@@ -24,7 +24,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
-from . import calls, serialization
+from . import calls, rrefs, serialization
 from ._util import LOOPBACK, listening_socket, muted_stderr, silence_torch_noise
 from .errors import ClusterRunningError
 
@@ -143,7 +143,8 @@ def join(
     options: rpc.TensorPipeRpcBackendOptions,
     interface: str | None = "lo",
 ) -> None:
-    """Initialize RPC in this process as ``name``/``rank`` of the group in ``store``."""
+    """Initialize RPC in this process as ``name``/``rank`` of the group in ``store``;
+    ``track`` turns RRef tracking on (see ``rrefs``)."""
     if interface:
         # TensorPipe's TCP transport listens on this interface (read at agent start).
         os.environ["TP_SOCKET_IFNAME"] = interface
@@ -154,6 +155,7 @@ def join(
     rpc._init_rpc_backend(
         rpc.BackendType.TENSORPIPE,
         dist.PrefixStore(prefix, store),
+    track: bool = True,
         name,
         rank,
         None,
@@ -171,6 +173,7 @@ def leave(graceful: bool, timeout: float) -> None:
         rpc.shutdown(graceful=False)
 
 
+    rrefs.install(track)
 def _leave_at_exit() -> None:
     with muted_stderr():  # the agent's own pipes report closing
         leave(graceful=False, timeout=0)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import internal
 
+from . import rrefs
 from .errors import SerializationError
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
@@ -41,9 +42,13 @@ class RpcPickler(cloudpickle.Pickler):
         # torch assigns its table after construction and then adds to it; the C
         # pickler reads its own slot, so point that slot at both tables.
         self._torch_table = table
-        _C_DISPATCH_TABLE.__set__(
-            self, collections.ChainMap(table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table)
-        )
+        _C_DISPATCH_TABLE.__set__(self, collections.ChainMap(
+            self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table
+        ))
+
+    def _rref_reducers(self) -> dict:
+        # In front of torch's: the receiver of an RRef records the fork.
+        return rrefs.reducer_table()
 
     def dump(self, obj):
         try:
@@ -72,13 +77,20 @@ def _explain(obj, error: Exception) -> str:
 
 def _pickles(value) -> bool:
     """Whether ``value`` pickles, with tensors and RRefs stubbed out (no side effects)."""
-    pickler = RpcPickler(io.BytesIO())
+    pickler = _CheckPickler(io.BytesIO())
     pickler.dispatch_table = {t: _stub for t in (torch.Tensor, rpc.RRef, rpc.PyRRef)}
     try:
         cloudpickle.Pickler.dump(pickler, value)
     except Exception:
         return False
     return True
+
+
+class _CheckPickler(RpcPickler):
+    """Pickles to learn whether a value can be sent, never forking an RRef."""
+
+    def _rref_reducers(self) -> dict:
+        return {}
 
 
 def _stub(_):

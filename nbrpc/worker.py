@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     options = group.backend_options(int(env["NBRPC_THREADS"]), timeout)
     group.join(
         store, env["NBRPC_PREFIX"], env["NBRPC_NAME"], int(env["NBRPC_RANK"]),
-        options, env.get("NBRPC_INTERFACE") or None,
+        options, env.get("NBRPC_INTERFACE") or None, env.get("NBRPC_TRACK", "1") == "1",
     )
     app.start()
 
