@@ -4,7 +4,8 @@
 
 Besides the shared measurements it takes ``latency_unwrapped``: the same calls
 through torch's own ``rpc_sync`` inside the nbrpc cluster, which splits nbrpc's
-overhead into its ``rpc_sync`` wrapper's share and the rest.
+overhead into its ``rpc_sync`` wrapper's share and the rest; and ``remote_untracked``:
+``rpc.remote`` with the driver's RRef tracking off, for tracking's share.
 """
 
 # nbrpc first, as in a notebook: it sets THP_MEM_ALLOC_ENABLE before torch loads.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import commands
 import timing
-from nbrpc import calls
+from nbrpc import calls, rrefs
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,6 +42,12 @@ def main(argv: list[str] | None = None) -> None:
 def _measure(op: str, count: int):
     if op == "latency_unwrapped":
         return timing.measure("worker1", "latency", count, rpc_sync=calls._torch_rpc_sync)
+    if op == "remote_untracked":
+        rrefs.install(False)  # the driver's share of tracking; the worker's stays on
+        try:
+            return timing.measure("worker1", "remote", count)
+        finally:
+            rrefs.install(True)
     return timing.measure("worker1", op, count)
 
 

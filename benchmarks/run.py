@@ -1,6 +1,7 @@
 """nbrpc next to raw torch RPC, side by side in one run (``make bench``).
 
-Measures small ``rpc_sync`` latency, ``rpc_async`` throughput and a 100 MB tensor
+Measures small ``rpc_sync`` latency, ``rpc.remote`` latency (RRef tracking on),
+``rpc_async`` throughput and a 100 MB tensor
 round trip through an nbrpc cluster (a plain script as the driver, worker1) and
 through a plain ``rpc.init_rpc`` pair of processes with the same settings; the
 100 MB trip also through a pair left at torch's default allocator; and the start-up
@@ -83,6 +84,10 @@ def compare_calls() -> dict:
         latency = _take_turns({"nbrpc": (nbrpc_group, "latency"),
                                "nbrpc_unwrapped": (nbrpc_group, "latency_unwrapped"),
                                "raw": (raw, "latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
+        progress(f"rpc.remote latency, {LATENCY_ROUNDS} rounds")
+        remote = _take_turns({"nbrpc": (nbrpc_group, "remote"),
+                              "nbrpc_untracked": (nbrpc_group, "remote_untracked"),
+                              "raw": (raw, "remote")}, LATENCY_ROUNDS, LATENCY_CALLS)
         progress(f"rpc_async throughput, {THROUGHPUT_ROUNDS} rounds")
         throughput = _take_turns({"nbrpc": (nbrpc_group, "throughput"), "raw": (raw, "throughput")},
                                  THROUGHPUT_ROUNDS, THROUGHPUT_CALLS)
@@ -90,7 +95,7 @@ def compare_calls() -> dict:
         tensor = _take_turns({"nbrpc": (nbrpc_group, "tensor"), "raw": (raw, "tensor"),
                               "raw_default": (raw_default, "tensor")}, TENSOR_ROUNDS, TENSOR_TRIPS)
         progress("stopping the RPC groups")
-    return {"latency": latency, "throughput": throughput, "tensor": tensor}
+    return {"latency": latency, "remote": remote, "throughput": throughput, "tensor": tensor}
 
 
 def _take_turns(variants: dict, rounds: int, count: int) -> dict[str, list]:
@@ -109,6 +114,7 @@ def _take_turns(variants: dict, rounds: int, count: int) -> dict[str, list]:
 def _warm_up(group: processes.Group) -> None:
     """First calls pay for connections, thread start-up and allocator growth: not timed."""
     _measure(group, "latency", 200)
+    _measure(group, "remote", 200)
     _measure(group, "throughput", 300)
     _measure(group, "tensor", 2)
 
@@ -147,12 +153,15 @@ def compare_startup() -> dict:
 def summarize(calls: dict, startup: dict) -> list[dict]:
     """One row per metric: both values, their ratio and whether it meets the target."""
     latency = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["latency"].items()}
+    remote = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["remote"].items()}
     throughput = {side: statistics.median(rates) for side, rates in calls["throughput"].items()}
     tensor = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["tensor"].items()}
     boot = {side: statistics.median(seconds) for side, seconds in startup.items()}
     return [
         _row(f"rpc_sync latency, median of {_count(calls['latency']['nbrpc']):,} (ms)",
              latency["nbrpc"], latency["raw"], "nbrpc/raw", "<=", 1.05),
+        _row(f"rpc.remote + to_here, tracking on, median of {_count(calls['remote']['nbrpc']):,} (ms)",
+             remote["nbrpc"], remote["raw"], "nbrpc/raw", "<=", 1.05),
         _row(f"rpc_async throughput, {IN_FLIGHT} in flight (calls/s)",
              throughput["nbrpc"], throughput["raw"], "raw/nbrpc", "<=", 1.05),
         _row(f"{timing.TENSOR_MB} MB round trip, same settings (ms)",
@@ -181,19 +190,24 @@ def _count(rounds: list[list[float]]) -> int:
 
 
 def latency_breakdown(calls: dict) -> dict:
-    """Median small-call latency (ms) of nbrpc, of nbrpc without its wrapper, of raw torch."""
-    return {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["latency"].items()}
+    """Median latency (ms) per side of ``rpc_sync`` ("latency") and ``remote`` calls."""
+    return {op: {side: _pooled_median(rounds) * 1e3 for side, rounds in calls[op].items()}
+            for op in ("latency", "remote")}
 
 
 def render_breakdown(medians: dict) -> str:
     """Where nbrpc's small-call latency goes, as lines under the table."""
-    wrapper = medians["nbrpc"] - medians["nbrpc_unwrapped"]
-    rest = medians["nbrpc_unwrapped"] - medians["raw"]
+    sync, remote = medians["latency"], medians["remote"]
+    wrapper = sync["nbrpc"] - sync["nbrpc_unwrapped"]
+    rest = sync["nbrpc_unwrapped"] - sync["raw"]
+    tracking = remote["nbrpc"] - remote["nbrpc_untracked"]
     return (
-        f"\nrpc_sync median (ms): nbrpc {medians['nbrpc']:.3f} = raw torch {medians['raw']:.3f}"
+        f"\nrpc_sync median (ms): nbrpc {sync['nbrpc']:.3f} = raw torch {sync['raw']:.3f}"
         f"\n  {wrapper:+.3f} nbrpc's interruptible rpc_sync wrapper"
         f"\n  {rest:+.3f} the rest: pickler, group set-up, kernel processes (torch's own"
-        f" rpc_sync in the nbrpc cluster: {medians['nbrpc_unwrapped']:.3f})"
+        f" rpc_sync in the nbrpc cluster: {sync['nbrpc_unwrapped']:.3f})"
+        f"\nrpc.remote + to_here median (ms): nbrpc {remote['nbrpc']:.3f}, raw torch {remote['raw']:.3f}"
+        f"\n  {tracking:+.3f} the driver's RRef tracking (off: {remote['nbrpc_untracked']:.3f})"
     )
 
 
@@ -221,9 +235,10 @@ def write_report(rows: list[dict], breakdown: dict, calls: dict, startup: dict,
     """``build/bench.json``: the table plus what it came from, for the README and CI logs."""
     report = {
         "rows": rows,
-        "rpc_sync_median_ms": breakdown,
+        "median_ms": breakdown,
         "rounds": {
             "latency_ms_p10_p90": {side: _spread(r) for side, r in calls["latency"].items()},
+            "remote_ms_p10_p90": {side: _spread(r) for side, r in calls["remote"].items()},
             "throughput_calls_per_s": calls["throughput"],
             "tensor_ms": {side: [round(x * 1e3, 1) for trips in rounds for x in trips]
                           for side, rounds in calls["tensor"].items()},

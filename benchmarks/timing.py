@@ -38,6 +38,17 @@ def sync_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
     return samples
 
 
+def remote_latencies(to: str, calls: int) -> list[float]:
+    """Seconds taken by each small ``rpc.remote`` plus ``to_here``, the RRef then deleted
+    (with nbrpc's tracking on, every step of an RRef's life is recorded)."""
+    samples = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        rpc.remote(to, echo, args=(SMALL_ARG,)).to_here()
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
 def async_throughput(to: str, calls: int, in_flight: int) -> float:
     """Small ``rpc_async`` calls per second with up to ``in_flight`` outstanding."""
     pending = collections.deque()
@@ -70,9 +81,11 @@ def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
     sync_latencies(to, WAKE_UP_CALLS, rpc_sync)
     if op == "latency":
         return sync_latencies(to, count, rpc_sync)
+    if op == "remote":
+        return remote_latencies(to, count)
     if op == "throughput":
         return async_throughput(to, count, in_flight)
     if op == "tensor":
         tensor_round_trips(to, WAKE_UP_TRIPS)
         return tensor_round_trips(to, count)
-    raise ValueError(f"unknown measurement {op!r}: use latency, throughput or tensor")
+    raise ValueError(f"unknown measurement {op!r}: use latency, remote, throughput or tensor")
