@@ -25,24 +25,28 @@ from .errors import (  # noqa: E402
 from .rrefs import rref_snapshot  # noqa: E402
 
 __all__ = [
+    "AutogradContextError",
+    "AutogradGraph",
     "Cluster",
     "ClusterRunningError",
+    "ClusterStatus",
     "NoClusterError",
+    "RRefGraph",
     "RemoteError",
     "RpcTimeoutError",
     "SerializationError",
     "UnknownWorkerError",
     "WorkerDiedError",
     "WorkerStartError",
-    "current",
-    "start",
-]
-
     "autograd_snapshot",
-
+    "current",
     "last_recorded",
     "record_autograd",
     "rref_snapshot",
+    "start",
+]
+
+
 def start(n=None, **options) -> Cluster:
     """Start a cluster (what ``%rpc_init`` does) and return it.
 
@@ -54,6 +58,31 @@ def start(n=None, **options) -> Cluster:
 
         options["progress"] = start_progress()
     return Cluster(n, **options).start()
+
+
+# The widgets import ipywidgets, which a script driving a cluster must not pay for:
+# these build one on first use. The classes are nbrpc.widgets.RRefGraph, ...
+
+
+def RRefGraph(live: bool = True, **options):  # noqa: N802
+    """The live RRef ownership graph widget (``nbrpc.widgets.RRefGraph``)."""
+    from .widgets.rref_graph import RRefGraph as widget
+
+    return widget(live, **options)
+
+
+def AutogradGraph(context_or_snapshot=None, **options):  # noqa: N802
+    """A distributed autograd context's graph widget (``nbrpc.widgets.AutogradGraph``)."""
+    from .widgets.autograd_graph import AutogradGraph as widget
+
+    return widget(context_or_snapshot, **options)
+
+
+def ClusterStatus(live: bool = True, **options):  # noqa: N802
+    """What ``%rpc_status`` shows, refreshing (``nbrpc.widgets.ClusterStatus``)."""
+    from .widgets.status import ClusterStatus as widget
+
+    return widget(live, **options)
 
 
 def load_ipython_extension(ipython):

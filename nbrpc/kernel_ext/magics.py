@@ -1,4 +1,5 @@
-"""``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_shutdown``: thin shells over ``Cluster``."""
+"""The magics (``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_shutdown``, ``%rref_graph``,
+``%autograd_graph``): thin shells over ``Cluster`` and the widgets."""
 
 from __future__ import annotations
 
@@ -45,6 +46,13 @@ class RpcMagics(Magics):
         """
         args = _parse(self.rpc_init, line)
         try:
+    @argument("--no-track", action="store_true", help="do not record RRefs (no %%rref_graph, no snapshots)")
+    @argument("--attach", type=int, default=None, metavar="N",
+              help="wait for N workers started elsewhere with the printed 'nbrpc worker --join' command")
+    @argument("--hosts", default=None, help="start workers over SSH: hostA,hostB:2 (two on hostB)")
+    @argument("--bind", default=None, help="address or interface that reaches the workers (--attach, --hosts)")
+    @argument("--port", type=int, default=0, help="port the driver listens on for joining workers (default: free)")
+    @argument("--ssh", default="ssh", help='ssh command for --hosts, e.g. "ssh -F my_config"')
             cluster = cluster_mod.Cluster(
                 args.n, names=args.names, driver_name=args.driver_name, threads=args.threads,
                 timeout=args.timeout, startup_timeout=args.startup_timeout,
@@ -83,3 +91,31 @@ class RpcMagics(Magics):
             return
         cluster.shutdown()
         print(f"nbrpc: {cluster._summary()} shut down")
+
+    @magic_arguments()
+    @argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    @argument("--static", action="store_true", help="draw once as SVG, no widget, no refreshing")
+    @line_magic
+    def rref_graph(self, line: str = ""):
+        """Show the running cluster's RRefs: owner lanes, holders, fork history; live."""
+        args = _parse(self.rref_graph, line)
+        if not args.interval > 0:
+            raise UsageError(f"%rref_graph: --interval must be a positive number of seconds, "
+                             f"got {args.interval:g}")
+        _running()
+        from ..widgets.rref_graph import RRefGraph, rref_static
+
+        return rref_static() if args.static else RRefGraph(interval=args.interval)
+
+    @magic_arguments()
+    @argument("context_id", nargs="?", type=int, default=None,
+              help="a distributed autograd context id (default: the last one "
+                   "nbrpc.record_autograd() recorded)")
+    @argument("--static", action="store_true", help="draw as SVG, no widget")
+    @line_magic
+    def autograd_graph(self, line: str = ""):
+        """Show a distributed autograd context's graph: a layered DAG per worker."""
+        args = _parse(self.autograd_graph, line)
+        from ..widgets.autograd_graph import AutogradGraph, autograd_static
+
+        return (autograd_static if args.static else AutogradGraph)(args.context_id)

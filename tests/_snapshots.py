@@ -1,0 +1,74 @@
+"""Snapshots in DESIGN.md's schemas, for the widget tests (and a browser's kernel)."""
+
+from __future__ import annotations
+
+RREF = {
+    "workers": [{"name": "master", "id": 0, "host": "127.0.0.1", "pid": 4242},
+                {"name": "p1", "id": 1, "host": "127.0.0.1", "pid": 4243},
+                {"name": "p2", "id": 2, "host": "127.0.0.1", "pid": 4244}],
+    "rrefs": [
+        {"id": "0:1", "owner": "p1", "creator": "master", "holders": ["master"], "type": "Tensor",
+         "summary": "Tensor[2, 3] float32", "size": 24,
+         "call_site": 'cell line 2: ra = rpc.remote("p1", load_a)', "confirmed": True},
+        {"id": "0:2", "owner": "p1", "creator": "master", "holders": ["master", "p2"], "type": "Net",
+         "summary": "Net (20 parameters)", "size": 80, "call_site": None, "confirmed": True},
+        {"id": "0:10", "owner": "p2", "creator": "master", "holders": ["master"], "type": None,
+         "summary": None, "size": None, "call_site": None, "confirmed": False},
+    ],
+    "events": [
+        {"t": 1763856000.1, "kind": "create", "rref": "0:1", "from": "master", "to": "p1"},
+        {"t": 1763856000.2, "kind": "create", "rref": "0:2", "from": "master", "to": "p1"},
+        {"t": 1763856000.3, "kind": "fork", "rref": "0:2", "from": "master", "to": "p2"},
+        {"t": 1763856000.4, "kind": "fetch", "rref": "0:1", "from": "p1", "to": "master"},
+        {"t": 1763856000.5, "kind": "create", "rref": "0:10", "from": "master", "to": "p2"},
+        {"t": 1763856000.6, "kind": "fork", "rref": "0:9", "from": "master", "to": "p2"},
+    ],
+}
+
+AUTOGRAD = {
+    "context_id": 7, "workers": ["master", "w1"],
+    "nodes": [
+        {"id": "master:0", "worker": "master", "name": "SumBackward0"},
+        {"id": "master:1", "worker": "master", "name": "RecvRpcBackward"},
+        {"id": "master:2", "worker": "master", "name": "AccumulateGrad", "param": "x"},
+        {"id": "master:3", "worker": "master", "name": "SendRpcBackward"},
+        {"id": "w1:0", "worker": "w1", "name": "SendRpcBackward"},
+        {"id": "w1:1", "worker": "w1", "name": "AddmmBackward0"},
+        {"id": "w1:2", "worker": "w1", "name": "AccumulateGrad", "param": "fc1.weight"},
+        {"id": "w1:3", "worker": "w1", "name": "AccumulateGrad", "param": "fc1.bias"},
+        {"id": "w1:4", "worker": "w1", "name": "RecvRpcBackward"},
+    ],
+    "edges": [
+        {"src": "master:0", "dst": "master:1", "kind": "local"},
+        {"src": "master:1", "dst": "w1:0", "kind": "rpc"},
+        {"src": "w1:0", "dst": "w1:1", "kind": "local"},
+        {"src": "w1:1", "dst": "w1:2", "kind": "local"},
+        {"src": "w1:1", "dst": "w1:3", "kind": "local"},
+        {"src": "w1:1", "dst": "w1:4", "kind": "local"},
+        {"src": "w1:4", "dst": "master:3", "kind": "rpc"},
+        {"src": "master:3", "dst": "master:2", "kind": "local"},
+    ],
+    "gradients": [{"worker": "w1", "param": "fc1.weight", "shape": [4, 3], "norm": 0.53},
+                  {"worker": "w1", "param": "fc1.bias", "shape": [4], "norm": 0.21}],
+}
+
+
+def synthetic(rrefs: int = 1000, workers: int = 8) -> dict:
+    """A snapshot of ``rrefs`` RRefs owned round-robin by ``workers - 1`` workers."""
+    names = ["master"] + [f"w{i}" for i in range(1, workers)]
+    snapshot = {"workers": [{"name": n, "id": i, "host": "127.0.0.1", "pid": 1000 + i}
+                            for i, n in enumerate(names)], "rrefs": [], "events": []}
+    for k in range(rrefs):
+        owner = names[1 + k % (workers - 1)]
+        holders = ["master"] + ([names[1 + (k + 1) % (workers - 1)]] if k % 3 == 0 else [])
+        rid = f"0:{k + 1}"
+        snapshot["rrefs"].append({
+            "id": rid, "owner": owner, "creator": "master", "holders": holders, "type": "Tensor",
+            "summary": f"Tensor[{k % 7 + 1}, 4] float32", "size": (k % 7 + 1) * 16,
+            "call_site": f"cell line {k % 5 + 1}: r = rpc.remote({owner!r}, f)", "confirmed": k % 10 != 0})
+        snapshot["events"].append({"t": 1763856000 + k / 100, "kind": "create", "rref": rid,
+                                   "from": "master", "to": owner})
+        if len(holders) > 1:
+            snapshot["events"].append({"t": 1763856000 + k / 100 + 0.001, "kind": "fork", "rref": rid,
+                                       "from": "master", "to": holders[1]})
+    return snapshot
