@@ -26,6 +26,8 @@ from .errors import RpcTimeoutError, SerializationError, UnknownWorkerError, Wor
 _torch_to_worker_info = api._to_worker_info
 _torch_rpc_sync = api.rpc_sync
 
+# How often a waiting rpc_sync asks whether its worker is still there.
+FATE_POLL = 0.5
 # Set by the driver's cluster: worker name -> why it is gone, or None if alive.
 worker_fate: Callable[[str], str | None] = lambda name: None
 
@@ -42,6 +44,12 @@ def _to_worker_info(to):
     except RuntimeError as e:
         if "could not find destination" not in str(e):
             raise
+        fate = worker_fate(to) if isinstance(to, str) else None
+        if fate:  # a worker that was lost and dropped from the group
+            raise WorkerDiedError(
+                f"worker {to!r} {fate}; the other workers keep running. Start a new "
+                f"cluster (%rpc_shutdown, then %rpc_init) to get {to!r} back"
+            ) from e
         known = sorted(info.name for info in api._get_current_rpc_agent().get_worker_infos())
         which = f"named {to!r}" if isinstance(to, str) else f"with id {to!r}"
         msg = f"no worker {which} in this RPC group; the workers are: {', '.join(known)}"
@@ -56,7 +64,12 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
         if not fut.done() and threading.current_thread() is threading.main_thread():
             done = threading.Event()
             fut.add_done_callback(lambda _: done.set())
-            done.wait()
+            while not done.wait(FATE_POLL):
+                # A worker whose link went silent never answers, and torch would
+                # wait out the whole RPC timeout to say so.
+                name = to if isinstance(to, str) else getattr(to, "name", None)
+                if name is not None and worker_fate(name):
+                    raise RuntimeError("no reply: the worker is gone")
         return fut.wait()
     except RuntimeError as e:
         named = _named(e, to, func, timeout)

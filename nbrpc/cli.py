@@ -1,4 +1,5 @@
-"""The ``nbrpc`` command: ``nbrpc run NOTEBOOK`` executes a notebook headless."""
+"""The ``nbrpc`` command: ``nbrpc run NOTEBOOK`` executes a notebook headless;
+``nbrpc worker --join HOST:PORT --token TOKEN`` joins a driver's cluster as a worker."""
 
 from __future__ import annotations
 
@@ -31,6 +32,21 @@ def run_notebook(path: str, output: str, timeout: int = 600) -> float:
     return time.monotonic() - began
 
 
+def join_as_worker(address: str, token: str, name: str | None) -> int:
+    """Run as a worker of the driver at ``address`` until it ends the cluster."""
+    from .errors import JoinRefusedError
+    from .worker import join_driver
+
+    if token == "-":
+        token = sys.stdin.readline().strip()
+    try:
+        join_driver(address, token, name)
+    except (JoinRefusedError, ConnectionError, ValueError) as e:
+        print(f"nbrpc worker: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nbrpc", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -38,7 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("notebook")
     run.add_argument("--output", help="where to save the executed notebook (default: build/NAME)")
     run.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    worker = commands.add_parser(
+        "worker", help="join a driver's cluster as a worker kernel (%%rpc_init --attach prints the command)")
+    worker.add_argument("--join", required=True, metavar="HOST:PORT", help="the driver's rendezvous address")
+    worker.add_argument("--token", default=os.environ.get("NBRPC_TOKEN", ""),
+                        help="the cluster's token ('-': read it from stdin; default: $NBRPC_TOKEN)")
+    worker.add_argument("--name", default=None, help="this worker's RPC name (default: one the driver picks)")
     args = parser.parse_args(argv)
+    if args.command == "worker":
+        return join_as_worker(args.join, args.token, args.name)
     output = args.output or os.path.join("build", os.path.basename(args.notebook))
     seconds = run_notebook(args.notebook, output, args.timeout)
     print(f"nbrpc: ran {args.notebook} in {seconds:.1f} s; executed notebook: {os.path.abspath(output)}")

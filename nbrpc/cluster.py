@@ -12,13 +12,14 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import socket
 import sys
 import time
 from typing import Callable, Iterable
 
 import torch.distributed.rpc as rpc
 
-from . import calls, execution, group, workers
+from . import attach as attach_mod, calls, execution, group, rrefs, ssh as ssh_mod, workers
 from ._util import LOOPBACK, muted_stderr
 from .errors import (
     ClusterRunningError,
@@ -71,6 +72,22 @@ class Cluster:
         Seconds to wait for every worker to join before giving up.
     env
         Extra environment variables for the worker processes.
+    track
+        Record RRef creation, forks, fetches and deletes in every member, for
+        ``nbrpc.rref_snapshot()`` and the RRef graph (a few microseconds per RRef).
+    attach
+        Wait for this many workers started elsewhere with ``nbrpc worker --join``
+        (the command, with its token, is printed and in ``join_command``); more
+        may join later. ``names`` then names the workers that join without --name.
+    bind, port
+        Where the driver listens for workers on other machines: an address of this
+        machine or an interface name (default: the one that routes toward the first
+        SSH host, or the default route), and a port (default: a free one).
+    hosts
+        Start workers over SSH: ``"hostA,hostB:2"`` (two on hostB), joining as above.
+    ssh
+        The ssh command to run (e.g. ``"ssh -F my_config"``); ``python`` is the
+        interpreter on the hosts (default: this one's path).
     """
 
     def __init__(
@@ -84,9 +101,18 @@ class Cluster:
         startup_timeout: float = 60.0,
         env: dict[str, str] | None = None,
         progress: Progress | None = text_progress,
+        track: bool = True,
+        attach: int | None = None,
+        bind: str | None = None,
+        port: int = 0,
+        hosts: str | Iterable[str] | None = None,
+        ssh: str = "ssh",
+        python: str | None = None,
     ):
-        worker_names = _worker_names(n, names)
-        _check_names(worker_names, driver_name)
+        self._remote = _remote(n, names, driver_name, attach, bind, port, hosts, ssh, python)
+        worker_names = [] if self._remote else _worker_names(n, names)
+        if not self._remote:
+            _check_names(worker_names, driver_name)
         for label, value in (("threads", threads), ("timeout", timeout),
                              ("startup_timeout", startup_timeout)):
             if not value > 0:
@@ -94,6 +120,7 @@ class Cluster:
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
+        self.track = bool(track)
         self.progress = progress or (lambda done, total, message: None)
         self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
         self._driver = self._store = None
@@ -110,16 +137,21 @@ class Cluster:
                 "shut it down first (%rpc_shutdown or cluster.shutdown())"
             )
         began = time.monotonic()
-        driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout)
+        driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
+                                    self._remote.interface if self._remote else "lo")
         self._driver, self._store = driver, driver.store
+        rrefs.install(self.track)
         for w, rank in zip(self._workers, driver.take_ranks(len(self._workers))):
             w.rank = rank
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         calls.worker_fate = self._fate
         try:
-            self._launch_all(driver.prefix)
-            self._await_joined(began + self.startup_timeout)
+            if self._remote:
+                self._remote.start(self, driver, began + self.startup_timeout)
+            else:
+                self._launch_all(driver.prefix)
+                self._await_joined(began + self.startup_timeout)
         except BaseException:
             self._abort()
             raise
@@ -134,7 +166,10 @@ class Cluster:
         if self.state in ("new", "stopped"):
             return
         atexit.unregister(self.shutdown)
+        if self._remote:
+            self._remote.close()
         everyone_alive = all(w.alive() for w in self._workers) and self.state == "running"
+        self.state = "stopping"  # live widgets stop refreshing now, not mid-leave
         try:
             with muted_stderr():
                 try:
@@ -166,6 +201,11 @@ class Cluster:
         self._refresh_states()
         return list(self._workers)
 
+    @property
+    def join_command(self) -> str | None:
+        """The command that joins a worker to this cluster (clusters with ``attach``/``hosts``)."""
+        return self._remote.command if self._remote else None
+
     def worker(self, name: str) -> Worker:
         for w in self._workers:
             if w.name == name:
@@ -179,6 +219,8 @@ class Cluster:
         self._require_running()
         chosen = self.select(targets)
         for w in chosen:
+            if w.state == "joining":
+                raise WorkerStartError(f"worker {w.name!r} is still joining; run the cell again in a moment")
             fate = w.fate()
             if fate:
                 raise WorkerDiedError(
@@ -201,7 +243,7 @@ class Cluster:
     def status(self) -> list[dict]:
         """One row per member: name, rank, host, pid, state, busy, owned_rrefs."""
         self._refresh_states()
-        rows = [dict(name=self.driver_name, rank=0, host=self._workers[0].host if self._workers else "",
+        rows = [dict(name=self.driver_name, rank=0, host=socket.gethostname(),
                      pid=os.getpid(), state=self.state if self.state != "running" else "driver",
                      **(_debug_counts(local=True) if group.is_member() else _no_counts()))]
         futures = {}
@@ -230,7 +272,7 @@ class Cluster:
         for w in self._workers:
             if w.name == name:
                 fate = w.fate()
-                if fate and w.state != "stopped":
+                if fate and w.state not in ("stopped", "lost"):
                     w.state = "dead"
                 return fate
         return None
@@ -249,14 +291,19 @@ class Cluster:
         total = len(self._workers)
         self.progress(0, total, f"starting {total} worker kernel{'s' * (total > 1)}")
         for w in self._workers:
-            env = {
-                **self.env,
-                "NBRPC_STORE": f"{host}:{port}", "NBRPC_PREFIX": prefix,
-                "NBRPC_NAME": w.name, "NBRPC_RANK": str(w.rank),
-                "NBRPC_THREADS": str(self.threads), "NBRPC_TIMEOUT": str(self.timeout),
-                "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
-            }
-            workers.launch(w, env, os.getcwd())
+            workers.launch(w, {**self._worker_env(w, prefix), "NBRPC_STORE": f"{host}:{port}"}, os.getcwd())
+
+    def _worker_env(self, w: Worker, prefix: str) -> dict[str, str]:
+        """Every setting a worker reads at start (workers joining from elsewhere get
+        these too, except the ones about this machine: store, driver pid, interface)."""
+        return {
+            **self.env,
+            "NBRPC_PREFIX": prefix,
+            "NBRPC_NAME": w.name, "NBRPC_RANK": str(w.rank),
+            "NBRPC_THREADS": str(self.threads), "NBRPC_TIMEOUT": str(self.timeout),
+            "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
+            "NBRPC_TRACK": "1" if self.track else "0",
+        }
 
     def _await_joined(self, deadline: float) -> None:
         waiting, total = list(self._workers), len(self._workers)
@@ -290,10 +337,11 @@ class Cluster:
 
     def _leave_gracefully(self) -> None:
         """Each worker leaves the group in turn (torch's membership lock orders them)."""
+        ready = [w for w in self._workers if w.client is not None]
         pending = {w.client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True): w
-                   for w in self._workers}
+                   for w in ready}
         deadline = time.monotonic() + min(self.timeout, 20.0)
-        for w in self._workers:
+        for w in ready:
             while pending and time.monotonic() < deadline and w.alive():
                 try:
                     reply = w.client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
@@ -311,6 +359,32 @@ class Cluster:
         """Undo a start that failed: nothing may survive it."""
         self.state = "failed"
         self.shutdown()
+
+
+def _remote(n, names, driver_name, attach, bind, port, hosts, ssh, python) -> attach_mod.Attach | None:
+    """The launcher for workers on other machines, or None for local workers."""
+    if attach is None and hosts is None:
+        if bind is not None or port:
+            raise ValueError("bind and port are for workers on other machines: add attach=N or hosts=...")
+        return None
+    if attach is not None and hosts is not None:
+        raise ValueError("give attach=N (workers started elsewhere) or hosts=... (started over SSH), not both")
+    if n is not None:
+        raise ValueError("n is for local workers; with attach or hosts the count comes from them")
+    if not isinstance(port, int) or not 0 <= port < 65536:
+        raise ValueError(f"port must be a number from 0 (a free one) to 65535, got {port!r}")
+    listed = [x.strip() for x in names.split(",") if x.strip()] if isinstance(names, str) else list(names or [])
+    if hosts is not None:
+        hosts = ssh_mod.parse_hosts(hosts)
+        listed = listed or [f"worker{i}" for i in range(1, len(hosts) + 1)]
+        if len(listed) != len(hosts):
+            raise ValueError(f"{len(hosts)} SSH workers but {len(listed)} names; give one name per worker")
+        attach = len(hosts)
+    elif isinstance(attach, bool) or not isinstance(attach, int) or attach < 0:
+        raise ValueError(f"attach must be the number of workers to wait for (>= 0), got {attach!r}")
+    if listed:
+        _check_names(listed, driver_name)
+    return attach_mod.Attach(attach, listed, bind, port, hosts, ssh, python)
 
 
 def _worker_names(n: int | None, names: Iterable[str] | None) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ClusterRunningError",
+    "JoinRefusedError",
     "NoClusterError",
     "RemoteError",
     "RpcTimeoutError",
@@ -42,7 +43,6 @@ class NoClusterError(RuntimeError):
     """An operation that needs a running cluster found none."""
 
 
-class RemoteError(RuntimeError):
 class JoinRefusedError(PermissionError):
     """The driver refused a worker's join (wrong or missing token, a name taken)."""
 
@@ -51,6 +51,7 @@ class AutogradContextError(LookupError):
     """A distributed autograd context that no worker has (its block has exited)."""
 
 
+class RemoteError(RuntimeError):
     """Code run on workers with ``Cluster.run`` (``%%rpc_on``) raised.
 
     ``failures`` maps each failing worker's name to ``(ename, evalue, traceback)``,

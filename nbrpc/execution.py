@@ -7,8 +7,6 @@ extension shows them in the cell; the default prints them, tagged by worker).
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from typing import Protocol
 
@@ -82,7 +80,7 @@ def run(code: str, workers: list[Worker], output: Output, timeout: float | None 
                     _handle(w.client.get_iopub_msg(), pending, taggers, failures, output)
     except KeyboardInterrupt:
         for w in pending.values():
-            _interrupt(w)
+            w.interrupt()
         raise
     finally:
         for w in workers:
@@ -116,7 +114,3 @@ def _check_alive(pending, failures) -> None:
             failures[worker.name] = ("WorkerDiedError", f"worker {fate} while running the cell", [])
             del pending[msg_id]
 
-
-def _interrupt(worker: Worker) -> None:
-    if worker.alive():
-        os.kill(worker.pid, signal.SIGINT)

@@ -43,6 +43,7 @@ class DriverGroup:
     name: str
     threads: int
     next_rank: int = DRIVER_RANK + 1
+    interface: str = "lo"  # where this process's TensorPipe listener is
 
     def take_ranks(self, count: int) -> list[int]:
         ranks = list(range(self.next_rank, self.next_rank + count))
@@ -70,8 +71,13 @@ class DriverGroup:
 _driver: DriverGroup | None = None
 
 
-def driver_group(name: str, threads: int, timeout: float, store_timeout: float) -> DriverGroup:
-    """Join RPC as the driver the first time; later calls reuse that membership."""
+def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
+                 interface: str = "lo") -> DriverGroup:
+    """Join RPC as the driver the first time; later calls reuse that membership.
+
+    ``interface`` is where the driver's TensorPipe listener goes: ``lo`` for local
+    workers, the interface that reaches them for workers on other machines.
+    """
     global _driver
     if _driver is None:
         if is_member():
@@ -81,8 +87,8 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float) 
             )
         store = host_store(LOOPBACK, 0, store_timeout)
         prefix = f"nbrpc-{uuid.uuid4().hex[:12]}"
-        join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout))
-        _driver = DriverGroup(store, prefix, name, threads)
+        join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout), interface=interface)
+        _driver = DriverGroup(store, prefix, name, threads, interface=interface)
         atexit.register(_leave_at_exit)
     elif not is_member():
         raise ClusterRunningError(
@@ -94,6 +100,12 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float) 
             f"this process joined RPC as {_driver.name!r} and keeps that name until it "
             f"exits (torch binds RRefs to its first RPC agent); use --driver-name "
             f"{_driver.name} or restart the kernel to take the name {name!r}"
+        )
+    elif interface not in ("lo", _driver.interface):
+        raise ClusterRunningError(
+            f"this process joined RPC listening on {_driver.interface!r} (for an earlier "
+            f"cluster) and torch cannot move that listener to {interface!r}, where workers on "
+            "other machines could reach it: restart the kernel and start this cluster first"
         )
     rpc._set_rpc_timeout(timeout)
     return _driver
@@ -142,6 +154,7 @@ def join(
     rank: int,
     options: rpc.TensorPipeRpcBackendOptions,
     interface: str | None = "lo",
+    track: bool = True,
 ) -> None:
     """Initialize RPC in this process as ``name``/``rank`` of the group in ``store``;
     ``track`` turns RRef tracking on (see ``rrefs``)."""
@@ -155,12 +168,12 @@ def join(
     rpc._init_rpc_backend(
         rpc.BackendType.TENSORPIPE,
         dist.PrefixStore(prefix, store),
-    track: bool = True,
         name,
         rank,
         None,
         options,
     )
+    rrefs.install(track)
 
 
 def leave(graceful: bool, timeout: float) -> None:
@@ -173,7 +186,6 @@ def leave(graceful: bool, timeout: float) -> None:
         rpc.shutdown(graceful=False)
 
 
-    rrefs.install(track)
 def _leave_at_exit() -> None:
     with muted_stderr():  # the agent's own pipes report closing
         leave(graceful=False, timeout=0)

@@ -4,6 +4,10 @@ The driver launches ``python -m nbrpc.worker -f CONNECTION_FILE`` with the group
 coordinates in ``NBRPC_*`` environment variables. The kernel binds its ZMQ ports,
 joins RPC, then serves execute requests (``%%rpc_on``) on its main thread while
 TensorPipe threads serve RPCs. A watchdog ends the process when the driver is gone.
+
+A worker on another machine starts with ``nbrpc worker --join HOST:PORT`` instead
+(``join_driver``): the driver hands it the same settings over its rendezvous, and the
+join connection, kept open, is its watchdog.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from typing import Callable
 
 from . import group
 from ._util import pid_alive
@@ -19,13 +24,16 @@ from ._util import pid_alive
 WATCH_INTERVAL = 0.5
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> None:
     env = os.environ
-    _watch_driver(int(env["NBRPC_DRIVER_PID"]))
+    if "NBRPC_DRIVER_PID" in env:  # a worker joined from elsewhere has its lifeline instead
+        _watch_driver(int(env["NBRPC_DRIVER_PID"]))
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
     app.initialize(argv)
+    if on_kernel is not None:
+        on_kernel(app)
     host, port = env["NBRPC_STORE"].rsplit(":", 1)
     timeout = float(env["NBRPC_TIMEOUT"])
     store = group.connect_store(host, int(port), timeout)
@@ -35,6 +43,60 @@ def main(argv: list[str] | None = None) -> None:
         options, env.get("NBRPC_INTERFACE") or None, env.get("NBRPC_TRACK", "1") == "1",
     )
     app.start()
+
+
+def join_driver(address: str, token: str, name: str | None = None) -> None:
+    """``nbrpc worker --join``: join the driver at ``address``, then serve as its worker.
+
+    The driver checks the token and grants a rank, a name and the cluster's
+    settings; the driver's store is reached through a token-checked relay; the
+    kernel's ports listen on the address that reached the driver; the join
+    connection stays open as a lifeline (this process exits when it ends).
+    """
+    import json
+    import shutil
+    import signal
+    import tempfile
+
+    from . import addresses, rendezvous, workers
+    from ._util import LOOPBACK
+
+    store_port = rendezvous.relay_store(address, token)
+    sock, grant = rendezvous.request_join(address, token, name)
+    ip = sock.getsockname()[0]
+    os.environ.update(grant["settings"])
+    os.environ["NBRPC_STORE"] = f"{LOOPBACK}:{store_port}"
+    os.environ["NBRPC_INTERFACE"] = addresses.interface_of(ip) or ""
+    scratch = tempfile.mkdtemp(prefix=f"nbrpc-{grant['name']}-")
+    connection_file = os.path.join(scratch, "kernel.json")
+    workers.write_unbound_connection_file(connection_file, ip)
+
+    # The kernel sends this process's stdout and stderr to its clients; the terminal
+    # (or the ssh session, or the batch log) still gets what this bootstrap says.
+    console = os.fdopen(os.dup(2), "w")
+
+    def say(text: str) -> None:
+        print(f"nbrpc worker {grant['name']}: {text}", file=console, flush=True)
+
+    def end(code: int, why: str = "") -> None:
+        say(f"the driver {why}; exiting" if why else "the driver ended the cluster; exiting")
+        shutil.rmtree(scratch, ignore_errors=True)
+        os._exit(code)
+
+    def on_message(message: dict) -> None:
+        if "exit" in message:
+            end(int(message["exit"]))
+        elif message.get("interrupt"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def report(app) -> None:
+        with open(app.abs_connection_file) as f:
+            rendezvous.send(sock, {"kernel": json.load(f)})
+        rendezvous.Link(sock, rendezvous.ORPHANED_AFTER, on_message, lambda why: end(3, why))
+
+    say(f"admitted by {address} (rank {grant['rank']}); kernel and RPC on {ip}")
+
+    main(["-f", connection_file], on_kernel=report)
 
 
 def leave(timeout: float = 20.0) -> None:

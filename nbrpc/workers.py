@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from jupyter_client import BlockingKernelClient
 from jupyter_client.launcher import launch_kernel
@@ -25,6 +27,7 @@ FAST_ALLOC_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
 class Worker:
     """One worker kernel: its RPC identity, its process and its Jupyter client."""
 
+    remote: ClassVar[bool] = False  # a process on this machine, known by its pid
     name: str
     rank: int
     host: str = field(default_factory=socket.gethostname)
@@ -38,6 +41,11 @@ class Worker:
 
     def alive(self) -> bool:
         return self.pid is not None and pid_alive(self.pid)
+
+    def interrupt(self) -> None:
+        """Interrupt the code the kernel is running (what the stop button does)."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGINT)
 
     def exit_code(self) -> int | None:
         return None if self._popen is None else self._popen.poll()
@@ -70,7 +78,7 @@ def launch(worker: Worker, env: dict[str, str], workdir: str) -> None:
     """Start ``worker``'s kernel process; it joins RPC by itself from ``env``."""
     scratch = tempfile.mkdtemp(prefix=f"nbrpc-{worker.name}-")
     worker.connection_file = os.path.join(scratch, "kernel.json")
-    _write_unbound_connection_file(worker.connection_file, worker.ip)
+    write_unbound_connection_file(worker.connection_file, worker.ip)
     worker.log_path = os.path.join(scratch, "output.log")
     cmd = [sys.executable, "-m", "nbrpc.worker", "-f", worker.connection_file]
     with open(worker.log_path, "wb") as log:
@@ -80,7 +88,7 @@ def launch(worker: Worker, env: dict[str, str], workdir: str) -> None:
     worker.pid = worker._popen.pid
 
 
-def _write_unbound_connection_file(path: str, ip: str) -> None:
+def write_unbound_connection_file(path: str, ip: str) -> None:
     """Write connection info whose ports are all 0, for the kernel to fill in.
 
     The kernel binds free ports itself and writes them back before it joins RPC;
@@ -108,7 +116,10 @@ def stop(workers: list[Worker]) -> None:
         if worker.client is not None:
             worker.client.stop_channels()
             worker.client = None
-    kill_pids([w.pid for w in workers if w.pid is not None])
+    for worker in workers:
+        if worker.remote:  # told over its lifeline; its pid is on another machine
+            worker.release()
+    kill_pids([w.pid for w in workers if w.pid is not None and not w.remote])
     for worker in workers:
         if worker._popen is not None:
             try:

@@ -21,6 +21,7 @@ import threading
 import time
 
 import pytest
+import torch
 import torch.distributed.rpc as rpc
 from jupyter_client import KernelManager
 
@@ -506,3 +507,24 @@ def test_keyboard_interrupt_during_long_rpc_sync(drivers):
     assert done["current"] == "None"
     assert driver.proc.wait(timeout=10) == 0
     assert not wait_gone(workers, timeout=1)
+
+
+def test_tracking_off_and_on_again(clusters, pids):
+    from nbrpc import rrefs
+
+    cluster = clusters(1, track=False)
+    _start(cluster, pids)
+    assert rpc.remote is rrefs._torch_remote
+    held = rpc.remote("worker1", torch.ones, args=((2,),))
+    with pytest.raises(RuntimeError, match="tracking is off .* track=False"):
+        nbrpc.rref_snapshot()
+    assert rpc.rpc_sync("worker1", rrefs.is_tracking) is False
+    del held
+    cluster.shutdown()
+
+    cluster = clusters(1)
+    _start(cluster, pids)
+    held = rpc.remote("worker1", torch.ones, args=((2,),))
+    assert [r["summary"] for r in nbrpc.rref_snapshot()["rrefs"]] == ["Tensor[2] float32"]
+    assert rpc.rpc_sync("worker1", rrefs.is_tracking) is True
+    del held

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -22,6 +24,12 @@ def _parse(magic, line: str):
         raise UsageError(f"{magic.__name__}: {e}") from e
 
 
+def _unquoted(value: str) -> str:
+    """A value given in quotes (``--ssh "ssh -F cfg"``): IPython keeps the quotes."""
+    parts = shlex.split(value)
+    return parts[0] if len(parts) == 1 else value
+
+
 def _running() -> cluster_mod.Cluster:
     cluster = cluster_mod.current()
     if cluster is None:
@@ -38,6 +46,13 @@ class RpcMagics(Magics):
     @argument("--threads", type=int, default=16, help="TensorPipe worker threads per member")
     @argument("--timeout", type=float, default=60.0, help="default RPC timeout in seconds")
     @argument("--startup-timeout", type=float, default=60.0, help="seconds to wait for workers to join")
+    @argument("--no-track", action="store_true", help="do not record RRefs (no %%rref_graph, no snapshots)")
+    @argument("--attach", type=int, default=None, metavar="N",
+              help="wait for N workers started elsewhere with the printed 'nbrpc worker --join' command")
+    @argument("--hosts", default=None, help="start workers over SSH: hostA,hostB:2 (two on hostB)")
+    @argument("--bind", default=None, help="address or interface that reaches the workers (--attach, --hosts)")
+    @argument("--port", type=int, default=0, help="port the driver listens on for joining workers (default: free)")
+    @argument("--ssh", default="ssh", help='ssh command for --hosts, e.g. "ssh -F my_config"')
     @line_cell_magic
     def rpc_init(self, line: str, cell: str | None = None):
         """Start worker kernels and join them with this kernel in one torch RPC group.
@@ -46,17 +61,11 @@ class RpcMagics(Magics):
         """
         args = _parse(self.rpc_init, line)
         try:
-    @argument("--no-track", action="store_true", help="do not record RRefs (no %%rref_graph, no snapshots)")
-    @argument("--attach", type=int, default=None, metavar="N",
-              help="wait for N workers started elsewhere with the printed 'nbrpc worker --join' command")
-    @argument("--hosts", default=None, help="start workers over SSH: hostA,hostB:2 (two on hostB)")
-    @argument("--bind", default=None, help="address or interface that reaches the workers (--attach, --hosts)")
-    @argument("--port", type=int, default=0, help="port the driver listens on for joining workers (default: free)")
-    @argument("--ssh", default="ssh", help='ssh command for --hosts, e.g. "ssh -F my_config"')
             cluster = cluster_mod.Cluster(
                 args.n, names=args.names, driver_name=args.driver_name, threads=args.threads,
                 timeout=args.timeout, startup_timeout=args.startup_timeout,
-                progress=start_progress(),
+                progress=start_progress(), track=not args.no_track,
+                attach=args.attach, hosts=args.hosts, bind=args.bind, port=args.port, ssh=_unquoted(args.ssh),
             )
         except ValueError as e:
             raise UsageError(f"%rpc_init: {e}") from e
