@@ -20,6 +20,7 @@ demo: $(READY)
 	$(VENV)/bin/nbrpc run tutorials/00_quickstart.ipynb --output build/00_quickstart.ipynb
 
 test: $(READY)
+	bash .ci/system-packages.sh
 	$(PY) -m pytest tests
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials
 
