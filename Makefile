@@ -22,7 +22,7 @@ demo: $(READY)
 test: $(READY)
 	bash .ci/system-packages.sh
 	$(PY) -m pytest tests
-	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials
+	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg --ignore=tutorials/labs tutorials
 
 bench: $(READY)
 	$(PY) benchmarks/run.py

@@ -1,0 +1,458 @@
+"""The teaching labs in ``tutorials/labs`` and their checker, ``nbrpc.lab``.
+
+Each lab runs twice in a real kernel through ``python -m nbrpc.lab grade``: with the
+reference solutions filled in (every check passes) and as handed out (no cell fails,
+every exercise is reported as not done yet). The checker's messages for typical
+mistakes are tested in this process: lab 3's on a ps + trainer1 + trainer2 cluster of
+their own, labs 1 and 2's on the shared worker1 + worker2 cluster.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import nbformat
+import pytest
+import torch
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.optim import DistributedOptimizer
+
+import nbrpc
+from nbrpc import lab
+from nbrpc._util import pid_alive
+
+LABS = Path(__file__).parent.parent / "tutorials" / "labs"
+NOTEBOOKS = {"rpc_basics": "01_rpc_basics", "dist_autograd": "02_dist_autograd",
+             "param_server": "03_param_server"}
+
+# The wrong answers below are shipped to the workers by value, like notebook code.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def exercises(name: str) -> list[str]:
+    return [e for e in lab._CHECKS if e.split(".")[0] == name]
+
+
+def check_lines(exercise, *answer, capsys) -> str:
+    lab.check(exercise, *answer)
+    return capsys.readouterr().out
+
+
+# -- the notebooks as files ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_handed_out_notebook_is_clean_and_matches_the_checker(name):
+    nb = nbformat.read(LABS / f"{NOTEBOOKS[name]}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+    todo = [c for c in code if "exercise" in c.metadata]
+    assert [c.metadata["exercise"] for c in todo] == exercises(name)
+    for cell in todo:
+        assert "# TODO" in cell.source and "raise NotImplementedError(" in cell.source
+    checks = [re.search(r'lab\.check\("([\w.]+)"', c.source) for c in code]
+    assert [m[1] for m in checks if m] == exercises(name)
+    assert code[-2].source == "lab.summary()"
+    assert code[-1].source.endswith("%rpc_shutdown")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_solve_fills_every_exercise_cell(name):
+    solved = lab.solve(LABS / f"{NOTEBOOKS[name]}.ipynb")
+    filled = [c for c in solved.cells if "exercise" in c.metadata]
+    assert len(filled) == len(exercises(name))
+    for cell in filled:
+        assert "TODO" not in cell.source and "NotImplementedError" not in cell.source
+
+
+def test_solve_names_exercises_without_a_solution(tmp_path):
+    solutions = tmp_path / "partial.py"
+    solutions.write_text("# %% rpc_basics.square_on\ndef square_on(worker, x):\n    pass\n")
+    with pytest.raises(ValueError) as info:
+        lab.solve(LABS / "01_rpc_basics.ipynb", solutions)
+    assert str(info.value) == ("exercise cells and solutions do not match: rpc_basics.add_remote, "
+                               "rpc_basics.ask_all, rpc_basics.double_on_owner, "
+                               "rpc_basics.make_counter")
+
+
+# -- the notebooks in a real kernel ----------------------------------------------------
+
+
+def grade(path, capsys) -> tuple[int, list[str], float]:
+    began = time.monotonic()
+    code = lab.main(["grade", str(path), "--timeout", "300"])
+    seconds = time.monotonic() - began
+    return code, capsys.readouterr().out.splitlines(), seconds
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_lab_with_reference_solutions_passes_every_check(name, tmp_path, capsys):
+    solved = tmp_path / f"{NOTEBOOKS[name]}.ipynb"
+    assert lab.main(["solve", str(LABS / solved.name), "-o", str(solved)]) == 0
+    capsys.readouterr()
+    code, lines, seconds = grade(solved, capsys)
+    print(f"{name} solved: {seconds:.1f} s", file=sys.stderr)
+    assert code == 0, lines
+    names = exercises(name)
+    checks = [line for line in lines if re.match(r"[✓✗] ", line)]
+    assert [line.split(":")[0] for line in checks] == [f"✓ {n}" for n in names]
+    assert f"{name}: {len(names)} of {len(names)} exercises pass" in lines
+    assert [f"  ✓ {n}: pass" for n in names] == lines[-len(names):]
+    assert not [line for line in lines if "✗" in line or "hint:" in line or " raised " in line]
+    if name == "param_server":
+        accuracy = re.search(r"test accuracy (\d+\.\d)%", "\n".join(lines))
+        assert float(accuracy[1]) >= 90.0
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_lab_as_handed_out_reports_every_exercise_not_done(name, capsys):
+    code, lines, seconds = grade(LABS / f"{NOTEBOOKS[name]}.ipynb", capsys)
+    print(f"{name} handed out: {seconds:.1f} s", file=sys.stderr)
+    assert code == 1
+    assert not [line for line in lines if line.startswith("code cell ")], lines  # none raised
+    names = exercises(name)
+    checks = [line for line in lines if re.match(r"[✓✗] ", line)]
+    assert [line.split(": not done yet: ")[0] for line in checks] == [f"✗ {n}" for n in names]
+    hints = [line.strip() for line in lines if "hint:" in line]
+    assert len(hints) == len(names)
+    assert f"{name}: 0 of {len(names)} exercises pass" in lines
+    assert [f"  ✗ {n}: not done yet" for n in names] == lines[-len(names):]
+
+
+# -- the checker, in this process ------------------------------------------------------
+
+
+def stopped(pids, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(pid_alive(p) for p in pids)
+
+
+def test_check_without_a_cluster_says_how_to_start_one(capsys):
+    if nbrpc.current() is not None:
+        pytest.skip("another test module left a cluster running")
+    out = check_lines("rpc_basics.square_on", lambda worker, x: None, capsys=capsys)
+    assert out == ("✗ rpc_basics.square_on: no cluster is running\n    hint: run the %rpc_init "
+                   "cell at the top of this lab (after %rpc_shutdown, run it again), then the "
+                   "cells from there on\n")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = nn.Linear(64, 64), nn.Linear(64, 10)
+
+    def forward(self, x, params=None):
+        w1, b1, w2, b2 = self.parameters() if params is None else params
+        return F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)
+
+
+class ParameterServer:
+    def __init__(self):
+        torch.manual_seed(0)
+        self.model = Net()
+
+    def forward(self, x):
+        return self.model(x, [p.clone() for p in self.model.parameters()])
+
+    def parameter_rrefs(self):
+        return [rpc.RRef(p) for p in self.model.parameters()]
+
+
+def train_step(ps_rref, optimizer, x, y):
+    with dist_autograd.context() as context_id:
+        loss = F.cross_entropy(ps_rref.rpc_sync().forward(x), y)
+        dist_autograd.backward(context_id, [loss])
+        optimizer.step(context_id)
+    return loss.item()
+
+
+class Trainer:
+    def __init__(self, ps_rref, x, y, lr=0.02):
+        self.ps, self.x, self.y, self.spans = ps_rref, x, y, []
+        self.optimizer = DistributedOptimizer(
+            torch.optim.Adam, ps_rref.rpc_sync().parameter_rrefs(), lr=lr)
+
+    def train_epoch(self, batch_size=64):
+        began = time.time()
+        losses = [train_step(self.ps, self.optimizer, self.x[b], self.y[b])
+                  for b in torch.randperm(len(self.x)).split(batch_size)]
+        self.spans.append((began, time.time()))
+        return losses
+
+
+def rrefs_to_copies(module):
+    return [rpc.RRef(p.detach()) for p in module.parameters()]
+
+
+def the_parameters(module):
+    return list(module.parameters())
+
+
+def step_without_update(ps_rref, optimizer, x, y):
+    with dist_autograd.context() as context_id:
+        loss = F.cross_entropy(ps_rref.rpc_sync().forward(x), y)
+        dist_autograd.backward(context_id, [loss])
+    return loss.item()
+
+
+def step_without_context(ps_rref, optimizer, x, y):
+    with dist_autograd.context() as context_id:
+        loss = F.cross_entropy(ps_rref.rpc_sync().forward(x), y)
+        dist_autograd.backward(context_id, [loss])
+        optimizer.step()
+    return loss.item()
+
+
+def one_trainer_at_a_time(trainers, epochs):
+    return [[t.rpc_sync().train_epoch() for t in trainers] for _ in range(epochs)]
+
+
+@pytest.fixture(scope="class")
+def ps_cluster():
+    """Lab 3's cluster, ps + trainer1 + trainer2, for the tests of one class."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(names=["ps", "trainer1", "trainer2"], progress=None, timeout=30)
+    pids = [w.pid for w in cluster.workers]
+    yield cluster
+    cluster.shutdown()
+    assert stopped(pids)
+
+
+@pytest.mark.usefixtures("ps_cluster")
+class TestParameterServerMistakes:
+    @pytest.mark.parametrize("answer, what, hint", [
+        (rrefs_to_copies, "the RRefs hold copies of the parameters, not the parameters "
+         "themselves", "RRef(p), not RRef(p.detach())"),
+        (the_parameters, "parameter_rrefs returned Parameter items, not RRefs",
+         "[RRef(p) for p in module.parameters()]"),
+    ], ids=["copies", "tensors"])
+    def test_parameter_rrefs(self, capsys, answer, what, hint):
+        out = check_lines("param_server.parameter_rrefs", answer, capsys=capsys)
+        assert out.startswith(f"✗ param_server.parameter_rrefs: {what}") and hint in out, out
+
+    @pytest.mark.parametrize("answer, what, hint", [
+        (step_without_update, "the server's weights did not change",
+         "call optimizer.step(context_id) inside the context"),
+        (step_without_context, "raised TypeError: DistributedOptimizer.step() missing 1 "
+         "required positional argument: 'context_id'", "optimizer.step(context_id)"),
+    ], ids=["no-step", "no-context-id"])
+    def test_train_step(self, capsys, answer, what, hint):
+        out = check_lines("param_server.train_step", answer, capsys=capsys)
+        assert out.startswith("✗ param_server.train_step: ") and what in out and hint in out, out
+
+    def test_trainers_that_take_turns(self, capsys):
+        x, y, _, _ = lab.digits()
+        ps = rpc.remote("ps", ParameterServer)
+        trainers = [rpc.remote(name, Trainer, args=(ps, x[i::2], y[i::2]))
+                    for i, name in enumerate(["trainer1", "trainer2"])]
+        out = check_lines("param_server.run_training", one_trainer_at_a_time, ps, trainers,
+                          capsys=capsys)
+        assert out == ("✗ param_server.run_training: the trainers took turns: no two epochs ran "
+                       "at the same time\n    hint: in each epoch, start train_epoch on every "
+                       "trainer with rpc_async (trainer.rpc_async().train_epoch()), then wait for "
+                       "all the futures\n")
+        del ps, trainers
+
+
+def test_unknown_exercise_lists_the_exercises(cluster, capsys):
+    out = check_lines("rpc_basics.square", lambda: 1, capsys=capsys)
+    assert out.startswith("✗ rpc_basics.square: there is no exercise named 'rpc_basics.square'\n"
+                          "    hint: keep the check cell as it was handed out; the exercises are: "
+                          "rpc_basics.square_on, rpc_basics.ask_all,")
+
+
+def test_unfinished_answers_are_not_done(cluster, capsys):
+    def square_on(worker, x):
+        raise NotImplementedError("square_on")
+
+    def returns_nothing(worker, x):
+        rpc.rpc_sync(worker, square_here, args=(x,))
+
+    expected = {square_on: "square_on still raises NotImplementedError",
+                returns_nothing: "square_on returned None",
+                None: "there is nothing to check yet",
+                42: "square_on is 42, not a function yet"}
+    for answer, what in expected.items():
+        out = check_lines("rpc_basics.square_on", answer, capsys=capsys)
+        assert out == (f"✗ rpc_basics.square_on: not done yet: {what}\n    hint: fill in the "
+                       "TODO cell above, run it, then run this check again\n")
+        assert lab.results()["rpc_basics.square_on"].status == "not done"
+
+
+def double_there(rref):
+    raise NotImplementedError("double_there")
+
+
+def double_on_owner(rref):
+    rpc.rpc_sync(rref.owner(), double_there, args=(rref,))
+
+
+def test_an_unfinished_helper_on_a_worker_is_named(cluster, capsys):
+    out = check_lines("rpc_basics.double_on_owner", double_on_owner, capsys=capsys)
+    assert out == ("✗ rpc_basics.double_on_owner: not done yet: double_on_owner(rref) reached "
+                   "double_there, which still raises NotImplementedError\n    hint: fill in "
+                   "double_there (in this TODO cell or an earlier one), run its cell and the "
+                   "cells after it, then this check\n")
+
+
+def test_a_checker_that_cannot_finish_reports_instead_of_raising(cluster, capsys):
+    out = check_lines("rpc_basics.square_on", square_here, "an extra argument", capsys=capsys)
+    assert out.startswith("✗ rpc_basics.square_on: the check could not finish: TypeError: ")
+
+
+def square_here(x):
+    return x ** 2, rpc.get_worker_info().name
+
+
+def slow_hello(seconds):
+    began = time.time()
+    time.sleep(seconds)
+    return rpc.get_worker_info().name, began, time.time()
+
+
+class Counter(lab._Counter):
+    pass
+
+
+# Typical mistakes: (exercise, answer, what the check must say, what its hint must say).
+def square_locally(worker, x):
+    return square_here(x)
+
+
+def ask_one_by_one(workers, seconds):
+    return [rpc.rpc_async(w, slow_hello, args=(seconds,)).wait() for w in workers]
+
+
+def counter_here(worker, start):
+    return Counter(start)
+
+
+def add_to_copy(counter_rref, n):
+    return counter_rref.to_here().add(n)
+
+
+def double_here(rref):
+    rref.local_value().mul_(2)
+
+
+def double_a_copy(rref):
+    return rpc.rpc_sync(rref.owner(), torch.mul, args=(rref.to_here(), 2))
+
+
+def local_backward(worker, fn, x):
+    with dist_autograd.context():
+        rpc.rpc_sync(worker, fn, args=(x,)).sum().backward()
+        return x.grad
+
+
+def compute_here(worker, fn, x):
+    with dist_autograd.context() as context_id:
+        dist_autograd.backward(context_id, [fn(x).sum()])
+        return dist_autograd.get_gradients(context_id)[x]
+
+
+def gradients_after_the_context(model_rref, x):
+    with dist_autograd.context() as context_id:
+        dist_autograd.backward(context_id, [model_rref.rpc_sync().forward(x).sum()])
+    return rpc.rpc_sync(model_rref.owner(), owner_grad, args=(context_id, model_rref))
+
+
+def owner_grad(context_id, model_rref):
+    return dist_autograd.get_gradients(context_id)[model_rref.local_value().w]
+
+
+def step_a_local_copy(model_rref, x, target, lr):
+    model = model_rref.to_here()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loss = F.mse_loss(model(x), target)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def train_scale_only(scale, shift, x, y, steps, lr):
+    from torch.distributed.optim import DistributedOptimizer
+
+    optimizer = DistributedOptimizer(torch.optim.SGD, scale.rpc_sync().parameter_rrefs(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        with dist_autograd.context() as context_id:
+            loss = F.mse_loss(shift.rpc_sync().forward(scale.rpc_sync().forward(x)), y)
+            dist_autograd.backward(context_id, [loss])
+            optimizer.step(context_id)
+        losses.append(loss.item())
+    return losses
+
+
+MISTAKES = [
+    ("rpc_basics.square_on", square_locally,
+     "square_here ran on master, not on worker2", "rpc.rpc_sync(worker, square_here, args=(x,))"),
+    ("rpc_basics.ask_all", ask_one_by_one,
+     "the calls ran one after the other", "start every call first, keep the futures"),
+    ("rpc_basics.make_counter", counter_here,
+     "make_counter returned a Counter object here, on master", "rpc.remote(worker, Counter"),
+    ("rpc_basics.add_remote", add_to_copy,
+     "the Counter on worker1 still counts 10 after two add_remote(counter, 5) calls (they "
+     "returned 15 and 15)", "to_here() is a copy"),
+    ("rpc_basics.double_on_owner", double_here,
+     "double_on_owner(rref) raised RuntimeError: can't call localValue() on user "
+     "WorkerInfo(id=0, name=master)", "local_value() works only on "
+     "the RRef's owner"),
+    ("rpc_basics.double_on_owner", double_a_copy,
+     "the tensor on worker2 did not change: it still holds [1.0, 2.0, 3.0, 4.0]",
+     "rref.local_value().mul_(2)"),
+    ("dist_autograd.grad_through_rpc", local_backward,
+     "grad_through_rpc('worker1', cube, x) raised RuntimeError: graphTask_ INTERNAL ASSERT",
+     "use dist_autograd.backward(context_id, [loss])"),
+    ("dist_autograd.grad_through_rpc", compute_here,
+     "cube never ran on worker1", "rpc.rpc_sync(worker, fn, args=(x,))"),
+    ("dist_autograd.grad_of_w", gradients_after_the_context,
+     "Could not find autograd context with id", "had already ended"),
+    ("dist_autograd.sgd_step", step_a_local_copy,
+     "w on worker1 did not change: it is still [1, 2, 3]", "parameter_rrefs()"),
+    ("dist_autograd.train_split", train_scale_only,
+     "b on worker2 (still 0) never moved", "scale.rpc_sync().parameter_rrefs() + "
+     "shift.rpc_sync().parameter_rrefs()"),
+]
+
+
+@pytest.mark.parametrize("exercise, answer, what, hint", MISTAKES,
+                         ids=[f"{m[0]}-{m[1].__name__}" for m in MISTAKES])
+def test_typical_mistakes_get_specific_feedback(cluster, capsys, exercise, answer, what, hint):
+    out = check_lines(exercise, answer, capsys=capsys)
+    first, hint_line = out.rstrip("\n").split("\n")
+    assert first.startswith(f"✗ {exercise}: ") and "not done" not in first
+    assert what in first, first
+    assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+    assert lab.results()[exercise].status == "wrong"
+
+
+def test_summary_lists_every_exercise_with_its_state(cluster, capsys):
+    lab._results.clear()
+
+    def square_on(worker, x):
+        return rpc.rpc_sync(worker, square_here, args=(x,))
+
+    lab.check("rpc_basics.square_on", square_on)
+    lab.check("rpc_basics.ask_all", ask_one_by_one)
+    lab.check("rpc_basics.make_counter", None)
+    capsys.readouterr()
+    lab.summary()
+    assert capsys.readouterr().out == (
+        "rpc_basics: 1 of 5 exercises pass\n"
+        "  ✓ rpc_basics.square_on: pass\n"
+        "  ✗ rpc_basics.ask_all: not right yet (see its check above)\n"
+        "  ✗ rpc_basics.make_counter: not done yet\n"
+        "  ✗ rpc_basics.add_remote: not checked yet (run its check cell)\n"
+        "  ✗ rpc_basics.double_on_owner: not checked yet (run its check cell)\n"
+    )
