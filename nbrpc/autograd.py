@@ -24,10 +24,10 @@ import sys
 
 import torch
 import torch.distributed.autograd as dist_autograd
-import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
-from .errors import AutogradContextError, NoClusterError
+from . import calls
+from .errors import AutogradContextError
 
 __all__ = ["autograd_snapshot", "record_autograd"]
 
@@ -53,18 +53,9 @@ def autograd_snapshot(context_id: int, roots=None, timeout: float = 10.0) -> dic
     Returns the DESIGN.md schema: ``context_id``, ``workers``, ``nodes``, ``edges``
     and ``gradients`` (filled once ``dist_autograd.backward`` has run).
     """
-    if not api._is_current_rpc_agent_set():
-        raise NoClusterError("no RPC group in this process; start one with %rpc_init or nbrpc.start()")
-    agent = api._get_current_rpc_agent()
-    me = agent.get_worker_info()
-    others = [w for w in agent.get_worker_infos() if w.id != me.id]
-    futures = [rpc.rpc_async(w, local_graph, args=(context_id,), timeout=timeout) for w in others]
-    pieces = [local_graph(context_id, [t.grad_fn for t in _tensors(roots)])]
-    for fut in futures:
-        try:
-            pieces.append(fut.wait())
-        except RuntimeError:
-            pass  # a member that is gone took its part of the graph with it
+    roots = [t.grad_fn for t in _tensors(roots)]
+    pieces = calls.ask_members(local_graph, (context_id,), timeout,
+                               here=lambda: local_graph(context_id, roots))
     pieces = [p for p in pieces if p is not None]
     if not pieces:
         if context_id in _recorded:

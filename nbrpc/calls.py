@@ -21,7 +21,13 @@ from torch.distributed.rpc import api
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 from torch.distributed.rpc.internal import RPCExecMode
 
-from .errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError
+from .errors import (
+    NoClusterError,
+    RpcTimeoutError,
+    SerializationError,
+    UnknownWorkerError,
+    WorkerDiedError,
+)
 
 _torch_to_worker_info = api._to_worker_info
 _torch_rpc_sync = api.rpc_sync
@@ -106,3 +112,23 @@ def _named(error: RuntimeError, to, func, timeout: float) -> Exception:
         )
         return RpcTimeoutError(msg)
     return error
+
+
+def ask_members(func: Callable, args: tuple = (), timeout: float = 5.0,
+                here: Callable | None = None) -> list:
+    """``func(*args)`` in every member of the group, in parallel: this process first (or
+    ``here()`` instead), then the others over RPC; a member that cannot answer within
+    ``timeout`` (gone, stuck) is left out."""
+    if not api._is_current_rpc_agent_set():
+        raise NoClusterError("no RPC group in this process; start one with %rpc_init or nbrpc.start()")
+    agent = api._get_current_rpc_agent()
+    me = agent.get_worker_info()
+    futures = [rpc.rpc_async(w, func, args=args, timeout=timeout)
+               for w in agent.get_worker_infos() if w.id != me.id]
+    answers = [here() if here else func(*args)]
+    for fut in futures:
+        try:
+            answers.append(fut.wait())
+        except RuntimeError:
+            pass
+    return answers

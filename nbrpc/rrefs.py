@@ -38,7 +38,7 @@ from torch._C._distributed_rpc import PyRRef
 from torch.distributed.rpc import api
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
-from .errors import NoClusterError
+from . import calls
 
 __all__ = ["rref_snapshot", "summarize"]
 
@@ -299,19 +299,7 @@ def report(timeout: float = 5.0) -> dict:
 
 def gather(timeout: float = 5.0) -> list[dict]:
     """Every member's ``report``, asked in parallel; unreachable members are left out."""
-    if not api._is_current_rpc_agent_set():
-        raise NoClusterError("no RPC group in this process; start one with %rpc_init or nbrpc.start()")
-    agent = api._get_current_rpc_agent()
-    me = agent.get_worker_info()
-    others = [w for w in agent.get_worker_infos() if w.id != me.id]
-    futures = [rpc.rpc_async(w, report, args=(timeout,), timeout=timeout) for w in others]
-    reports = [report(timeout)]
-    for fut in futures:
-        try:
-            reports.append(fut.wait())
-        except RuntimeError:
-            pass
-    return sorted(reports, key=lambda r: r["id"])
+    return sorted(calls.ask_members(report, (timeout,), timeout), key=lambda r: r["id"])
 
 
 def rref_snapshot(timeout: float = 5.0) -> dict:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import nbrpc
-from nbrpc._util import kill_pids, pid_alive
+from nbrpc._util import kill_pids, pid_alive, start_time
 
 # Every process this test run starts inherits the mark (workers, driver scripts,
 # kernels and their workers), so concurrent runs never count or end each other's.
@@ -69,3 +69,55 @@ def cluster():
     yield c
     c.shutdown()
     assert not wait_gone(pids), "shutdown left worker processes running"
+
+
+class Pids:
+    """Processes a test started (and their descendants), by pid and start time."""
+
+    def __init__(self):
+        self.known: dict[int, str | None] = {}
+
+    def add(self, *pids: int) -> None:
+        for pid in pids:
+            if pid not in self.known:
+                self.known[pid] = start_time(pid)
+
+    def add_tree(self, pid: int) -> None:
+        """``pid`` and every process below it, as they are now."""
+        self.add(pid)
+        for child in _children(pid):
+            self.add_tree(child)
+
+    def alive(self) -> list[int]:
+        return [p for p, t in self.known.items() if pid_alive(p) and start_time(p) == t]
+
+    def end(self) -> list[int]:
+        for pid in list(self.known):
+            if pid_alive(pid) and start_time(pid) == self.known[pid]:
+                self.add_tree(pid)
+        kill_pids(self.alive())
+        return self.alive()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture
+def pids():
+    """Processes a test registers; ended by pid after it, and none may survive."""
+    tracked = Pids()
+    yield tracked
+    survivors = tracked.end()
+    assert not survivors, f"processes survived the test: {survivors}"

@@ -26,9 +26,9 @@ import torch.distributed.rpc as rpc
 from jupyter_client import KernelManager
 
 import nbrpc
-from nbrpc._util import kill_pids, pid_alive, start_time
+from nbrpc._util import pid_alive
 
-from conftest import wait_gone
+from conftest import Pids, wait_gone
 
 # The contract's numbers, and margins for a loaded two-core machine.
 DRIVER_DEATH_EXIT = 10.0
@@ -67,33 +67,6 @@ print(json.dumps({"shutdown_took": time.monotonic() - began,
 
 
 # -- process bookkeeping -----------------------------------------------------------
-
-
-class Pids:
-    """Processes a test started, each identified by pid and start time."""
-
-    def __init__(self):
-        self.known: dict[int, str | None] = {}
-
-    def add(self, *pids: int) -> None:
-        for pid in pids:
-            self.known.setdefault(pid, start_time(pid))
-
-    def alive(self) -> list[int]:
-        return [p for p, t in self.known.items() if pid_alive(p) and start_time(p) == t]
-
-    def end(self) -> list[int]:
-        """SIGTERM, then SIGKILL what is still ours and alive; return the survivors."""
-        kill_pids(self.alive())
-        return self.alive()
-
-
-@pytest.fixture
-def pids():
-    tracked = Pids()
-    yield tracked
-    survivors = tracked.end()
-    assert not survivors, f"processes survived the test: {survivors}"
 
 
 @pytest.fixture
