@@ -56,7 +56,9 @@ def autograd_snapshot(context_id: int, roots=None, timeout: float = 10.0) -> dic
     roots = [t.grad_fn for t in _tensors(roots)]
     pieces = calls.ask_members(local_graph, (context_id,), timeout,
                                here=lambda: local_graph(context_id, roots))
-    pieces = [p for p in pieces if p is not None]
+    # The snapshot's own calls carry the context to every member: one with no
+    # functions in it took no part.
+    pieces = [p for p in pieces if p is not None and p["nodes"]]
     if not pieces:
         if context_id in _recorded:
             return _recorded[context_id]

@@ -63,6 +63,8 @@ class _Held:
     summary: str | None = None
     size: int | None = None
     call_site: tuple | None = None
+    # torch never marks a fork received from its owner confirmed, but the owner sent it.
+    from_owner: bool = False
 
 
 class _Ledger:
@@ -183,8 +185,9 @@ def _receive(fork_data, quiet: bool = False):
     rref = PyRRef._deserialize(fork_data)
     if _tracking and not quiet:
         owner, created_on, local_id, _, _, parent, type_name = fork_data
-        _ledger.hold(rref, f"{created_on}:{local_id}", owner, "fork", parent, _my_id(),
-                     type_name=type_name.rsplit(".", 1)[-1])
+        held = _ledger.hold(rref, f"{created_on}:{local_id}", owner, "fork", parent, _my_id(),
+                            type_name=type_name.rsplit(".", 1)[-1])
+        held.from_owner = held.from_owner or parent == owner
     return rref
 
 
@@ -288,7 +291,7 @@ def report(timeout: float = 5.0) -> dict:
         alive = [r for r in (w() for w in h.refs) if r is not None]
         if not alive:
             continue
-        confirmed = any(r.is_owner() or r.confirmed_by_owner() for r in alive)
+        confirmed = h.from_owner or any(r.is_owner() or r.confirmed_by_owner() for r in alive)
         rows.append(dict(id=rid, owner=h.owner, type=h.type, summary=h.summary, size=h.size,
                          call_site=_describe_call_site(h.call_site), confirmed=confirmed))
     info = api._get_current_rpc_agent().get_worker_info()

@@ -165,3 +165,13 @@ def test_join_pairs_sends_and_recvs_by_message_id():
     ])
     assert snap["workers"] == ["a", "b"]
     assert snap["edges"] == [dict(src="a:0", dst="b:0", kind="rpc"), dict(src="b:1", dst="a:1", kind="rpc")]
+
+
+def test_members_without_functions_are_left_out(stages):
+    with dist_autograd.context() as context_id:
+        rpc.rpc_sync("worker1", forward, args=(stages[0], torch.randn(2, 3)))
+        first = nbrpc.autograd_snapshot(context_id)
+        # the first snapshot's calls carried the context to worker2 as well
+        again = nbrpc.autograd_snapshot(context_id)
+    assert first["workers"] == again["workers"] == [M, W1]
+    assert {n["worker"] for n in again["nodes"]} == {M, W1}

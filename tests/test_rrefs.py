@@ -119,7 +119,7 @@ def test_rref_returned_from_a_call_is_a_fork_from_its_owner(ring):
     snap = nbrpc.rref_snapshot()
     row = next(r for r in snap["rrefs"] if r["id"] == rid)
     assert (row["owner"], row["creator"], row["holders"]) == ("p2", "p2", ["master"])
-    assert (row["summary"], row["size"]) == ("Tensor[5] int64", 40)
+    assert (row["summary"], row["size"], row["confirmed"]) == ("Tensor[5] int64", 40, True)
     assert (rid, "p2", "master") in fork_events(snap, {rid})
     assert torch.equal(got.to_here(), torch.arange(5))
     fetches = [e for e in nbrpc.rref_snapshot()["events"] if e["kind"] == "fetch" and e["rref"] == rid]

@@ -162,7 +162,15 @@ def autograd_layers(snapshot: dict) -> dict[str, int]:
 
 
 def autograd_workers(snapshot: dict) -> list[str]:
-    return worker_order(snapshot.get("workers", []), (n.get("worker") for n in snapshot.get("nodes", [])))
+    """Workers that hold a part of the graph, in the snapshot's order.
+
+    Torch enlists every worker that an RPC reaches inside a context, nbrpc's own
+    snapshot calls included, so a worker can hold an empty part: it gets no lane
+    (unless no worker holds any function).
+    """
+    present = {n.get("worker") for n in snapshot.get("nodes", [])}
+    order = worker_order(snapshot.get("workers", []), present)
+    return [w for w in order if w in present] or order
 
 
 def autograd_layout(snapshot: dict) -> Layout:
