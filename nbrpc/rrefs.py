@@ -73,13 +73,17 @@ class _Ledger:
     def __init__(self):
         self.lock = threading.Lock()
         self.held: dict[str, _Held] = {}
+        # id() of each tracked RRef object -> its RRef id: to_here finds it without
+        # formatting the RRef's repr again.
+        self.objects: dict[int, str] = {}
         self.events: collections.deque = collections.deque(maxlen=EVENTS_KEPT)
 
     def hold(self, rref, rref_id: str, owner: int, kind: str, source: int, target: int,
              type_name: str | None = None, call_site: tuple | None = None) -> _Held:
         """Start tracking one RRef object and log how it arrived."""
-        ref = weakref.ref(rref, functools.partial(self._dropped, rref_id))
+        ref = weakref.ref(rref, functools.partial(self._dropped, rref_id, id(rref)))
         with self.lock:
+            self.objects[id(rref)] = rref_id
             held = self.held.get(rref_id)
             if held is None:
                 held = self.held[rref_id] = _Held(owner, type=type_name, call_site=call_site)
@@ -90,8 +94,10 @@ class _Ledger:
     def log(self, kind: str, rref_id: str, source: int, target: int) -> None:
         self.events.append((time.time(), kind, rref_id, source, target))
 
-    def _dropped(self, rref_id: str, ref) -> None:
+    def _dropped(self, rref_id: str, object_id: int, ref) -> None:
         with self.lock:
+            if self.objects.get(object_id) == rref_id:
+                del self.objects[object_id]
             held = self.held.get(rref_id)
             if held is None or ref not in held.refs:
                 return  # from before a reset
@@ -103,6 +109,7 @@ class _Ledger:
     def reset(self) -> None:
         with self.lock:
             self.held.clear()
+            self.objects.clear()
             self.events.clear()
 
 
@@ -167,12 +174,17 @@ def _init(self, value, *args, **kwargs):
 
 def _to_here(self, timeout=UNSET_RPC_TIMEOUT):
     value = _torch_to_here(self, timeout)
-    if _tracking and not self.is_owner():
-        rid, owner = rref_id(self), self.owner().id
-        _ledger.log("fetch", rid, owner, _my_id())
-        held = _ledger.held.get(rid)
-        if held is not None and held.summary is None:
-            held.type, held.summary, held.size = summarize(value)
+    if _tracking:
+        rid = _ledger.objects.get(id(self))
+        held = _ledger.held.get(rid) if rid else None
+        if held is None:  # not found by object (from before tracking started, say)
+            rid = rref_id(self)
+            held = _ledger.held.get(rid)
+        owner = held.owner if held else self.owner().id
+        if owner != _me:
+            _ledger.log("fetch", rid, owner, _me)
+            if held is not None and held.summary is None:
+                held.type, held.summary, held.size = summarize(value)
     return value
 
 
