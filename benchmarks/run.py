@@ -88,6 +88,8 @@ def compare_calls() -> dict:
         remote = _take_turns({"nbrpc": (nbrpc_group, "remote"),
                               "nbrpc_untracked": (nbrpc_group, "remote_untracked"),
                               "raw": (raw, "remote")}, LATENCY_ROUNDS, LATENCY_CALLS)
+        local_rref = _take_turns({"nbrpc": (nbrpc_group, "local_rref"), "raw": (raw, "local_rref")},
+                                 LATENCY_ROUNDS, LATENCY_CALLS)
         progress(f"rpc_async throughput, {THROUGHPUT_ROUNDS} rounds")
         throughput = _take_turns({"nbrpc": (nbrpc_group, "throughput"), "raw": (raw, "throughput")},
                                  THROUGHPUT_ROUNDS, THROUGHPUT_CALLS)
@@ -95,7 +97,8 @@ def compare_calls() -> dict:
         tensor = _take_turns({"nbrpc": (nbrpc_group, "tensor"), "raw": (raw, "tensor"),
                               "raw_default": (raw_default, "tensor")}, TENSOR_ROUNDS, TENSOR_TRIPS)
         progress("stopping the RPC groups")
-    return {"latency": latency, "remote": remote, "throughput": throughput, "tensor": tensor}
+    return {"latency": latency, "remote": remote, "local_rref": local_rref,
+            "throughput": throughput, "tensor": tensor}
 
 
 def _take_turns(variants: dict, rounds: int, count: int) -> dict[str, list]:
@@ -154,6 +157,7 @@ def summarize(calls: dict, startup: dict) -> list[dict]:
     """One row per metric: both values, their ratio and whether it meets the target."""
     latency = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["latency"].items()}
     remote = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["remote"].items()}
+    local_rref = {side: _pooled_median(rounds) * 1e6 for side, rounds in calls["local_rref"].items()}
     throughput = {side: statistics.median(rates) for side, rates in calls["throughput"].items()}
     tensor = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["tensor"].items()}
     boot = {side: statistics.median(seconds) for side, seconds in startup.items()}
@@ -162,6 +166,8 @@ def summarize(calls: dict, startup: dict) -> list[dict]:
              latency["nbrpc"], latency["raw"], "nbrpc/raw", "<=", 1.05),
         _row(f"rpc.remote + to_here, tracking on, median of {_count(calls['remote']['nbrpc']):,} (ms)",
              remote["nbrpc"], remote["raw"], "nbrpc/raw", "<=", 1.05),
+        _row("RRef(value) created and deleted, tracking's CPU cost (us)",
+             local_rref["nbrpc"], local_rref["raw"], "nbrpc/raw", "<=", None),
         _row(f"rpc_async throughput, {IN_FLIGHT} in flight (calls/s)",
              throughput["nbrpc"], throughput["raw"], "raw/nbrpc", "<=", 1.05),
         _row(f"{timing.TENSOR_MB} MB round trip, same settings (ms)",
@@ -173,9 +179,14 @@ def summarize(calls: dict, startup: dict) -> list[dict]:
     ]
 
 
-def _row(metric: str, ours: float, theirs: float, ratio_of: str, sense: str, bound: float) -> dict:
-    """``ratio_of`` orders the ratio so that it reads as a cost ratio or a speed-up."""
+def _row(metric: str, ours: float, theirs: float, ratio_of: str, sense: str,
+         bound: float | None) -> dict:
+    """``ratio_of`` orders the ratio so that it reads as a cost ratio or a speed-up;
+    a row without ``bound`` is there to explain the others."""
     ratio = ours / theirs if ratio_of.startswith("nbrpc/") else theirs / ours
+    if bound is None:
+        return {"metric": metric, "nbrpc": ours, "raw": theirs, "ratio": ratio,
+                "target": "(no target)", "pass": None}
     passed = ratio <= bound if sense == "<=" else ratio >= bound
     return {"metric": metric, "nbrpc": ours, "raw": theirs, "ratio": ratio,
             "target": f"{ratio_of} {sense} {bound:g}", "pass": passed}
@@ -215,7 +226,7 @@ def render(rows: list[dict]) -> str:
     """The rows as an aligned text table."""
     header = ["metric", "nbrpc", "raw torch", "ratio", "target", "result"]
     lines = [[r["metric"], _number(r["nbrpc"]), _number(r["raw"]), f"{r['ratio']:.2f}",
-              r["target"], "pass" if r["pass"] else "FAIL"] for r in rows]
+              r["target"], {True: "pass", False: "FAIL", None: "info"}[r["pass"]]] for r in rows]
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
     numeric = {1, 2, 3}
 

@@ -49,6 +49,19 @@ def remote_latencies(to: str, calls: int) -> list[float]:
     return samples
 
 
+def local_rref_lives(calls: int) -> list[float]:
+    """Seconds taken by each ``RRef(value)`` created and deleted here: no message is
+    sent, so this is the CPU cost of RRef tracking alone (next to raw torch)."""
+    value = torch.zeros(1)
+    samples = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        rref = rpc.RRef(value)
+        del rref
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
 def async_throughput(to: str, calls: int, in_flight: int) -> float:
     """Small ``rpc_async`` calls per second with up to ``in_flight`` outstanding."""
     pending = collections.deque()
@@ -83,9 +96,11 @@ def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
         return sync_latencies(to, count, rpc_sync)
     if op == "remote":
         return remote_latencies(to, count)
+    if op == "local_rref":
+        return local_rref_lives(count)
     if op == "throughput":
         return async_throughput(to, count, in_flight)
     if op == "tensor":
         tensor_round_trips(to, WAKE_UP_TRIPS)
         return tensor_round_trips(to, count)
-    raise ValueError(f"unknown measurement {op!r}: use latency, remote, throughput or tensor")
+    raise ValueError(f"unknown measurement {op!r}: use latency, remote, local_rref, throughput or tensor")
