@@ -5,13 +5,15 @@ runtime and settings directories) and opens a notebook that starts a two-worker
 cluster and shows ``%rref_graph``. The test checks the nodes, hover details,
 click-to-pin (read back from the kernel), the fork toggle, the worker filter and a
 live update that arrives while a cell is still running, and saves screenshots under
-build/browser/. It also measures the first paint of 1,000 RRefs over 8 workers, and
+build/browser/. Jupyter Notebook 7, which loads the same extensions, shows the live
+graph too: its nodes, click-to-pin and a live update. It also measures the first paint of 1,000 RRefs over 8 workers, and
 (no browser needed) ``nbrpc.rref_snapshot()`` of 1,000 RRefs on 8 worker kernels;
 both print their numbers and add them to build/browser/perf.json.
 
 The browser is the system's chromium (``apt-get install chromium``; Playwright never
 downloads one). Without it, or without Playwright or JupyterLab, the browser tests
-skip and say why. At the end JupyterLab, its kernels and their workers end by pid.
+skip and say why (the Notebook 7 test also without ``notebook>=7``). At the end each
+server, its kernels and their workers end by pid.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from importlib.metadata import version
 from pathlib import Path
 
 import nbformat
@@ -61,16 +64,21 @@ BIG_SETUP = f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom _snapshots im
 BIG_CELL = "from nbrpc.widgets import RRefGraph\nRRefGraph(snapshot=synthetic(1000, 8))"
 
 
-def why_no_browser() -> str | None:
-    """Why the browser tests cannot run here, or None."""
+def why_no_browser(app: str = "lab") -> str | None:
+    """Why the browser tests of ``app`` ("lab" or "notebook") cannot run here, or None."""
     if not os.access(CHROMIUM, os.X_OK):
         return (f"no browser: {CHROMIUM} is missing; install Debian's chromium "
                 "(apt-get install -y chromium, which .ci/run does where it can)")
-    for module, package in (("playwright.sync_api", "playwright"), ("jupyterlab", "jupyterlab")):
+    needed = [("playwright.sync_api", "playwright"), ("jupyterlab", "jupyterlab")]
+    if app == "notebook":
+        needed.append(("notebook", "notebook>=7"))
+    for module, package in needed:
         try:
             __import__(module)
         except ImportError:
             return f"{package} is not installed; pip install -e '.[test]'"
+    if app == "notebook" and int(version("notebook").split(".")[0]) < 7:
+        return f"notebook {version('notebook')} is older than 7; pip install -e '.[test]'"
     return None
 
 
@@ -89,7 +97,15 @@ def record(name: str, value) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-# -- JupyterLab ----------------------------------------------------------------------
+# -- the Jupyter server: JupyterLab or Notebook 7 -------------------------------------
+
+# app: its title, module, the class whose ``expose_app_in_browser`` gives window.jupyterapp,
+# and where a notebook opens. Notebook 7 is built on JupyterLab's extension system, so
+# the same settings directory and flags isolate it.
+APPS = {
+    "lab": ("JupyterLab", "jupyterlab", "LabApp", "lab/tree"),
+    "notebook": ("Jupyter Notebook 7", "notebook", "JupyterNotebookApp", "notebooks"),
+}
 
 
 def free_port() -> int:
@@ -117,12 +133,13 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-class Lab:
-    """A JupyterLab server of this test run: its URL, token and process."""
+class Server:
+    """A JupyterLab or Notebook 7 server of this test run: its URL, token and process."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, app: str = "lab"):
         self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
+        self.title, module, app_class, self.notebooks = APPS[app]
         settings = root / ".settings" / "@jupyterlab" / "notebook-extension"
         settings.mkdir(parents=True)
         # Every cell stays in the DOM (JupyterLab 4 may detach cells scrolled away).
@@ -136,12 +153,12 @@ class Lab:
                "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
                "JUPYTERLAB_SETTINGS_DIR": str(root / ".settings"),
                "JUPYTERLAB_WORKSPACES_DIR": str(root / ".workspaces")}
-        self.log = open(root / "lab.log", "wb")
+        self.log = open(root / "server.log", "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            [sys.executable, "-m", module, "--no-browser", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-             "--LabApp.expose_app_in_browser=True",
+             f"--{app_class}.expose_app_in_browser=True",
              "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
              "--LabApp.extension_manager=readonly", "--ServerApp.terminals_enabled=False",
              *(["--allow-root"] if os.geteuid() == 0 else [])],
@@ -164,10 +181,10 @@ class Lab:
                 return
             except OSError:
                 time.sleep(0.3)
-        raise RuntimeError(f"JupyterLab did not start; its log:\n{self.log_text()}")
+        raise RuntimeError(f"{self.title} did not start; its log:\n{self.log_text()}")
 
     def log_text(self) -> str:
-        return (self.root / "lab.log").read_text(errors="replace")[-4000:]
+        return (self.root / "server.log").read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
         """Shut kernels down through the server, then end every process below it by pid."""
@@ -186,21 +203,26 @@ class Lab:
         kill_pids([p for p in pids if pid_alive(p)])
         self.log.close()
         left = wait_gone(pids)
-        assert not left, f"processes of JupyterLab survived: {sorted(left)}"
+        assert not left, f"processes of {self.title} survived: {sorted(left)}"
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    reason = why_no_browser()
+def server(request, tmp_path_factory):
+    """JupyterLab, or the app a test names by parametrizing ``server`` indirectly.
+
+    A new app ends the one before (and the page on it) first: one server at a time.
+    """
+    app = getattr(request, "param", "lab")
+    reason = why_no_browser(app)
     if reason:
         report(f"SKIPPED: {reason}")
         pytest.skip(reason)
-    root = tmp_path_factory.mktemp("lab")
+    root = tmp_path_factory.mktemp(app)
     notebook = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
         metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     nbformat.write(notebook, root / "graph.ipynb")
-    server = Lab(root)
+    server = Server(root, app)
     try:
         server.wait_ready()
         yield server
@@ -209,7 +231,7 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(lab, tmp_path_factory):
+def page(server, tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -219,7 +241,7 @@ def page(lab, tmp_path_factory):
         try:
             tab = context.pages[0] if context.pages else context.new_page()
             tab.set_default_timeout(120_000)
-            tab.goto(f"{lab.url}/lab/tree/graph.ipynb?token={lab.token}")
+            tab.goto(f"{server.url}/{server.notebooks}/graph.ipynb?token={server.token}")
             tab.wait_for_function(
                 "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
                 "?.connectionStatus === 'connected'")
@@ -273,7 +295,8 @@ def node(page, rref_id: str):
 # -- the tests -----------------------------------------------------------------------
 
 
-def test_rref_graph_in_jupyterlab(page):
+def show_rref_graph(page) -> tuple[str, str]:
+    """Run all cells; check the graph shows the notebook's two RRefs, coloured by owner."""
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     page.wait_for_selector(".nbrpc-graph .nbrpc-host [data-id]", timeout=180_000)
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
@@ -289,6 +312,39 @@ def test_rref_graph_in_jupyterlab(page):
     assert len({fill for _, fill in shown}) == 2  # coloured by owner
     assert page.locator(".nbrpc-host [data-lane]").count() == 3
     assert "live, every 0.5 s" in page.locator(".nbrpc-status").inner_text()
+    return ra, rb
+
+
+def pin(page, rref_id: str) -> None:
+    """Click a node: it is pinned, and the kernel sees the selection."""
+    node(page, rref_id).click()
+    page.locator(".nbrpc-pin").wait_for(state="visible")
+    assert f"RRef {rref_id}" in page.locator(".nbrpc-pin").inner_text()
+    wait_until(lambda: evaluate(page, "g.selected") == rref_id, what="g.selected in the kernel")
+
+
+def live_update(page, pinned: str) -> float:
+    """A new RRef appears while the cell that made it still runs; ``pinned`` stays pinned.
+
+    Returns the seconds from the cell's start to the new node.
+    """
+    start_execute(page, "rc = rpc.remote('p1', torch.ones, args=((5,),))\nimport time\ntime.sleep(15)")
+    began = time.monotonic()
+    wait_until(lambda: page.locator(".nbrpc-host [data-id]").count() == 3, timeout=12,
+               what="the new RRef while the cell runs")
+    seen_after = time.monotonic() - began
+    assert evaluate_busy(page), "the cell had already finished: the update did not come while busy"
+    assert wait_executed(page)["status"] == "ok"
+    rc = evaluate(page, "nbrpc.rrefs.rref_id(rc)")
+    assert node(page, rc).count() == 1
+    # the pinned RRef stays pinned across refreshes
+    assert node(page, pinned).get_attribute("class").split().count("nbrpc-selected") == 1
+    assert page.locator(".nbrpc-pin").is_visible()
+    return seen_after
+
+
+def test_rref_graph_in_jupyterlab(page):
+    ra, rb = show_rref_graph(page)
 
     # hover shows the details
     node(page, ra).hover()
@@ -298,11 +354,7 @@ def test_rref_graph_in_jupyterlab(page):
     for expected_text in (f"RRef {ra}", "p1", "Tensor[2, 3] float32", "24 B", "master", "rpc.remote('p1'"):
         assert expected_text in text, (expected_text, text)
 
-    # click pins, and the kernel sees the selection
-    node(page, ra).click()
-    page.locator(".nbrpc-pin").wait_for(state="visible")
-    assert f"RRef {ra}" in page.locator(".nbrpc-pin").inner_text()
-    wait_until(lambda: evaluate(page, "g.selected") == ra, what="g.selected in the kernel")
+    pin(page, ra)
 
     # fork history: hidden, then shown by the toggle (and the kernel hears of it)
     fork = page.locator(".nbrpc-host .nbrpc-fork").first
@@ -324,19 +376,7 @@ def test_rref_graph_in_jupyterlab(page):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.locator(".nbrpc-graph").first.screenshot(path=str(ARTIFACTS / "rref_graph.png"))
 
-    # live: a new RRef appears while the cell that made it still runs
-    start_execute(page, "rc = rpc.remote('p1', torch.ones, args=((5,),))\nimport time\ntime.sleep(15)")
-    began = time.monotonic()
-    wait_until(lambda: page.locator(".nbrpc-host [data-id]").count() == 3, timeout=12,
-               what="the new RRef while the cell runs")
-    seen_after = time.monotonic() - began
-    assert evaluate_busy(page), "the cell had already finished: the update did not come while busy"
-    assert wait_executed(page)["status"] == "ok"
-    rc = evaluate(page, "nbrpc.rrefs.rref_id(rc)")
-    assert node(page, rc).count() == 1
-    # the pinned RRef stays pinned across refreshes
-    assert node(page, ra).get_attribute("class").split().count("nbrpc-selected") == 1
-    assert page.locator(".nbrpc-pin").is_visible()
+    seen_after = live_update(page, pinned=ra)
     report(f"live update seen {seen_after:.2f} s after the busy cell started")
     page.screenshot(path=str(ARTIFACTS / "rref_graph_page.png"), full_page=True)
 
@@ -452,6 +492,17 @@ def test_snapshot_time_1000_rrefs_over_8_workers():
             time.sleep(0.1)
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.parametrize("server", ["notebook"], indirect=True)
+def test_rref_graph_in_notebook7(page):
+    """The same notebook in Jupyter Notebook 7: anywidget's prebuilt extension loads there."""
+    ra, _ = show_rref_graph(page)
+    pin(page, ra)
+    seen_after = live_update(page, pinned=ra)
+    report(f"Notebook 7: live update seen {seen_after:.2f} s after the busy cell started")
+    page.mouse.move(0, 0)  # the hover details would cover the pinned ones
+    page.screenshot(path=str(ARTIFACTS / "rref_graph_notebook7.png"), full_page=True)
 
 
 @pytest.fixture(autouse=True, scope="module")
