@@ -74,6 +74,9 @@ class ClusterStatus(SyncLock, anywidget.AnyWidget):
             self.status = text
 
     def _step(self) -> bool:
+        if self._cluster is not None and self._cluster.state == "stopping":
+            # No calls into workers that are leaving; the refresh after shows them stopped.
+            return True
         try:
             self.update(self._cluster.status())
         except Exception as e:  # the cluster stopping under us; said below
