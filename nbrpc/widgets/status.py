@@ -81,8 +81,13 @@ class ClusterStatus(SyncLock, anywidget.AnyWidget):
             self.update(self._cluster.status())
         except Exception as e:  # the cluster stopping under us; said below
             self._set_status(f"refresh failed ({type(e).__name__}: {e})")
+        if self._cluster is not None and self._cluster.state == "stopping":
+            return True  # it began stopping during this refresh: wait for the end
         why_not = cluster_running(self._cluster)
         if why_not is not None:
+            if self._cluster is not None and self._cluster.state == "stopped":
+                # The rows above may come from calls begun before the shutdown.
+                self.update(self._cluster.status())
             self._refresher = None
             self._set_status(f"not live: {why_not} ({time.strftime('%H:%M:%S')})")
             return False
