@@ -141,9 +141,15 @@ def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
 
 
 def backend_options(threads: int, timeout: float) -> rpc.TensorPipeRpcBackendOptions:
-    """TensorPipe options; the default transports (shm, cma) are the fastest here."""
+    """TensorPipe options over the ``uv`` transport.
+
+    torch's default adds the ``shm`` transport, whose reactor thread busy-polls a
+    whole core in every member from join to shutdown; ``uv`` sleeps until a message
+    comes (big tensors still go through the ``cma`` channel either way). The option
+    only takes effect in the constructor.
+    """
     return rpc.TensorPipeRpcBackendOptions(
-        num_worker_threads=threads, rpc_timeout=timeout
+        num_worker_threads=threads, rpc_timeout=timeout, _transports=["uv"]
     )
 
 
