@@ -3,9 +3,10 @@
 torch pickles RPC calls and results with ``pickle.Pickler`` (``rpc.internal._pickler``),
 which stores functions and classes by reference: a worker has no notebook
 ``__main__``, so it fails with "Can't get attribute ... on <module '__main__'>", and
-lambdas fail outright. ``RpcPickler`` is a cloudpickle pickler (definitions from
-``__main__`` travel by value, everything importable stays by reference) that keeps
-torch's dispatch table, so tensors still go to torch's tensor table and RRefs fork.
+lambdas fail outright. ``RpcPickler`` is a cloudpickle pickler (everything importable
+stays by reference) that keeps torch's dispatch table, so tensors still go to torch's
+tensor table and RRefs fork; definitions from ``__main__`` travel as ``definitions``
+describes, so they land in each process as a script's would.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import internal
 
-from . import rrefs
+from . import definitions, rrefs
 from .errors import SerializationError
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
@@ -50,6 +51,14 @@ class RpcPickler(cloudpickle.Pickler):
         # In front of torch's: the receiver of an RRef records the fork.
         return rrefs.reducer_table()
 
+    def reducer_override(self, obj):
+        if isinstance(obj, types.FunctionType):
+            if definitions.is_notebook_definition(obj):
+                return definitions.reduce_function(obj)
+        elif isinstance(obj, type) and definitions.is_notebook_definition(obj):
+            return definitions.reduce_class(obj)
+        return super().reducer_override(obj)
+
     def dump(self, obj):
         try:
             return super().dump(obj)
@@ -64,10 +73,18 @@ def _explain(obj, error: Exception) -> str:
         named = [(f"the function {func_name}", obj.func)]
         named += [(f"argument {i}", v) for i, v in enumerate(obj.args or ())]
         named += [(f"keyword argument {k!r}", v) for k, v in (obj.kwargs or {}).items()]
-        what = next((f"{label} ({type(v).__name__})" for label, v in named if not _pickles(v)),
-                    "the call")
     else:
-        what = f"the result ({type(obj).__name__})"
+        named = [("the result", obj)]
+    for label, value in named:
+        culprit = definitions.unsendable_global(value, _pickles)
+        if culprit:
+            return (
+                f"cannot send {culprit} over RPC: {error}. Define it on the workers instead "
+                "(in a %%rpc_on all cell, or the body of %%rpc_init), so each process makes "
+                "its own, as a script's import would."
+            )
+    what = next((f"{label} ({type(v).__name__})" for label, v in named if not _pickles(v)),
+                "the call")
     return (
         f"cannot send {what} over RPC: {error}. Send data that pickles (tensors, numbers, "
         "containers, functions, modules), or create the object where it is used, e.g. "

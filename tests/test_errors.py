@@ -124,11 +124,11 @@ def test_unpicklable_argument_is_named(cluster):
         rpc.rpc_sync("worker1", print, args=(1,), kwargs={"sep": " ", "guard": lock})
 
 
-def test_unpicklable_function_is_named(ip):
-    run(ip, "import threading\nheld = threading.Lock()")
-    expected = r"cannot send the function <lambda> \(function\)"
+def test_unpicklable_global_is_named_with_the_function_using_it(ip):
+    run(ip, "held = (i for i in range(3))")
+    expected = r"cannot send the global 'held' \(generator\) that <lambda> uses over RPC"
     with pytest.raises(nbrpc.SerializationError, match=expected):
-        run(ip, 'rpc.rpc_sync("worker1", lambda: held.locked())')
+        run(ip, 'rpc.rpc_sync("worker1", lambda: next(held))')
 
 
 def test_unpicklable_result_names_the_worker(cluster):
