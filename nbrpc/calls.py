@@ -21,6 +21,7 @@ from torch.distributed.rpc import api
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 from torch.distributed.rpc.internal import RPCExecMode
 
+from . import remote_errors
 from .errors import (
     NoClusterError,
     RpcTimeoutError,
@@ -85,7 +86,11 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 
 
 def _named(error: RuntimeError, to, func, timeout: float) -> Exception:
-    """Return a clearer error for a dead worker or a timeout, else ``error`` itself."""
+    """Return a clearer error for a dead worker or a timeout, the remote exception
+    itself where it was of a class torch could not keep, else ``error`` itself."""
+    original = remote_errors.original(error)
+    if original is not None:
+        return original
     name = to if isinstance(to, str) else getattr(to, "name", str(to))
     what = getattr(func, "__qualname__", repr(func))
     fate = worker_fate(name)

@@ -24,7 +24,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
-from . import calls, rrefs, serialization
+from . import calls, remote_errors, rrefs, serialization
 from ._util import LOOPBACK, listening_socket, muted_stderr, silence_torch_noise
 from .errors import ClusterRunningError
 
@@ -169,6 +169,7 @@ def join(
         os.environ["TP_SOCKET_IFNAME"] = interface
     serialization.install()
     calls.install()
+    remote_errors.install()
     silence_torch_noise()
     dist_autograd._init(rank)
     rpc._init_rpc_backend(

@@ -166,6 +166,28 @@ def failing_step(x):
         assert ", in failing_step" in message
 
 
+def test_exception_of_a_notebook_class_keeps_its_class(ip):
+    run(ip, """
+class ShardMissing(LookupError):
+    pass
+class NeedsTwoArguments(Exception):
+    def __init__(self, shard, reason):
+        super().__init__(shard, reason)
+def lose_shard(n):
+    raise ShardMissing(f"shard {n} is gone")
+def fail_oddly():
+    raise NeedsTwoArguments(3, "odd")
+""")
+    with pytest.raises(ip.user_ns["ShardMissing"]) as info:
+        run(ip, 'rpc.rpc_sync("worker1", lose_shard, args=(7,))')
+    assert type(info.value) is ip.user_ns["ShardMissing"]  # the notebook's own class
+    assert "ShardMissing('shard 7 is gone')" in str(info.value)
+    assert ", in lose_shard" in str(info.value)
+    # a class torch cannot re-create from a message keeps torch's text
+    with pytest.raises(RuntimeError, match="Failed to create original exception type"):
+        run(ip, 'rpc.rpc_sync("worker1", fail_oddly)')
+
+
 def test_exception_in_run_shows_worker_and_traceback(cluster):
     code = "def load_batch():\n    raise KeyError('missing shard')\nload_batch()"
     with pytest.raises(nbrpc.RemoteError) as info:
