@@ -12,9 +12,11 @@ describes, so they land in each process as a script's would.
 from __future__ import annotations
 
 import collections
+import copyreg
 import io
 import pickle
 import types
+import weakref
 
 import cloudpickle
 import torch
@@ -29,6 +31,10 @@ _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
 # function's qualname does not resolve (classmethods such as torch's tensor
 # receiver); pickle's own reduction, getattr(owner, name), keeps them by reference.
 _BY_REFERENCE = {types.MethodType: types.MethodType.__reduce__}
+# Functions found to pickle by reference (importable by name): the check walks modules.
+_importable: weakref.WeakSet = weakref.WeakSet()
+# The last flattened dispatch table, with what it was built from.
+_flat: tuple | None = None
 
 
 class RpcPickler(cloudpickle.Pickler):
@@ -41,11 +47,19 @@ class RpcPickler(cloudpickle.Pickler):
     @dispatch_table.setter
     def dispatch_table(self, table):
         # torch assigns its table after construction and then adds to it; the C
-        # pickler reads its own slot, so point that slot at both tables.
+        # pickler reads its own slot, so point that slot at all the tables, flattened
+        # into one dict: the C pickler looks every object's type up there, and a miss
+        # in a ChainMap costs a Python-level KeyError each time.
         self._torch_table = table
-        _C_DISPATCH_TABLE.__set__(self, collections.ChainMap(
-            self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table
-        ))
+        _C_DISPATCH_TABLE.__set__(self, self._flat_table(table))
+
+    def _flat_table(self, table) -> dict:
+        global _flat
+        key = (type(self), table, len(table), rrefs.is_tracking(), len(copyreg.dispatch_table))
+        if _flat is None or any(a is not b and a != b for a, b in zip(_flat[0], key)):
+            maps = (self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table)
+            _flat = (key, dict(collections.ChainMap(*maps)))
+        return _flat[1]
 
     def _rref_reducers(self) -> dict:
         # In front of torch's: the receiver of an RRef records the fork.
@@ -53,9 +67,15 @@ class RpcPickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj):
         if isinstance(obj, types.FunctionType):
+            if obj in _importable:
+                return NotImplemented
             if definitions.is_notebook_definition(obj):
                 return definitions.reduce_function(obj)
-        elif isinstance(obj, type) and definitions.is_notebook_definition(obj):
+            reduced = super().reducer_override(obj)
+            if reduced is NotImplemented:  # pickled by reference: remember, it is asked often
+                _importable.add(obj)
+            return reduced
+        if isinstance(obj, type) and definitions.is_notebook_definition(obj):
             return definitions.reduce_class(obj)
         return super().reducer_override(obj)
 
