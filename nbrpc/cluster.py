@@ -303,6 +303,7 @@ class Cluster:
             "NBRPC_THREADS": str(self.threads), "NBRPC_TIMEOUT": str(self.timeout),
             "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
             "NBRPC_TRACK": "1" if self.track else "0",
+            "NBRPC_KEY": self._driver.key.hex(),
         }
 
     def _await_joined(self, deadline: float) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import secrets
 import uuid
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ class DriverGroup:
     prefix: str
     name: str
     threads: int
+    key: bytes  # signs every RPC pickle of this group (see serialization)
     next_rank: int = DRIVER_RANK + 1
     interface: str = "lo"  # where this process's TensorPipe listener is
 
@@ -87,8 +89,10 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
             )
         store = host_store(LOOPBACK, 0, store_timeout)
         prefix = f"nbrpc-{uuid.uuid4().hex[:12]}"
+        key = secrets.token_bytes(32)
+        serialization.set_key(key)
         join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout), interface=interface)
-        _driver = DriverGroup(store, prefix, name, threads, interface=interface)
+        _driver = DriverGroup(store, prefix, name, threads, key, interface=interface)
         atexit.register(_leave_at_exit)
     elif not is_member():
         raise ClusterRunningError(

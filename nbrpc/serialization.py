@@ -7,12 +7,19 @@ lambdas fail outright. ``RpcPickler`` is a cloudpickle pickler (everything impor
 stays by reference) that keeps torch's dispatch table, so tensors still go to torch's
 tensor table and RRefs fork; definitions from ``__main__`` travel as ``definitions``
 describes, so they land in each process as a script's would.
+
+Every pickle a member sends starts with an HMAC of its bytes under the cluster's key
+(``set_key``; the driver makes one, its workers get it with their settings), and
+``RpcUnpickler`` refuses a message without a valid one before unpickling anything:
+TensorPipe and the store accept connections from any local user, and an RPC pickle
+runs code in the receiver.
 """
 
 from __future__ import annotations
 
 import collections
 import copyreg
+import hmac
 import io
 import pickle
 import types
@@ -37,8 +44,22 @@ _importable: weakref.WeakSet = weakref.WeakSet()
 _flat: tuple | None = None
 
 
+_SIGNED = b"nbrpc-hmac-sha256:"
+_key: bytes | None = None
+
+
+def set_key(key: bytes) -> None:
+    """Sign what this process sends, and accept only what is signed, with ``key``."""
+    global _key
+    _key = key
+
+
 class RpcPickler(cloudpickle.Pickler):
-    """cloudpickle with torch's reducers for tensors and RRefs in front."""
+    """cloudpickle with torch's reducers for tensors and RRefs in front; signs what it writes."""
+
+    def __init__(self, file, protocol=None, buffer_callback=None):
+        self._out, self._body = file, io.BytesIO()
+        super().__init__(self._body, protocol, buffer_callback)
 
     @property
     def dispatch_table(self):
@@ -81,9 +102,33 @@ class RpcPickler(cloudpickle.Pickler):
 
     def dump(self, obj):
         try:
-            return super().dump(obj)
+            super().dump(obj)
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise SerializationError(_explain(obj, e)) from e
+        body = self._body.getbuffer()
+        if _key is not None:
+            self._out.write(_SIGNED + hmac.digest(_key, body, "sha256"))
+        self._out.write(body)
+
+
+class RpcUnpickler(pickle.Unpickler):
+    """Unpickles only messages signed with this cluster's key (when it has one)."""
+
+    def __init__(self, file, **kwargs):
+        self._in = file
+        super().__init__(file, **kwargs)
+
+    def load(self):
+        if _key is not None:
+            header = self._in.read(len(_SIGNED) + 32)
+            body = self._in.getbuffer()[len(header):]
+            signature = header[len(_SIGNED):]
+            if not (header.startswith(_SIGNED)
+                    and hmac.compare_digest(signature, hmac.digest(_key, body, "sha256"))):
+                raise pickle.UnpicklingError(
+                    "nbrpc refused an RPC message not signed with this cluster's key: it "
+                    "comes from a process outside the cluster")
+        return super().load()
 
 
 def _explain(obj, error: Exception) -> str:
@@ -135,5 +180,6 @@ def _stub(_):
 
 
 def install() -> None:
-    """Make torch RPC in this process use ``RpcPickler`` (idempotent)."""
+    """Make torch RPC in this process use ``RpcPickler`` and ``RpcUnpickler`` (idempotent)."""
     internal._pickler = RpcPickler
+    internal._unpickler = RpcUnpickler

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable
 
-from . import group
+from . import group, serialization
 from ._util import pid_alive
 
 WATCH_INTERVAL = 0.5
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
         on_kernel(app)
     host, port = env["NBRPC_STORE"].rsplit(":", 1)
     timeout = float(env["NBRPC_TIMEOUT"])
+    serialization.set_key(bytes.fromhex(env["NBRPC_KEY"]))
     store = group.connect_store(host, int(port), timeout)
     options = group.backend_options(int(env["NBRPC_THREADS"]), timeout)
     group.join(

@@ -1,0 +1,116 @@
+"""A shared machine: what another local user can reach of a running cluster, and what not.
+
+TensorPipe and the rendezvous store listen on loopback, which every local user can
+connect to; what they carry is guarded instead: every RPC pickle is signed with the
+cluster's key and a member refuses one that is not, before unpickling anything.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+import torch.distributed.rpc as rpc
+
+from nbrpc import group, serialization
+
+GUEST = "nbrpc-guest"
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """TCP ports ``pid`` listens on (from /proc/net/tcp, by socket inode)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
+@pytest.mark.parametrize("key", [None, b"x" * 32], ids=["unsigned", "wrong key"])
+def test_a_member_refuses_rpc_pickles_without_the_clusters_key(cluster, key):
+    serialization.set_key(key)  # this process sends as an outsider would
+    try:
+        with pytest.raises(Exception, match="refused an RPC message not signed with this cluster's key"):
+            rpc.rpc_sync("worker1", os.getpid, timeout=10)
+    finally:
+        serialization.set_key(group._driver.key)
+    worker_pid = next(w.pid for w in cluster.workers if w.name == "worker1")
+    assert rpc.rpc_sync("worker1", os.getpid) == worker_pid  # and it stays healthy
+
+
+@pytest.fixture(scope="module")
+def guest():
+    """A second local user (made for the test where we are root)."""
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to make a second local user")
+    try:
+        pwd.getpwnam(GUEST)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        GUEST], check=True)
+    entry = pwd.getpwnam(GUEST)
+    return entry.pw_uid, entry.pw_gid
+
+
+PROBE = textwrap.dedent("""
+    import json, os, socket, sys
+    pid, ports, paths = int(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    found = {}
+    try:
+        open(f"/proc/{pid}/environ", "rb").read()
+        found["environ"] = "read"
+    except OSError as e:
+        found["environ"] = type(e).__name__
+    for path in paths:
+        try:
+            open(path, "rb").read()
+            found[path] = "read"
+        except OSError as e:
+            found[path] = type(e).__name__
+    for port in ports:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            found[str(port)] = "connected"
+        except OSError as e:
+            found[str(port)] = type(e).__name__
+    print(json.dumps(found))
+""")
+
+
+def test_what_a_second_local_user_can_reach(cluster, guest, pids):
+    import json
+
+    worker = cluster.workers[0]
+    # this process, the driver, listens for TensorPipe and the rendezvous store only
+    ports = sorted(_listening_ports(os.getpid()))
+    assert len(ports) >= 2, ports
+    paths = [worker.connection_file]
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("needs a system python3 the second user can run (this one is in our home)")
+    probe = subprocess.Popen(
+        [python, "-c", PROBE, str(worker.pid), json.dumps(ports), json.dumps(paths)],
+        user=guest[0], group=guest[1], extra_groups=[], stdout=subprocess.PIPE, text=True,
+        cwd="/", env={"PATH": os.environ.get("PATH", "")})
+    pids.add(probe.pid)
+    found = json.loads(probe.communicate(timeout=60)[0])
+    # what carries the secrets is out of reach: the worker's environment (the key) and
+    # its kernel's connection file (the kernel's message key)
+    assert found["environ"] == "PermissionError"
+    assert found[worker.connection_file] == "PermissionError"
+    # the driver's TensorPipe and store ports are: its pickles must be signed (above)
+    assert {found[str(p)] for p in ports} == {"connected"}
