@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -76,9 +77,10 @@ class Worker:
 
 def launch(worker: Worker, env: dict[str, str], workdir: str) -> None:
     """Start ``worker``'s kernel process; it joins RPC by itself from ``env``."""
-    scratch = tempfile.mkdtemp(prefix=f"nbrpc-{worker.name}-")
+    scratch = tempfile.mkdtemp(prefix=f"nbrpc-{worker.name}-")  # only this user can enter it
     worker.connection_file = os.path.join(scratch, "kernel.json")
-    write_unbound_connection_file(worker.connection_file, worker.ip)
+    # The kernel's sockets are files in that directory, out of other local users' reach.
+    write_unbound_connection_file(worker.connection_file, os.path.join(scratch, "kernel"), "ipc")
     worker.log_path = os.path.join(scratch, "output.log")
     cmd = [sys.executable, "-m", "nbrpc.worker", "-f", worker.connection_file]
     with open(worker.log_path, "wb") as log:
@@ -88,15 +90,17 @@ def launch(worker: Worker, env: dict[str, str], workdir: str) -> None:
     worker.pid = worker._popen.pid
 
 
-def write_unbound_connection_file(path: str, ip: str) -> None:
+def write_unbound_connection_file(path: str, ip: str, transport: str = "tcp") -> None:
     """Write connection info whose ports are all 0, for the kernel to fill in.
+
+    ``ip`` is an address for ``tcp`` and a path prefix for ``ipc`` (Unix sockets).
 
     The kernel binds free ports itself and writes them back before it joins RPC;
     ports picked here could be taken before the kernel binds them (by another
     worker's RPC sockets, say), and it would fail with "Address already in use".
     """
     info = {f"{channel}_port": 0 for channel in ("shell", "iopub", "stdin", "control", "hb")}
-    info.update(ip=ip, transport="tcp", key=uuid.uuid4().hex, signature_scheme="hmac-sha256")
+    info.update(ip=ip, transport=transport, key=uuid.uuid4().hex, signature_scheme="hmac-sha256")
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         json.dump(info, f)
 
@@ -134,12 +138,5 @@ def stop(workers: list[Worker]) -> None:
 
 
 def _remove_scratch(worker: Worker) -> None:
-    for path in (worker.connection_file, worker.log_path):
-        try:
-            os.remove(path)
-        except OSError:
-            pass
-    try:
-        os.rmdir(os.path.dirname(worker.connection_file))
-    except OSError:
-        pass
+    if worker.connection_file:  # the connection file, log and socket files of a local kernel
+        shutil.rmtree(os.path.dirname(worker.connection_file), ignore_errors=True)
