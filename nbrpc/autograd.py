@@ -28,6 +28,7 @@ from torch.distributed.rpc import api
 
 from . import calls
 from .errors import AutogradContextError
+from .schemas import AutogradSnapshot
 
 __all__ = ["autograd_snapshot", "record_autograd"]
 
@@ -38,7 +39,7 @@ _torch_backward = dist_autograd.backward
 _recorded: collections.OrderedDict[int, dict] = collections.OrderedDict()
 
 
-def autograd_snapshot(context_id: int, roots=None, timeout: float = 10.0) -> dict:
+def autograd_snapshot(context_id: int, roots=None, timeout: float = 10.0) -> AutogradSnapshot:
     """The graph of distributed autograd context ``context_id`` on every worker.
 
     Parameters
@@ -50,8 +51,8 @@ def autograd_snapshot(context_id: int, roots=None, timeout: float = 10.0) -> dic
         the computation after the last RPC too; without them, the walk starts at
         the send functions only.
 
-    Returns the DESIGN.md schema: ``context_id``, ``workers``, ``nodes``, ``edges``
-    and ``gradients`` (filled once ``dist_autograd.backward`` has run).
+    Returns an ``nbrpc.schemas.AutogradSnapshot``: ``context_id``, ``workers``, ``nodes``,
+    ``edges`` and ``gradients`` (filled once ``dist_autograd.backward`` has run).
     """
     roots = [t.grad_fn for t in _tensors(roots)]
     pieces = calls.ask_members(local_graph, (context_id,), timeout,
@@ -212,7 +213,7 @@ def _unnamed(tensor: torch.Tensor) -> str:
 # -- the whole graph -------------------------------------------------------------
 
 
-def join(context_id: int, pieces: list[dict]) -> dict:
+def join(context_id: int, pieces: list[dict]) -> AutogradSnapshot:
     """Join members' pieces with ``rpc`` edges (pure: unit-testable)."""
     sends = {n["message_id"]: n["id"] for p in pieces for n in p["nodes"]
              if _MESSAGE_KINDS.get(n["name"]) == "send" and "message_id" in n}

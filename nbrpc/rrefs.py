@@ -14,7 +14,7 @@ ledger in every member, fed by four hooks installed when the member joins:
 
 The ledger holds ids, never values, and forgets an RRef when its last user reference
 here dies; events go to a bounded ring. ``rref_snapshot`` asks every member for its
-ledger (in parallel, one call each) and merges them into the DESIGN.md schema. A
+ledger (in parallel, one call each) and merges them into an ``RRefSnapshot``. A
 value's type and summary come from its owner, asked once per RRef and cached.
 """
 
@@ -39,6 +39,7 @@ from torch.distributed.rpc import api
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
 from . import calls
+from .schemas import RRefSnapshot
 
 __all__ = ["rref_snapshot", "summarize"]
 
@@ -317,12 +318,9 @@ def gather(timeout: float = 5.0) -> list[dict]:
     return sorted(calls.ask_members(report, (timeout,), timeout), key=lambda r: r["id"])
 
 
-def rref_snapshot(timeout: float = 5.0) -> dict:
-    """Every RRef alive in the group: owner, creator, holders, value summary, and events.
-
-    Returns the DESIGN.md schema: ``{"workers": [...], "rrefs": [...], "events": [...]}``,
-    plus per RRef ``size`` (bytes, tensors and modules) and ``call_site``.
-    """
+def rref_snapshot(timeout: float = 5.0) -> RRefSnapshot:
+    """Every RRef alive in the group: owner, creator, holders, value summary, and events
+    (``nbrpc.schemas.RRefSnapshot``)."""
     reports = gather(timeout)
     if not any(r["tracking"] for r in reports):
         raise RuntimeError(
@@ -332,7 +330,7 @@ def rref_snapshot(timeout: float = 5.0) -> dict:
     return merge(reports)
 
 
-def merge(reports: list[dict]) -> dict:
+def merge(reports: list[dict]) -> RRefSnapshot:
     """Combine members' ledgers into one snapshot (pure: unit-testable)."""
     names = {r["id"]: r["name"] for r in reports}
 
