@@ -40,6 +40,8 @@ import nbrpc
 from conftest import wait_gone
 from nbrpc._util import kill_pids, pid_alive
 
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "build" / "browser"

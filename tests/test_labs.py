@@ -28,6 +28,8 @@ import nbrpc
 from nbrpc import lab
 from nbrpc._util import pid_alive
 
+pytestmark = pytest.mark.slow
+
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
 NOTEBOOKS = {"rpc_basics": "01_rpc_basics", "dist_autograd": "02_dist_autograd",
              "param_server": "03_param_server"}

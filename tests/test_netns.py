@@ -27,7 +27,7 @@ from nbrpc._util import pid_alive
 from nbrpc.rendezvous import LOST_AFTER, ORPHANED_AFTER
 
 REASON = netns.unavailable()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 NBRPC = [sys.executable, "-m", "nbrpc.cli"]
 DRIVER_DEATH_EXIT = 10.0
