@@ -13,6 +13,7 @@ join connection, kept open, is its watchdog.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -27,7 +28,7 @@ WATCH_INTERVAL = 0.5
 def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> None:
     env = os.environ
     if "NBRPC_DRIVER_PID" in env:  # a worker joined from elsewhere has its lifeline instead
-        _watch_driver(int(env["NBRPC_DRIVER_PID"]))
+        _watch_driver(int(env["NBRPC_DRIVER_PID"]), _scratch(argv or []))
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
@@ -105,13 +106,24 @@ def leave(timeout: float = 20.0) -> None:
     group.leave(graceful=True, timeout=timeout)
 
 
-def _watch_driver(driver_pid: int) -> None:
-    """Exit at once when the driver process ends (killed, restarted, crashed)."""
+def _scratch(argv: list[str]) -> str | None:
+    """The folder the driver made for this worker (connection file, log, sockets)."""
+    if "-f" not in argv[:-1]:
+        return None
+    folder = os.path.dirname(argv[argv.index("-f") + 1])
+    return folder if os.path.basename(folder).startswith("nbrpc-") else None
+
+
+def _watch_driver(driver_pid: int, scratch: str | None) -> None:
+    """Exit at once when the driver process ends (killed, restarted, crashed), taking
+    the folder the driver would have removed with it."""
     parent = os.getppid()
 
     def watch():
         while os.getppid() == parent and pid_alive(driver_pid):
             time.sleep(WATCH_INTERVAL)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
         # The RPC agent's threads would block a normal interpreter exit.
         os._exit(3)
 

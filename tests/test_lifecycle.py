@@ -287,6 +287,8 @@ def test_driver_killed_workers_exit(drivers):
     driver = drivers(DRIVER_THEN_SLEEP)
     workers = driver.worker_pids()
     assert {_environ(p)["NBRPC_DRIVER_PID"] for p in workers} == {str(driver.proc.pid)}
+    folders = {os.path.dirname(_connection_file(p)) for p in workers}
+    assert all(os.path.isdir(f) for f in folders) and len(folders) == len(workers)
 
     os.kill(driver.proc.pid, signal.SIGKILL)
     killed = time.monotonic()
@@ -294,6 +296,14 @@ def test_driver_killed_workers_exit(drivers):
     survivors = wait_gone(workers, timeout=DRIVER_DEATH_EXIT)
     assert not survivors, f"workers outlived the killed driver by {DRIVER_DEATH_EXIT} s"
     assert time.monotonic() - killed < DRIVER_DEATH_EXIT + 1
+    # each took its folder (connection file, log, kernel sockets) with it
+    assert not [f for f in folders if os.path.exists(f)]
+
+
+def _connection_file(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode().split("\0")
+    return argv[argv.index("-f") + 1]
 
 
 def _execute(kc, code: str, timeout: float = SUBPROCESS_START) -> str:
