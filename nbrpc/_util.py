@@ -28,6 +28,25 @@ def listening_socket(host: str = LOOPBACK, port: int = 0) -> socket.socket:
     return sock
 
 
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports (IPv4) process ``pid`` listens on, from /proc: its sockets by inode."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open(f"/proc/{pid}/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return {int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes}
+
+
 # The kernel's "this task is exiting" flag (PF_EXITING in /proc/PID/stat's flags).
 _EXITING = 0x4
 

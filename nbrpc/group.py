@@ -26,7 +26,7 @@ import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
 from . import calls, remote_errors, rrefs, serialization
-from ._util import LOOPBACK, listening_socket, muted_stderr, silence_torch_noise
+from ._util import LOOPBACK, listening_ports, listening_socket, muted_stderr, silence_torch_noise
 from .errors import ClusterRunningError
 
 DRIVER_RANK = 0
@@ -44,6 +44,7 @@ class DriverGroup:
     name: str
     threads: int
     key: bytes  # signs every RPC pickle of this group (see serialization)
+    listeners: frozenset = frozenset()  # the TCP ports this process's RPC agent listens on
     next_rank: int = DRIVER_RANK + 1
     interface: str = "lo"  # where this process's TensorPipe listener is
 
@@ -91,13 +92,21 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         prefix = f"nbrpc-{uuid.uuid4().hex[:12]}"
         key = secrets.token_bytes(32)
         serialization.set_key(key)
+        before = listening_ports(os.getpid())
         join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout), interface=interface)
-        _driver = DriverGroup(store, prefix, name, threads, key, interface=interface)
+        listeners = frozenset(listening_ports(os.getpid()) - before)
+        _driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface)
         atexit.register(_leave_at_exit)
     elif not is_member():
         raise ClusterRunningError(
             "RPC was shut down in this process outside nbrpc (rpc.shutdown()); torch "
             "cannot rejoin with working RRefs in the same process: restart the kernel"
+        )
+    elif _driver.listeners and not _driver.listeners & listening_ports(os.getpid()):
+        raise ClusterRunningError(
+            "this process's RPC agent stopped accepting connections (torch's TensorPipe "
+            "does so after a connection that closes before its handshake: a port scan, "
+            "say), so no worker can join it: restart the kernel to start a cluster"
         )
     elif name != _driver.name:
         raise ValueError(

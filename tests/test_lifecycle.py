@@ -65,6 +65,29 @@ print(json.dumps({"shutdown_took": time.monotonic() - began,
                   "current": repr(nbrpc.current())}), flush=True)
 """
 
+DRIVER_LISTENER_POKED = """
+import json, os, socket, time
+import nbrpc
+from nbrpc import group
+from nbrpc._util import listening_ports
+
+cluster = nbrpc.start(2, progress=None)
+print(json.dumps({"pids": [w.pid for w in cluster.workers]}), flush=True)
+cluster.shutdown()
+for port in sorted(group._driver.listeners):  # a port scan: connect, close at once
+    try:
+        socket.create_connection(("127.0.0.1", port)).close()
+    except ConnectionRefusedError:  # closed by the scan's earlier connections
+        pass
+time.sleep(1)
+began = time.monotonic()
+try:
+    nbrpc.start(1, progress=None, startup_timeout=60)
+    print(json.dumps({"second": "started"}), flush=True)
+except nbrpc.ClusterRunningError as e:
+    print(json.dumps({"second": str(e), "after": time.monotonic() - began}), flush=True)
+"""
+
 
 # -- process bookkeeping -----------------------------------------------------------
 
@@ -490,6 +513,16 @@ def test_keyboard_interrupt_during_long_rpc_sync(drivers):
     assert done["current"] == "None"
     assert driver.proc.wait(timeout=10) == 0
     assert not wait_gone(workers, timeout=1)
+
+
+def test_a_driver_whose_listener_stopped_says_so(drivers):
+    driver = drivers(DRIVER_LISTENER_POKED)
+    driver.worker_pids()
+    record = driver.expect("second", SUBPROCESS_START)
+    assert "stopped accepting connections" in record["second"]
+    assert "restart the kernel" in record["second"]
+    assert record["after"] < 1.0  # at once, not after the start-up timeout
+    assert driver.proc.wait(timeout=30) == 0
 
 
 def test_tracking_off_and_on_again(clusters, pids):

@@ -17,27 +17,9 @@ import pytest
 import torch.distributed.rpc as rpc
 
 from nbrpc import group, serialization
+from nbrpc._util import listening_ports
 
 GUEST = "nbrpc-guest"
-
-
-def _listening_ports(pid: int) -> set[int]:
-    """TCP ports ``pid`` listens on (from /proc/net/tcp, by socket inode)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                ports.add(int(fields[1].split(":")[1], 16))
-    return ports
 
 
 @pytest.mark.parametrize("key", [None, b"x" * 32], ids=["unsigned", "wrong key"])
@@ -104,7 +86,7 @@ def test_what_a_second_local_user_can_reach(cluster, guest, pids):
     # The worker's TCP listeners are TensorPipe's (its kernel is on Unix sockets). One
     # stray connection makes torch's agent stop accepting on all of them (a torch
     # limitation, see the README), so the probe touches a worker's, never the driver's.
-    ports = sorted(_listening_ports(worker.pid))[:1]
+    ports = sorted(listening_ports(worker.pid))[:1]
     assert ports
     paths = [worker.connection_file]
     scratch = os.path.dirname(worker.connection_file)
