@@ -61,28 +61,17 @@ def start(n=None, **options) -> Cluster:
 
 
 # The widgets import ipywidgets, which a script driving a cluster must not pay for:
-# these build one on first use. The classes are nbrpc.widgets.RRefGraph, ...
+# ``nbrpc.RRefGraph`` and the others are the classes of ``nbrpc.widgets``, imported
+# on first use.
+_WIDGETS = {"AutogradGraph": "autograd_graph", "ClusterStatus": "status", "RRefGraph": "rref_graph"}
 
 
-def RRefGraph(live: bool = True, **options):  # noqa: N802
-    """The live RRef ownership graph widget (``nbrpc.widgets.RRefGraph``)."""
-    from .widgets.rref_graph import RRefGraph as widget
+def __getattr__(name: str):
+    if name in _WIDGETS:
+        import importlib
 
-    return widget(live, **options)
-
-
-def AutogradGraph(context_or_snapshot=None, **options):  # noqa: N802
-    """A distributed autograd context's graph widget (``nbrpc.widgets.AutogradGraph``)."""
-    from .widgets.autograd_graph import AutogradGraph as widget
-
-    return widget(context_or_snapshot, **options)
-
-
-def ClusterStatus(live: bool = True, **options):  # noqa: N802
-    """What ``%rpc_status`` shows, refreshing (``nbrpc.widgets.ClusterStatus``)."""
-    from .widgets.status import ClusterStatus as widget
-
-    return widget(live, **options)
+        return getattr(importlib.import_module(f".widgets.{_WIDGETS[name]}", __name__), name)
+    raise AttributeError(f"module 'nbrpc' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython):

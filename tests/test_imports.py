@@ -30,8 +30,12 @@ runtime = sorted(prefix + m.name for package, prefix in ((nbrpc, ""), (nbrpc.lab
 for name in runtime:
     importlib.import_module("nbrpc." + name)
 headless = loaded()
+widget = nbrpc.RRefGraph  # the class itself, imported on first use
+is_class = isinstance(widget, type) and widget.__module__ == "nbrpc.widgets.rref_graph"
+with_widgets = loaded()
 importlib.import_module("nbrpc.kernel_ext.magics")
-print(json.dumps({{"runtime": runtime, "headless": headless, "with_magics": loaded()}}))
+print(json.dumps({{"runtime": runtime, "headless": headless, "with_magics": loaded(),
+                  "is_class": is_class, "with_widgets": with_widgets}}))
 """
 
 
@@ -43,9 +47,12 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {"calls", "cluster", "errors", "execution", "group", "serialization", "worker",
-                "workers", "rrefs", "autograd", "rendezvous", "attach", "ssh", "lab", "lab.teacher"}
+                "workers", "rrefs", "autograd", "rendezvous", "attach", "ssh", "lab", "lab.teacher",
+                "definitions", "remote_errors", "schemas", "status"}
     assert expected <= set(report["runtime"])
     assert report["headless"] == []
+    # nbrpc.RRefGraph is the widget class, and only asking for it imports ipywidgets
+    assert report["is_class"] and "ipywidgets" in report["with_widgets"]
     # the check sees front-end imports when there are some
     assert "IPython" in report["with_magics"]
 

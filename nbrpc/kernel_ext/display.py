@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import html
 import sys
 
 from IPython.display import display, publish_display_data
 
 from ..cluster import text_progress
-
-STATUS_COLUMNS = ("name", "rank", "host", "pid", "state", "busy", "owned_rrefs")
-
 
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (a front end can render widgets and HTML)."""
@@ -52,26 +48,3 @@ class KernelOutput:
 
     def display(self, worker: str, data: dict, metadata: dict) -> None:
         publish_display_data(data, metadata)
-
-
-class StatusTable:
-    """``%rpc_status``: an HTML table in a notebook, aligned text in a terminal."""
-
-    def __init__(self, rows: list[dict]):
-        self.rows = rows
-
-    def _cells(self) -> list[list[str]]:
-        return [["-" if row[c] is None else str(row[c]) for c in STATUS_COLUMNS] for row in self.rows]
-
-    def __repr__(self) -> str:
-        table = [list(STATUS_COLUMNS), *self._cells()]
-        widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_COLUMNS))]
-        return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table)
-
-    def _repr_html_(self) -> str:
-        head = "".join(f"<th>{c}</th>" for c in STATUS_COLUMNS)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in cells) + "</tr>"
-            for cells in self._cells()
-        )
-        return f'<table class="nbrpc-status"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

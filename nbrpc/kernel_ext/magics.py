@@ -11,7 +11,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .. import cluster as cluster_mod
 from ..errors import NoClusterError
-from .display import KernelOutput, StatusTable, start_progress
+from ..status import StatusTable
+from .display import KernelOutput, start_progress
 
 
 def _parse(magic, line: str):

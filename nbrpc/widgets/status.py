@@ -9,7 +9,7 @@ import traitlets
 
 from ..cluster import Cluster, current
 from ..errors import NoClusterError
-from ..kernel_ext.display import StatusTable
+from ..status import StatusTable
 from ._live import Refresher, SyncLock, cluster_running
 from .base import HERE
 

@@ -1,0 +1,33 @@
+"""The ``%rpc_status`` table: an HTML table in a notebook, aligned text elsewhere.
+
+Headless (no IPython): the magic returns it, and the status widget draws it.
+"""
+
+from __future__ import annotations
+
+import html
+
+STATUS_COLUMNS = ("name", "rank", "host", "pid", "state", "busy", "owned_rrefs")
+
+
+class StatusTable:
+    """Rows of ``Cluster.status()``, shown through ``__repr__`` and ``_repr_html_``."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def _cells(self) -> list[list[str]]:
+        return [["-" if row[c] is None else str(row[c]) for c in STATUS_COLUMNS] for row in self.rows]
+
+    def __repr__(self) -> str:
+        table = [list(STATUS_COLUMNS), *self._cells()]
+        widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_COLUMNS))]
+        return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table)
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{c}</th>" for c in STATUS_COLUMNS)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in cells) + "</tr>"
+            for cells in self._cells()
+        )
+        return f'<table class="nbrpc-status"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
