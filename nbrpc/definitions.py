@@ -57,6 +57,7 @@ _own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> th
 _received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (origin, token) -> definition
 _unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
 _names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
+_code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> its pickle
 
 
 @dataclass
@@ -122,16 +123,18 @@ def reduce_function(func: types.FunctionType) -> tuple:
     closure = None if func.__closure__ is None else [_cp._get_cell_contents(c) for c in func.__closure__]
     state = (func.__defaults__, func.__kwdefaults__, closure, dict(func.__dict__),
              func.__annotations__, fills)
-    args = (ident.origin, ident.token, ident.version, _stored_under(func), ident.payload)
+    args = (ident.origin, ident.token, ident.version, _stored_under(func), ident.payload,
+            func.__name__, func.__qualname__, func.__doc__)
     return (_function_shell, args, state, None, None, _bind_function)
 
 
 def _cache_code(ident: Identity, func: types.FunctionType) -> None:
     with _lock:
         code = func.__code__
-        ident.payload = cloudpickle.dumps(
-            (code, func.__name__, func.__qualname__, func.__doc__, len(code.co_freevars)))
-        ident.code = code
+        payload = _code_payloads.get(code)
+        if payload is None:  # shared by every function made from this code (lambdas in a loop)
+            payload = _code_payloads[code] = cloudpickle.dumps(code)
+        ident.payload, ident.code = payload, code
         ident.version += 1
 
 
@@ -185,13 +188,14 @@ def _known(origin: str, token: int, version: int = 0):
     return None
 
 
-def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes):
+def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes,
+                    fname: str, qualname: str, doc: str | None):
     with _lock:
         found = _known(origin, token, version)
         if found is not None:
             return found
-        code, fname, qualname, doc, free = pickle.loads(payload)
-        closure = tuple(_cp._make_empty_cell() for _ in range(free)) or None
+        code = pickle.loads(payload)
+        closure = tuple(_cp._make_empty_cell() for _ in code.co_freevars) or None
         func = types.FunctionType(code, namespace(), fname, None, closure)
         func.__qualname__, func.__module__, func.__doc__ = qualname, "__main__", doc
         _remember(func, origin, token, version, name, code, payload)
