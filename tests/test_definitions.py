@@ -244,6 +244,23 @@ def test_an_unchanged_function_is_pickled_once(ip):
     assert identity.version == 2
 
 
+def test_lambdas_made_per_call_do_not_pile_up(ip):
+    total = run(ip, """
+total = sum(rpc.rpc_sync("worker1", lambda x: x + i, args=(1,)) for i in range(300))
+total
+""")
+    assert total == sum(range(1, 301))
+    kept = run(ip, """
+def kept_definitions():
+    import gc
+    from nbrpc import definitions
+    gc.collect()
+    return len(definitions._received)
+rpc.rpc_sync("worker1", kept_definitions)
+""")
+    assert kept < 50  # the top-level ones of this module, not one per lambda
+
+
 # -- PyTorch's parameter-server example, pasted ---------------------------------------
 
 # pytorch/examples distributed/rpc/parameter_server/rpc_parameter_server.py, its
