@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 
@@ -16,17 +18,26 @@ def run_notebook(path: str, output: str, timeout: int = 600) -> float:
     each widget's static fallback rather than a blank widget.
     """
     import nbformat
+    from jupyter_client import AsyncKernelManager
+    from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
 
     notebook = nbformat.read(path, as_version=4)
+    # The kernel on Unix sockets in a folder only this user can enter, not on TCP ports.
+    sockets = tempfile.mkdtemp(prefix="nbrpc-run-")
+    kernel = AsyncKernelManager(kernel_name="python3", transport="ipc",
+                                ip=os.path.join(sockets, "kernel"))
     client = NotebookClient(
-        notebook, timeout=timeout, kernel_name="python3", store_widget_state=False,
+        notebook, km=kernel, timeout=timeout, kernel_name="python3", store_widget_state=False,
         resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}},
     )
     began = time.monotonic()
     try:
         client.execute()
     finally:
+        if kernel.has_kernel:  # a kernel manager passed in is the caller's to end
+            run_sync(kernel.shutdown_kernel)(now=True)
+        shutil.rmtree(sockets, ignore_errors=True)
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         nbformat.write(notebook, output)
     return time.monotonic() - began

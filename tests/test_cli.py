@@ -1,0 +1,51 @@
+"""``nbrpc run``: a notebook executed headless, its kernel on Unix sockets and ended after."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+import nbformat
+
+from conftest import _marked, wait_gone
+from nbrpc._util import pid_alive
+
+
+def marked_kernels() -> set[int]:
+    """Notebook kernels (ipykernel_launcher) started by this test run, still alive."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                is_kernel = b"ipykernel_launcher" in f.read()
+        except OSError:
+            continue
+        if is_kernel and _marked(entry) and pid_alive(int(entry)):
+            found.add(int(entry))
+    return found
+
+
+def test_run_executes_a_notebook_over_unix_sockets_and_ends_its_kernel(tmp_path, pids):
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%load_ext nbrpc\n%rpc_init -n 1"),
+        nbformat.v4.new_code_cell("import torch.distributed.rpc as rpc\n"
+                                  "rpc.rpc_sync('worker1', lambda: 6 * 7)"),
+        nbformat.v4.new_code_cell("%rpc_shutdown"),
+    ])
+    source, output = tmp_path / "in.ipynb", tmp_path / "out" / "done.ipynb"
+    nbformat.write(notebook, source)
+    before = set(glob.glob(f"{tempfile.gettempdir()}/nbrpc-run-*"))
+    cli = subprocess.Popen([sys.executable, "-m", "nbrpc.cli", "run", str(source), "--output", str(output)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids.add(cli.pid)
+    out, err = cli.communicate(timeout=240)
+    assert cli.returncode == 0, err
+    assert "executed notebook" in out + err
+    assert "without encryption" not in err  # not on TCP
+    done = nbformat.read(output, as_version=4)
+    assert done.cells[1].outputs[0]["data"]["text/plain"] == "42"
+    assert set(glob.glob(f"{tempfile.gettempdir()}/nbrpc-run-*")) == before
+    assert not wait_gone(marked_kernels(), timeout=10)
