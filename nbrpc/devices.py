@@ -207,8 +207,8 @@ def check_driver(joined: Placement, needed: Placement) -> None:
     missing = [f"{to} ({_show(m)})" for to, m in needed.maps.items() if joined.maps.get(to) != m]
     extra = sorted(set(needed.devices) - set(joined.devices))
     if missing or extra:
-        what = (f"device maps toward {', '.join(missing)}" if missing
-                else f"devices {', '.join(f'cuda:{d}' for d in extra)}")
+        what = " and ".join(([f"device maps toward {', '.join(missing)}"] if missing else [])
+                            + ([f"devices {', '.join(f'cuda:{d}' for d in extra)}"] if extra else []))
         raise DeviceMapError(
             f"this kernel joined RPC with devices {joined.label()} and device maps "
             f"{_show_all(joined.maps)}, and torch fixes a process's devices and maps at its "

@@ -194,7 +194,7 @@ def test_a_later_cluster_needing_other_maps_names_the_restart():
     message = str(info.value)
     assert "device maps toward worker3 (cuda:0 -> cuda:0)" in message
     assert "Restart the kernel and start this cluster first" in message
-    with pytest.raises(DeviceMapError, match="needs devices cuda:0, cuda:1. Restart the kernel"):
+    with pytest.raises(DeviceMapError, match=r"\(cuda:0 -> cuda:0\) and devices cuda:0, cuda:1. Restart the kernel"):
         devices.check_driver(devices.CPU, first)
 
 
