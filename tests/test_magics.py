@@ -244,6 +244,26 @@ def test_rpc_init_help(ip, capsys):
     assert "worker name, comma-separated names (a,b), or all" in RpcMagics.rpc_on.__doc__
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("line, says", [
+    ("-n 2 --gpus", "--gpus needs CUDA"),
+    ('-n 2 --device-map "worker1=0:1"', "a device map needs CUDA"),
+    ('-n 2 --device-map "worker9=0:1"', "names 'worker9', which is not a member of this cluster"),
+    ("-n 2 --device-map worker1=0", "cannot read '0' in device map 'worker1=0'"),
+    ('-n 2 --device-map "worker1=0:1,1:1"', "sends both cuda:0 and cuda:1 to cuda:1"),
+    # the flag repeats: the second map is read too
+    ('-n 2 --device-map "worker1=0:1" --device-map "worker2->ps=0:0"', "names 'ps'"),
+])
+def test_rpc_init_gpu_options_refused_here_before_anything_starts(ip, started, line, says):
+    from IPython.core.error import UsageError
+
+    running = nbrpc.current()
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("rpc_init", line)
+    assert str(info.value).startswith("%rpc_init: ") and says in str(info.value)
+    assert nbrpc.current() is running
+
+
 def test_rpc_shutdown_ends_workers(ip, started, capsys):
     pids = [w.pid for w in started.workers]
     ip.run_line_magic("rpc_shutdown", "")
