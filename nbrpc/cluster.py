@@ -126,6 +126,7 @@ class Cluster:
         self.progress = progress or (lambda done, total, message: None)
         self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
         self.placements = _placements(driver_name, worker_names, self._remote, gpus, device_maps)
+        self.gpus = bool(gpus)
         self._driver = self._store = None
         self.state = "new"
 
@@ -141,8 +142,7 @@ class Cluster:
             )
         began = time.monotonic()
         driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                    self._remote.interface if self._remote else "lo",
-                                    self.placements.get(self.driver_name))
+                                    self._remote.interface if self._remote else "lo", self._driver_placement())
         self._driver, self._store = driver, driver.store
         rrefs.install(self.track)
         for w, rank in zip(self._workers, driver.take_ranks(len(self._workers))):
@@ -287,6 +287,11 @@ class Cluster:
             elif name in group.member_names():
                 own = list(self.placements.get(name, devices.CPU).devices)
                 rpc.rpc_sync(name, devices.install, args=(own, replies), timeout=self.timeout)
+
+    def _driver_placement(self) -> devices.Placement | None:
+        placement = self.placements.get(self.driver_name)
+        # Used only if this is the kernel's first join, which fixes the driver's maps.
+        return devices.reaching_default_workers(placement) if self.gpus and placement else placement
 
     def _devices_label(self, name: str) -> str:
         if name == self.driver_name and self._driver is not None:

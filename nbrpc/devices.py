@@ -125,6 +125,18 @@ def plan(names: list[str], gpu_count: int, gpus: bool = False,
             for name in names}
 
 
+def reaching_default_workers(driver: Placement, count: int = 64) -> Placement:
+    """The driver's ``--gpus`` placement plus maps toward ``worker1`` ... ``worker<count>``.
+
+    Its maps are fixed at its first join, so these let a later ``--gpus`` cluster
+    with the default names, and more workers than the first, run in the same kernel.
+    A map toward a name that is not a member is never used.
+    """
+    gpu_count = len(driver.devices)
+    maps = {f"worker{k}": {0: k % gpu_count} for k in range(1, count + 1)}
+    return Placement(driver.devices, {**maps, **driver.maps})
+
+
 def visible_gpus() -> int:
     """How many GPUs torch can use in this process (0 without CUDA)."""
     import torch

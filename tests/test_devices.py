@@ -198,6 +198,15 @@ def test_a_later_cluster_needing_other_maps_names_the_restart():
         devices.check_driver(devices.CPU, first)
 
 
+def test_a_first_gpus_cluster_lets_later_ones_grow():
+    first = devices.reaching_default_workers(devices.plan(MEMBERS, 2, gpus=True)["master"])
+    assert first.devices == (0, 1) and len(first.maps) == 64 and first.maps["worker7"] == {0: 1}
+    later = devices.plan(["master", *(f"worker{k}" for k in range(1, 6))], 2, gpus=True)["master"]
+    devices.check_driver(first, later)
+    mapped = devices.plan(MEMBERS, 2, device_maps="worker1=1:1")["master"]
+    assert devices.reaching_default_workers(mapped).maps["worker1"] == {1: 1}  # its own maps win
+
+
 # -- to torch and to the workers ---------------------------------------------------
 
 
