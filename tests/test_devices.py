@@ -229,15 +229,14 @@ def test_worker_settings_round_trip():
     assert devices.to_settings(devices.CPU) == {} and devices.from_settings({}) is None
 
 
-def test_cluster_worker_env_holds_each_workers_part():
-    # Built, not started: the plan with a pretend machine of 2 GPUs.
-    c = nbrpc.Cluster(2, progress=None)
-    c.placements = devices.plan(MEMBERS, 2, gpus=True)
+def test_cluster_worker_env_holds_each_workers_part(cluster, monkeypatch):
     from nbrpc.workers import Worker
 
-    env = c._worker_env(Worker("worker2", 2), "prefix")
-    assert devices.from_settings(env) == c.placements["worker2"]
-    assert "NBRPC_DEVICES" not in nbrpc.Cluster(2, progress=None)._worker_env(Worker("worker2", 2), "p")
+    assert "NBRPC_DEVICES" not in cluster._worker_env(Worker("worker2", 2), "p")
+    # The plan of a pretend machine with 2 GPUs, as a cluster there would hold it.
+    monkeypatch.setattr(cluster, "placements", devices.plan(MEMBERS, 2, gpus=True))
+    env = cluster._worker_env(Worker("worker2", 2), "prefix")
+    assert devices.from_settings(env) == cluster.placements["worker2"]
 
 
 # -- this machine (no CUDA): refused before any process starts ---------------------
@@ -249,12 +248,12 @@ needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machi
 @needs_no_cuda
 @pytest.mark.parametrize("options", [dict(gpus=True), dict(device_maps={"worker1": {0: 1}})])
 def test_cluster_refuses_gpu_options_without_cuda(options):
-    before, joined = worker_pids(), group._driver
+    before, joined, running = worker_pids(), group._driver, nbrpc.current()
     with pytest.raises(DeviceMapError, match="needs CUDA"):
         nbrpc.Cluster(2, progress=None, **options)
     with pytest.raises(DeviceMapError, match="needs CUDA"):
         nbrpc.start(2, progress=None, **options)
-    assert worker_pids() == before and group._driver is joined and nbrpc.current() is None
+    assert worker_pids() == before and group._driver is joined and nbrpc.current() is running
 
 
 def test_cluster_refuses_an_unknown_worker_first():
