@@ -142,7 +142,8 @@ class Cluster:
             )
         began = time.monotonic()
         driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                    self._remote.interface if self._remote else "lo", self._driver_placement())
+                                    self._remote.interface if self._remote else "lo",
+                                    self._driver_placement())
         self._driver, self._store = driver, driver.store
         rrefs.install(self.track)
         for w, rank in zip(self._workers, driver.take_ranks(len(self._workers))):

@@ -119,6 +119,8 @@ def plan(names: list[str], gpu_count: int, gpus: bool = False,
     for (a, b), m in maps.items():
         used[a].update(m.keys())
         used[b].update(m.values())
+    # The driver's devices are fixed at its first join (see ``group.driver_group``) and
+    # torch checks every map toward it against them: all visible GPUs serve any later map.
     used[names[0]] = set(range(gpu_count))
     return {name: Placement(tuple(sorted(used[name])),
                             {b: maps[(a, b)] for (a, b) in maps if a == name and maps[(a, b)]})
