@@ -26,6 +26,7 @@ test: $(READY)
 
 bench: $(READY)
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/cuda_rpc.py
 
 lab: $(READY)
 	$(PY) -m pip install --quiet -e ".[lab]"

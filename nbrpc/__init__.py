@@ -14,6 +14,7 @@ from .cluster import Cluster, current  # noqa: E402
 from .errors import (  # noqa: E402
     AutogradContextError,
     ClusterRunningError,
+    DeviceMapError,
     NoClusterError,
     RemoteError,
     RpcTimeoutError,
@@ -29,6 +30,7 @@ __all__ = [
     "AutogradGraph",
     "Cluster",
     "ClusterRunningError",
+    "DeviceMapError",
     "ClusterStatus",
     "NoClusterError",
     "RRefGraph",

@@ -240,6 +240,7 @@ class Attach:
         if w.state == "joining":
             w.state = "running"
             if self.cluster.state == "running":
+                self.cluster.install_devices()  # torch's join leaves reply maps wrong
                 self._say(f"{w.name} joined from {w.host} ({w.ip})")
 
     def _lost(self, w: RemoteWorker, why: str) -> None:
@@ -251,6 +252,8 @@ class Attach:
                 # Torch's next join would wait on this member (and hold the group's
                 # lock for good); its name and rank go, as a graceful leave would.
                 self.driver.forget({w.name: w.rank})
+        if self.cluster.state == "running":
+            self.cluster.install_devices()  # forgetting a member erased every member's maps
         self._say(f"lost worker {w.name!r} {w.fate() or why}")
 
     def _say(self, text: str) -> None:

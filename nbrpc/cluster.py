@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 import torch.distributed.rpc as rpc
 
-from . import attach as attach_mod, calls, execution, group, rrefs, ssh as ssh_mod, workers
+from . import attach as attach_mod, calls, devices, execution, group, rrefs, ssh as ssh_mod, workers
 from ._util import LOOPBACK, muted_stderr
 from .errors import (
     ClusterRunningError,
@@ -108,6 +108,8 @@ class Cluster:
         hosts: str | Iterable[str] | None = None,
         ssh: str = "ssh",
         python: str | None = None,
+        gpus: bool = False,
+        device_maps: dict | str | None = None,
     ):
         self._remote = _remote(n, names, driver_name, attach, bind, port, hosts, ssh, python)
         worker_names = [] if self._remote else _worker_names(n, names)
@@ -123,6 +125,8 @@ class Cluster:
         self.track = bool(track)
         self.progress = progress or (lambda done, total, message: None)
         self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
+        self.placements = _placements(driver_name, worker_names, self._remote, gpus, device_maps)
+        self.gpus = bool(gpus)
         self._driver = self._store = None
         self.state = "new"
 
@@ -138,7 +142,8 @@ class Cluster:
             )
         began = time.monotonic()
         driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                    self._remote.interface if self._remote else "lo")
+                                    self._remote.interface if self._remote else "lo",
+                                    self._driver_placement())
         self._driver, self._store = driver, driver.store
         rrefs.install(self.track)
         for w, rank in zip(self._workers, driver.take_ranks(len(self._workers))):
@@ -152,6 +157,7 @@ class Cluster:
             else:
                 self._launch_all(driver.prefix)
                 self._await_joined(began + self.startup_timeout)
+            self.install_devices()
         except BaseException:
             self._abort()
             raise
@@ -241,10 +247,11 @@ class Cluster:
         return [self.worker(name) for name in dict.fromkeys(targets)]
 
     def status(self) -> list[dict]:
-        """One row per member: name, rank, host, pid, state, busy, owned_rrefs."""
+        """One row per member: name, rank, host, pid, state, devices, busy, owned_rrefs."""
         self._refresh_states()
         rows = [dict(name=self.driver_name, rank=0, host=socket.gethostname(),
                      pid=os.getpid(), state=self.state if self.state != "running" else "driver",
+                     devices=self._devices_label(self.driver_name),
                      **(_debug_counts(local=True) if group.is_member() else _no_counts()))]
         futures = {}
         for w in self._workers:
@@ -257,11 +264,40 @@ class Cluster:
                     counts = futures[w.name].wait()
                 except RuntimeError:
                     counts = _no_counts()
-            rows.append(dict(name=w.name, rank=w.rank, host=w.host, pid=w.pid, state=w.state, **counts))
+            rows.append(dict(name=w.name, rank=w.rank, host=w.host, pid=w.pid, state=w.state,
+                             devices=self._devices_label(w.name), **counts))
         return rows
 
     def __repr__(self) -> str:
         return f"<nbrpc.Cluster {self.state}: {self._summary()}>"
+
+    def install_devices(self) -> None:
+        """Give every member the devices and reply maps of this cluster's plan.
+
+        torch's dynamic joins leave earlier members without reply maps toward later
+        ones, and every leave erases them (see ``devices.install``); a CPU cluster
+        has nothing to install.
+        """
+        if not self.placements:
+            return
+        for name in [self.driver_name, *(w.name for w in self._workers if w.state in ("joining", "running"))]:
+            replies = devices.reverse_maps(self.placements, name)
+            if name == self.driver_name:
+                # The driver keeps the devices it joined with (all visible GPUs).
+                devices.install(list(self._driver.placement.devices), replies)
+            elif name in group.member_names():
+                own = list(self.placements.get(name, devices.CPU).devices)
+                rpc.rpc_sync(name, devices.install, args=(own, replies), timeout=self.timeout)
+
+    def _driver_placement(self) -> devices.Placement | None:
+        placement = self.placements.get(self.driver_name)
+        # Used only if this is the kernel's first join, which fixes the driver's maps.
+        return devices.reaching_default_workers(placement) if self.gpus and placement else placement
+
+    def _devices_label(self, name: str) -> str:
+        if name == self.driver_name and self._driver is not None:
+            return self._driver.placement.label()
+        return self.placements.get(name, devices.CPU).label()
 
     # -- internals ---------------------------------------------------------------
 
@@ -304,6 +340,7 @@ class Cluster:
             "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
             "NBRPC_TRACK": "1" if self.track else "0",
             "NBRPC_KEY": self._driver.key.hex(),
+            **devices.to_settings(self.placements.get(w.name)),
         }
 
     def _await_joined(self, deadline: float) -> None:
@@ -386,6 +423,19 @@ def _remote(n, names, driver_name, attach, bind, port, hosts, ssh, python) -> at
     if listed:
         _check_names(listed, driver_name)
     return attach_mod.Attach(attach, listed, bind, port, hosts, ssh, python)
+
+
+def _placements(driver_name, worker_names, remote, gpus, device_maps) -> dict[str, devices.Placement]:
+    """Each member's devices and maps, checked before any process starts."""
+    if not gpus and not device_maps:
+        return {}
+    if remote is not None and not worker_names:
+        # Workers that join from elsewhere take these names, in order, unless they
+        # ask for another with --name (that one then runs on CPU).
+        worker_names = remote.names or [f"worker{i}" for i in range(1, remote.expected + 1)]
+    placements = devices.plan([driver_name, *worker_names], devices.visible_gpus(), bool(gpus), device_maps)
+    group.check_placement(placements.get(driver_name))
+    return placements
 
 
 def _worker_names(n: int | None, names: Iterable[str] | None) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ClusterRunningError",
+    "DeviceMapError",
     "JoinRefusedError",
     "NoClusterError",
     "RemoteError",
@@ -33,6 +34,10 @@ class UnknownWorkerError(ValueError):
 
 class SerializationError(TypeError):
     """An RPC argument or return value that cannot be pickled."""
+
+
+class DeviceMapError(ValueError):
+    """GPU options (``gpus``, ``device_maps``) that torch's CUDA RPC cannot do here."""
 
 
 class ClusterRunningError(RuntimeError):

@@ -25,7 +25,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
-from . import calls, remote_errors, rrefs, serialization
+from . import calls, devices, remote_errors, rrefs, serialization
 from ._util import LOOPBACK, listening_ports, listening_socket, muted_stderr, silence_torch_noise
 from .errors import ClusterRunningError
 
@@ -47,6 +47,7 @@ class DriverGroup:
     listeners: frozenset = frozenset()  # the TCP ports this process's RPC agent listens on
     next_rank: int = DRIVER_RANK + 1
     interface: str = "lo"  # where this process's TensorPipe listener is
+    placement: devices.Placement = devices.CPU  # its devices and maps, fixed at its join
 
     def take_ranks(self, count: int) -> list[int]:
         ranks = list(range(self.next_rank, self.next_rank + count))
@@ -75,11 +76,13 @@ _driver: DriverGroup | None = None
 
 
 def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
-                 interface: str = "lo") -> DriverGroup:
+                 interface: str = "lo", placement: devices.Placement | None = None) -> DriverGroup:
     """Join RPC as the driver the first time; later calls reuse that membership.
 
     ``interface`` is where the driver's TensorPipe listener goes: ``lo`` for local
     workers, the interface that reaches them for workers on other machines.
+    ``placement`` is the driver's devices and device maps; torch keeps the first
+    join's for the life of the agent (its options are read once, in the constructor).
     """
     global _driver
     if _driver is None:
@@ -93,11 +96,16 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         key = secrets.token_bytes(32)
         serialization.set_key(key)
         before = listening_ports(os.getpid())
-        join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout), interface=interface)
+        placement = placement or devices.CPU
+        join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout, placement),
+             interface=interface)
         listeners = frozenset(listening_ports(os.getpid()) - before)
-        _driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface)
+        _driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface,
+                              placement=placement)
         atexit.register(_leave_at_exit)
-    elif not is_member():
+    else:
+        check_placement(placement)
+    if not is_member():
         raise ClusterRunningError(
             "RPC was shut down in this process outside nbrpc (rpc.shutdown()); torch "
             "cannot rejoin with working RRefs in the same process: restart the kernel"
@@ -122,6 +130,12 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         )
     rpc._set_rpc_timeout(timeout)
     return _driver
+
+
+def check_placement(placement: devices.Placement | None) -> None:
+    """Refuse devices or maps that this process's driver agent, if it has joined, lacks."""
+    if _driver is not None and placement:
+        devices.check_driver(_driver.placement, placement)
 
 
 def drop_member(name: str) -> None:
@@ -153,8 +167,9 @@ def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
     )
 
 
-def backend_options(threads: int, timeout: float) -> rpc.TensorPipeRpcBackendOptions:
-    """TensorPipe options over the ``uv`` transport.
+def backend_options(threads: int, timeout: float,
+                    placement: devices.Placement | None = None) -> rpc.TensorPipeRpcBackendOptions:
+    """TensorPipe options over the ``uv`` transport, with ``placement``'s devices and maps.
 
     torch's default adds the ``shm`` transport, whose reactor thread busy-polls a
     whole core in every member from join to shutdown; ``uv`` sleeps until a message
@@ -162,7 +177,8 @@ def backend_options(threads: int, timeout: float) -> rpc.TensorPipeRpcBackendOpt
     only takes effect in the constructor.
     """
     return rpc.TensorPipeRpcBackendOptions(
-        num_worker_threads=threads, rpc_timeout=timeout, _transports=["uv"]
+        num_worker_threads=threads, rpc_timeout=timeout, _transports=["uv"],
+        **devices.backend_kwargs(placement),
     )
 
 
@@ -180,6 +196,12 @@ def join(
     if interface:
         # TensorPipe's TCP transport listens on this interface (read at agent start).
         os.environ["TP_SOCKET_IFNAME"] = interface
+    if options.devices:
+        # Peers may send CUDA tensors as soon as the agent is up (torch's static
+        # groups do the same before their agent starts).
+        import torch
+
+        torch.cuda.init()
     serialization.install()
     calls.install()
     remote_errors.install()

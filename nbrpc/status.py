@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 
-STATUS_COLUMNS = ("name", "rank", "host", "pid", "state", "busy", "owned_rrefs")
+STATUS_COLUMNS = ("name", "rank", "host", "pid", "state", "devices", "busy", "owned_rrefs")
 
 
 class StatusTable:
@@ -17,7 +17,7 @@ class StatusTable:
         self.rows = rows
 
     def _cells(self) -> list[list[str]]:
-        return [["-" if row[c] is None else str(row[c]) for c in STATUS_COLUMNS] for row in self.rows]
+        return [["-" if row.get(c) is None else str(row[c]) for c in STATUS_COLUMNS] for row in self.rows]
 
     def __repr__(self) -> str:
         table = [list(STATUS_COLUMNS), *self._cells()]

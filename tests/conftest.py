@@ -51,6 +51,21 @@ def wait_gone(pids, timeout: float = 10.0) -> set[int]:
     return alive
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip where torch sees no CUDA (``-ra`` prints why)."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu: CUDA is not available here (torch.cuda.is_available() is "
+                                   "False); run on a machine with a GPU and a CUDA build of torch")
+    for item in marked:
+        item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def no_leftover_workers():
     """Fail the module if it leaves a worker process behind (and end it by pid)."""

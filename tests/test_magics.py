@@ -208,14 +208,14 @@ def test_rpc_status_table(ip, started):
     def rows():
         text = repr(ip.run_line_magic("rpc_status", ""))
         header, *lines = text.splitlines()
-        assert header.split() == ["name", "rank", "host", "pid", "state", "busy", "owned_rrefs"]
+        assert header.split() == ["name", "rank", "host", "pid", "state", "devices", "busy", "owned_rrefs"]
         return {cells[0]: cells for cells in (line.split() for line in lines)}
 
     before = rows()
-    assert before["master"][1:5] == ["0", started.workers[0].host, str(os.getpid()), "driver"]
+    assert before["master"][1:6] == ["0", started.workers[0].host, str(os.getpid()), "driver", "cpu"]
     for w in started.workers:
         row = before[w.name]
-        assert row[1:6] == [str(w.rank), w.host, str(w.pid), "running", "0"]
+        assert row[1:7] == [str(w.rank), w.host, str(w.pid), "running", "cpu", "0"]
         assert w.rank == rpc.get_worker_info(w.name).id > 0
         assert pid_alive(int(row[3]))
     assert set(before) == {"master", "worker1", "worker2"}
@@ -223,7 +223,7 @@ def test_rpc_status_table(ip, started):
     held = rpc.remote("worker2", torch.add, args=(torch.zeros(3), 1))
     held.to_here()
     after = rows()
-    assert int(after["worker2"][6]) == int(before["worker2"][6]) + 1
+    assert int(after["worker2"][7]) == int(before["worker2"][7]) + 1
 
     html = ip.run_line_magic("rpc_status", "")._repr_html_()
     assert html.startswith('<table class="nbrpc-status">') and html.endswith("</table>")
@@ -242,6 +242,26 @@ def test_rpc_init_help(ip, capsys):
     shown = capsys.readouterr().out
     assert "--threads THREADS" in shown and "TensorPipe worker threads" in shown
     assert "worker name, comma-separated names (a,b), or all" in RpcMagics.rpc_on.__doc__
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("line, says", [
+    ("-n 2 --gpus", "--gpus needs CUDA"),
+    ('-n 2 --device-map "worker1=0:1"', "a device map needs CUDA"),
+    ('-n 2 --device-map "worker9=0:1"', "names 'worker9', which is not a member of this cluster"),
+    ("-n 2 --device-map worker1=0", "cannot read '0' in device map 'worker1=0'"),
+    ('-n 2 --device-map "worker1=0:1,1:1"', "sends both cuda:0 and cuda:1 to cuda:1"),
+    # the flag repeats: the second map is read too
+    ('-n 2 --device-map "worker1=0:1" --device-map "worker2->ps=0:0"', "names 'ps'"),
+])
+def test_rpc_init_gpu_options_refused_here_before_anything_starts(ip, started, line, says):
+    from IPython.core.error import UsageError
+
+    running = nbrpc.current()
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("rpc_init", line)
+    assert str(info.value).startswith("%rpc_init: ") and says in str(info.value)
+    assert nbrpc.current() is running
 
 
 def test_rpc_shutdown_ends_workers(ip, started, capsys):

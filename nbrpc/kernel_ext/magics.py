@@ -31,6 +31,11 @@ def _unquoted(value: str) -> str:
     return parts[0] if len(parts) == 1 else value
 
 
+def _device_maps(values: list[str] | None) -> str | None:
+    """Every ``--device-map`` as one text map (``devices.parse_device_maps`` reads it)."""
+    return ";".join(_unquoted(v) for v in values) if values else None
+
+
 def _running() -> cluster_mod.Cluster:
     cluster = cluster_mod.current()
     if cluster is None:
@@ -54,6 +59,11 @@ class RpcMagics(Magics):
     @argument("--bind", default=None, help="address or interface that reaches the workers (--attach, --hosts)")
     @argument("--port", type=int, default=0, help="port the driver listens on for joining workers (default: free)")
     @argument("--ssh", default="ssh", help='ssh command for --hosts, e.g. "ssh -F my_config"')
+    @argument("--gpus", action="store_true",
+              help="one GPU per worker (round-robin, this kernel on cuda:0), device maps between all pairs")
+    @argument("--device-map", action="append", default=None, metavar="MAP",
+              help='[SOURCE->]TARGET=FROM:TO[,FROM:TO]; repeat the flag or join maps with ";", '
+                   'e.g. "worker1=0:1" or "worker1=0:1;worker1->worker2=1:0"')
     @line_cell_magic
     def rpc_init(self, line: str, cell: str | None = None):
         """Start worker kernels and join them with this kernel in one torch RPC group.
@@ -67,6 +77,7 @@ class RpcMagics(Magics):
                 timeout=args.timeout, startup_timeout=args.startup_timeout,
                 progress=start_progress(), track=not args.no_track,
                 attach=args.attach, hosts=args.hosts, bind=args.bind, port=args.port, ssh=_unquoted(args.ssh),
+                gpus=args.gpus, device_maps=_device_maps(args.device_map),
             )
         except ValueError as e:
             raise UsageError(f"%rpc_init: {e}") from e
@@ -85,7 +96,7 @@ class RpcMagics(Magics):
 
     @line_magic
     def rpc_status(self, line: str = ""):
-        """Show every member: name, rank, host, pid, state, busy threads, owned RRefs."""
+        """Show every member: name, rank, host, pid, state, devices, busy threads, owned RRefs."""
         if line.strip():
             raise UsageError("%rpc_status takes no arguments")
         return StatusTable(_running().status())
