@@ -50,6 +50,15 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def pid_stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped (SIGSTOP, a debugger): it runs no code and answers nothing."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def start_time(pid: int) -> str | None:
     """When ``pid`` started (clock ticks since boot): with the pid, it names one process."""
     try:
@@ -66,6 +75,8 @@ def kill_pids(pids: list[int], grace: float = 3.0) -> None:
         for pid in alive:
             try:
                 os.kill(pid, sig)
+                if sig == signal.SIGTERM and pid_stopped(pid):
+                    os.kill(pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once resumed
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait

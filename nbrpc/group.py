@@ -18,6 +18,7 @@ import datetime
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch.distributed as dist
 import torch.distributed.autograd as dist_autograd
@@ -61,11 +62,25 @@ class DriverGroup:
             for name, rank in workers.items():
                 listed = listed.replace(f"{name}-{rank},", "")
             members.set(NAMES, listed)
-        if members.check([TOKEN]):
-            holder = members.get(TOKEN).decode()
-            if holder in {f"Token_for_{name}_join" for name in workers}:
-                members.set(TOKEN, "")
-                members.set(holder, "Done")
+        release_token(members, workers)
+
+
+def release_token(members: dist.Store, workers: Iterable[str]) -> None:
+    """Free torch's join/leave lock if one of ``workers`` died holding it.
+
+    torch's ``_group_membership_management`` takes the lock as ``Token_for_NAME_join``
+    or ``Token_for_NAME_leave``, and the next joiner waits for that key to read
+    ``Done``. A worker killed mid-join, or mid-leave (its graceful leave calls every
+    other member and blocks on one that is frozen), never releases it; what it would
+    have written is written here, so the next cluster can join.
+    """
+    if not members.check([TOKEN]):
+        return
+    holder = members.get(TOKEN).decode()
+    held_by_them = {f"Token_for_{name}_{step}" for name in workers for step in ("join", "leave")}
+    if holder in held_by_them:
+        members.set(TOKEN, "")
+        members.set(holder, "Done")
 
 
 _driver: DriverGroup | None = None
@@ -109,6 +124,11 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         )
     rpc._set_rpc_timeout(timeout)
     return _driver
+
+
+def driver_name() -> str | None:
+    """The RPC name this process joined with as the driver, or None before its first cluster."""
+    return _driver.name if _driver is not None else None
 
 
 def drop_member(name: str) -> None:

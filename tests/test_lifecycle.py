@@ -501,3 +501,78 @@ def test_tracking_off_and_on_again(clusters, pids):
     assert [r["summary"] for r in nbrpc.rref_snapshot()["rrefs"]] == ["Tensor[2] float32"]
     assert rpc.rpc_sync("worker1", rrefs.is_tracking) is True
     del held
+
+
+# -- a frozen worker at shutdown, the driver's name across clusters ---------------------
+
+
+def test_frozen_worker_at_shutdown_leaves_the_group_usable(clusters, pids):
+    cluster = clusters(timeout=5)
+    w1, w2 = _start(cluster, pids)
+    os.kill(w2, signal.SIGSTOP)
+    # worker1's graceful leave takes torch's membership lock, then blocks on the
+    # frozen worker2: it is killed holding the lock.
+    cluster.worker("worker1").client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True)
+    members = torch.distributed.PrefixStore(cluster._driver.prefix, cluster._driver.store)
+    deadline = time.monotonic() + 30
+    while not (members.check([nbrpc.group.TOKEN]) and members.get(nbrpc.group.TOKEN)):
+        assert time.monotonic() < deadline, "worker1 never took the membership lock"
+        time.sleep(0.05)
+    assert members.get(nbrpc.group.TOKEN) == b"Token_for_worker1_leave"
+
+    began = time.monotonic()
+    cluster.shutdown()
+    assert time.monotonic() - began < SHUTDOWN_LIMIT
+    _assert_ended(cluster, [w1, w2])
+    assert members.get(nbrpc.group.TOKEN) == b""
+    _start_works_after(clusters, pids)
+
+
+def test_frozen_worker_is_not_waited_for(clusters, pids):
+    cluster = clusters(timeout=5)
+    w1, w2 = _start(cluster, pids)
+    os.kill(w2, signal.SIGSTOP)
+    cluster.shutdown()
+    _assert_ended(cluster, [w1, w2])
+    _start_works_after(clusters, pids)
+
+
+DRIVER_NAMED_THEN_DEFAULT = """
+import contextlib, io, json, os
+import torch.distributed.rpc as rpc
+from IPython.testing.globalipapp import start_ipython
+import nbrpc
+
+ip = start_ipython()
+ip.run_line_magic("load_ext", "nbrpc")
+ip.run_line_magic("rpc_init", "--names p1,p2 --driver-name p0")
+ip.run_line_magic("rpc_shutdown", "")
+said = io.StringIO()
+with contextlib.redirect_stderr(said):
+    ip.run_line_magic("rpc_init", "-n 2")
+cluster = nbrpc.current()
+print(json.dumps({"pids": [w.pid for w in cluster.workers]}), flush=True)
+print(json.dumps({"driver": cluster.driver_name, "said": said.getvalue(),
+                  "me": rpc.get_worker_info().name,
+                  "seen": rpc.rpc_sync("worker1", rpc.get_worker_info, args=("p0",)).name}), flush=True)
+ip.run_line_magic("rpc_shutdown", "")
+try:
+    nbrpc.Cluster(1, driver_name="other", progress=None).start()
+except ValueError as e:
+    print(json.dumps({"refused": str(e)}), flush=True)
+print(json.dumps({"current": repr(nbrpc.current())}), flush=True)
+"""
+
+
+def test_default_driver_name_keeps_the_name_of_an_earlier_cluster(drivers):
+    driver = drivers(DRIVER_NAMED_THEN_DEFAULT)
+    workers = driver.worker_pids()
+    record = driver.expect("driver", 60)
+    assert record["driver"] == record["me"] == record["seen"] == "p0"
+    assert "p0 + worker1, worker2 up in" in record["said"]
+    assert "'p0' kept from an earlier cluster" in record["said"]
+    refused = driver.expect("refused", SHUTDOWN_LIMIT)["refused"]
+    assert "joined RPC as 'p0'" in refused and "--driver-name p0" in refused
+    assert driver.expect("current", 30)["current"] == "None"
+    assert driver.proc.wait(timeout=30) == 0
+    assert not wait_gone(workers, timeout=5)
