@@ -261,7 +261,7 @@ class Cluster:
             if w.name in futures:
                 try:
                     counts = futures[w.name].wait()
-                except RuntimeError:
+                except (RuntimeError, TimeoutError):
                     counts = _no_counts()
             rows.append(dict(name=w.name, rank=w.rank, host=w.host, pid=w.pid, state=w.state, **counts))
         return rows
