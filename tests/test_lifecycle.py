@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -408,6 +409,33 @@ def test_worker_killed(clusters, pids, shell):
     assert time.monotonic() - began < SHUTDOWN_LIMIT
     assert not wait_gone([w1, w2], timeout=0.5)
     assert nbrpc.current() is None
+
+
+def test_dead_worker_is_named_by_futures_remote_and_to_here(clusters, pids):
+    cluster = clusters(timeout=30)
+    w1, w2 = _start(cluster, pids)
+    try:
+        waiting = rpc.rpc_async("worker2", time.sleep, args=(60,))
+        pending = rpc.remote("worker2", time.sleep, args=(60,))
+        killer = threading.Timer(1.0, os.kill, args=(w2, signal.SIGKILL))
+        killer.start()
+        dead = f"worker 'worker2' (pid {w2}) was killed by signal 9"
+        with pytest.raises(nbrpc.WorkerDiedError, match=r"rpc_async\('worker2', sleep\) failed") as info:
+            waiting.wait()
+        killer.join()
+        assert dead in str(info.value)
+        with pytest.raises(nbrpc.WorkerDiedError, match="to_here.. of an RRef owned by 'worker2'") as info:
+            pending.to_here()
+        assert dead in str(info.value)
+        with pytest.raises(nbrpc.WorkerDiedError, match=re.escape(dead)):
+            rpc.remote("worker2", os.getpid).to_here()
+        with pytest.raises(nbrpc.WorkerDiedError, match=re.escape(dead)):
+            rpc.rpc_async("worker2", os.getpid).wait()
+        assert rpc.rpc_async("worker1", os.getpid).wait() == w1
+        assert rpc.remote("worker1", os.getpid).to_here() == w1
+    finally:
+        cluster.shutdown()
+    assert not wait_gone([w1, w2])
 
 
 # -- workers that cannot start --------------------------------------------------------
