@@ -140,3 +140,14 @@ def muted_stderr():
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def process_usage(pid: int | str = "self") -> dict:
+    """Open descriptors, resident memory (MB) and threads of a process, from /proc."""
+    status = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            status[key] = value.split()
+    return {"descriptors": len(os.listdir(f"/proc/{pid}/fd")),
+            "rss_mb": int(status["VmRSS"][0]) / 1024, "threads": int(status["Threads"][0])}

@@ -27,7 +27,7 @@ import torch.distributed.rpc as rpc
 from jupyter_client import KernelManager
 
 import nbrpc
-from nbrpc._util import pid_alive
+from nbrpc._util import pid_alive, process_usage
 
 from conftest import Pids, wait_gone
 
@@ -604,3 +604,19 @@ def test_default_driver_name_keeps_the_name_of_an_earlier_cluster(drivers):
     assert driver.expect("current", 30)["current"] == "None"
     assert driver.proc.wait(timeout=30) == 0
     assert not wait_gone(workers, timeout=5)
+
+
+def test_repeated_clusters_keep_the_driver_bounded(clusters, pids):
+    """A leak check, not a timing check: what the driver keeps per cluster stays small
+    (torch keeps 4 sockets per worker it called; ``make bench`` measures 20 cycles)."""
+    usage = []
+    for _ in range(4):
+        cluster = clusters()
+        worker_pids = _start(cluster, pids)
+        assert rpc.rpc_sync("worker1", os.getpid) == worker_pids[0]
+        cluster.shutdown()
+        usage.append(process_usage())
+    first, last = usage[0], usage[-1]
+    assert last["descriptors"] - first["descriptors"] <= 3 * 12
+    assert last["rss_mb"] - first["rss_mb"] <= 3 * 30
+    assert last["threads"] - first["threads"] <= 2
