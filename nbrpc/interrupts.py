@@ -53,6 +53,8 @@ class Stoppable:
 
     def __init__(self, func: Callable, call_id: str):
         self.func, self.call_id = func, call_id
+        # torch's RPC profiler names the call by the function it is given.
+        self.__qualname__ = _what(func)
 
     def __call__(self, *args, **kwargs):
         me = threading.get_ident()
