@@ -9,7 +9,6 @@ The driver runs in a fresh child process, so nothing else this run did counts.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
