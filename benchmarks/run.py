@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+import cycles
 import processes
 import timing
 
@@ -53,6 +54,8 @@ def main() -> int:
     print(render_breakdown(breakdown))
     write_report(rows, breakdown, calls, startup, _elapsed())
     print(f"\nwrote {REPORT} ({_elapsed():.0f} s)")
+    progress(f"cluster cycles, {cycles.CYCLES}")
+    cycles.main()
     return 0
 
 

@@ -69,6 +69,15 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def pid_stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped (SIGSTOP, a debugger): it runs no code and answers nothing."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def start_time(pid: int) -> str | None:
     """When ``pid`` started (clock ticks since boot): with the pid, it names one process."""
     try:
@@ -85,6 +94,8 @@ def kill_pids(pids: list[int], grace: float = 3.0) -> None:
         for pid in alive:
             try:
                 os.kill(pid, sig)
+                if sig == signal.SIGTERM and pid_stopped(pid):
+                    os.kill(pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once resumed
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait
@@ -148,3 +159,14 @@ def muted_stderr():
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def process_usage(pid: int | str = "self") -> dict:
+    """Open descriptors, resident memory (MB) and threads of a process, from /proc."""
+    status = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            status[key] = value.split()
+    return {"descriptors": len(os.listdir(f"/proc/{pid}/fd")),
+            "rss_mb": int(status["VmRSS"][0]) / 1024, "threads": int(status["Threads"][0])}

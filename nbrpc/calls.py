@@ -1,6 +1,6 @@
 """Make torch's blocking RPC calls behave in an interactive session.
 
-Two wrappers, installed in every member by ``group.join``:
+Wrappers, installed in every member by ``group.join``:
 
 - ``api._to_worker_info`` (every ``rpc_sync``, ``rpc_async`` and ``remote`` resolves
   its destination through it): an unknown name raises ``UnknownWorkerError``
@@ -8,7 +8,12 @@ Two wrappers, installed in every member by ``group.join``:
 - ``rpc.rpc_sync``: waits on the main thread in a way Ctrl-C (the notebook's stop
   button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
-  could not pickle and in failures of workers whose process has ended.
+  could not pickle and in failures of workers whose process has ended. An
+  interrupted call is stopped on its worker too (see ``interrupts``).
+- ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
+- ``remote`` and ``PyRRef.to_here`` (installed under ``rrefs``' tracking hooks):
+  the same named failures; ``to_here`` on the main thread can be interrupted
+  (the waiting stops; the function that built the RRef's value is not stopped).
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+import torch
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 from torch.distributed.rpc.internal import RPCExecMode
 
-from . import remote_errors
+from . import interrupts, remote_errors
 from .errors import (
     NoClusterError,
     RpcTimeoutError,
@@ -32,6 +38,8 @@ from .errors import (
 
 _torch_to_worker_info = api._to_worker_info
 _torch_rpc_sync = api.rpc_sync
+_torch_remote = api.remote
+_torch_to_here = rpc.PyRRef.to_here
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
@@ -43,6 +51,7 @@ def install() -> None:
     """Put the wrappers in place (idempotent)."""
     api._to_worker_info = _to_worker_info
     api.rpc_sync = rpc.rpc_sync = rpc_sync
+    api.rpc_async = rpc.rpc_async = rpc_async
 
 
 def _to_worker_info(to):
@@ -65,38 +74,169 @@ def _to_worker_info(to):
 
 @api._require_initialized
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
-    """``torch.distributed.rpc.rpc_sync``, interruptible and with named failures."""
-    fut = api._invoke_rpc(to, func, RPCExecMode.SYNC, args, kwargs, timeout)
+    """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
+    worker too) and with named failures."""
+    fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout)
     try:
         if not fut.done() and threading.current_thread() is threading.main_thread():
             done = threading.Event()
             fut.add_done_callback(lambda _: done.set())
-            while not done.wait(FATE_POLL):
-                # A worker whose link went silent never answers, and torch would
-                # wait out the whole RPC timeout to say so.
-                name = to if isinstance(to, str) else getattr(to, "name", None)
-                if name is not None and worker_fate(name):
-                    raise RuntimeError("no reply: the worker is gone")
+            _await(done, to)
         return fut.wait()
     except RuntimeError as e:
-        named = _named(e, to, func, timeout)
+        named = _named(e, to, _label("rpc_sync", to, func), timeout)
+        if named is e:
+            raise
+        raise named from e
+    except KeyboardInterrupt:
+        raise _stopped(to, _label("rpc_sync", to, func), call_id) from None
+
+
+@api._require_initialized
+def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+    """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
+    fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout)
+    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id)
+    if hasattr(api._thread_local_var, "future_list"):  # inside torch's _wait_all()
+        api._thread_local_var.future_list.append(named)
+    return named
+
+
+class NamedFuture(torch.futures.Future):
+    """What ``rpc_async`` returns: ``wait()`` names failures as ``rpc_sync`` does and,
+    on the main thread, can be interrupted, which stops the call on its worker too.
+
+    Futures made from it (``then``) and ``value()`` keep torch's own errors.
+    """
+
+    def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None):
+        super().__init__()
+        self._call = (to, label, timeout, call_id)
+        fut.add_done_callback(self._settle)
+
+    def _settle(self, fut: torch.futures.Future) -> None:
+        try:
+            self.set_result(fut.value())
+        except Exception as e:
+            self.set_exception(e)
+
+    def wait(self):
+        to, label, timeout, call_id = self._call
+        try:
+            if not self.done() and threading.current_thread() is threading.main_thread():
+                done = threading.Event()
+                self.add_done_callback(lambda _: done.set())
+                _await(done, to)
+            return super().wait()
+        except RuntimeError as e:
+            named = _named(e, to, label, timeout)
+            if named is e:
+                raise
+            raise named from e
+        except KeyboardInterrupt:
+            raise _stopped(to, label, call_id) from None
+
+
+def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+    """``torch.distributed.rpc.remote`` with named failures."""
+    try:
+        return _torch_remote(to, func, args, kwargs, timeout)
+    except RuntimeError as e:
+        named = _named(e, to, _label("remote", to, func), timeout)
         if named is e:
             raise
         raise named from e
 
 
-def _named(error: RuntimeError, to, func, timeout: float) -> Exception:
+def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
+    """``PyRRef.to_here`` with named failures; on the main thread it can be interrupted."""
+    if rref.is_owner():
+        return _torch_to_here(rref, timeout)
+    owner = rref.owner_name()
+    try:
+        if threading.current_thread() is threading.main_thread():
+            return _in_background(lambda: _torch_to_here(rref, timeout), owner)
+        return _torch_to_here(rref, timeout)
+    except RuntimeError as e:
+        named = _named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout)
+        if named is e:
+            raise
+        raise named from e
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"to_here() of an RRef owned by {owner!r} was interrupted; only the waiting "
+            "stopped (the fetch ends in the background)") from None
+
+
+def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
+    """Send the call: a Python function goes with a new call id, so that an interrupt
+    can stop it. Returns torch's future and the call id (None: cannot be stopped)."""
+    if not interrupts.can_stop(func):
+        return api._invoke_rpc(to, func, mode, args, kwargs, timeout), None
+    sent = interrupts.Stoppable(func, interrupts.new_call_id())
+    try:
+        return api._invoke_rpc(to, sent, mode, args, kwargs, timeout), sent.call_id
+    except SerializationError:
+        # Sent bare, the error names the function or argument that does not pickle.
+        return api._invoke_rpc(to, func, mode, args, kwargs, timeout), None
+
+
+def _label(how: str, to, func) -> str:
+    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    return f"{how}({name!r}, {getattr(func, '__qualname__', repr(func))})"
+
+
+def _await(done: threading.Event, to) -> None:
+    """Wait for ``done`` in steps Ctrl-C can interrupt, giving up if the worker is gone."""
+    name = to if isinstance(to, str) else getattr(to, "name", None)
+    while not done.wait(FATE_POLL):
+        # A worker whose link went silent never answers, and torch would
+        # wait out the whole RPC timeout to say so.
+        if name is not None and worker_fate(name):
+            raise RuntimeError("no reply: the worker is gone")
+
+
+def _in_background(call: Callable, to):
+    """``call()`` on a helper thread while this one waits interruptibly."""
+    outcome: dict = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as e:  # handed over to the waiting thread
+            outcome["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="nbrpc-wait", daemon=True).start()
+    _await(done, to)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:
+    """The error for an interrupted call, after asking its worker to stop it."""
+    if call_id is None:
+        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped")
+    interrupts.send_stop(to, call_id)
+    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too")
+
+
+def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
     """Return a clearer error for a dead worker or a timeout, the remote exception
-    itself where it was of a class torch could not keep, else ``error`` itself."""
+    itself where it was of a class torch could not keep, else ``error`` itself;
+    ``label`` names the call (``rpc_sync('worker1', f)``)."""
     original = remote_errors.original(error)
     if original is not None:
         return original
     name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    what = getattr(func, "__qualname__", repr(func))
     fate = worker_fate(name)
     if fate:
         msg = (
-            f"rpc_sync({name!r}, {what}) failed: worker {name!r} {fate}. Its state is "
+            f"{label} failed: worker {name!r} {fate}. Its state is "
             "lost; the other workers keep running. Start a new cluster (%rpc_shutdown, "
             f"then %rpc_init) to get {name!r} back. Torch said: {error}"
         )
@@ -106,12 +246,12 @@ def _named(error: RuntimeError, to, func, timeout: float) -> Exception:
         # The worker could not pickle its reply; torch hands back only the text,
         # followed by its C++ stack.
         reason = text.split("\n\nAt:", 1)[0].split(": ", 1)[1]
-        msg = f"rpc_sync({name!r}, {what}) ran on {name!r} but its reply could not be sent: {reason}"
+        msg = f"{label} ran on {name!r} but its reply could not be sent: {reason}"
         return SerializationError(msg)
     if "RPC ran for more than set timeout" in text:
         seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
         msg = (
-            f"rpc_sync({name!r}, {what}) got no answer within {seconds:g} s (it may still "
+            f"{label} got no answer within {seconds:g} s (it may still "
             "be running there). Pass timeout=SECONDS to the call, or start the cluster "
             "with a longer default (%rpc_init --timeout SECONDS)."
         )
@@ -134,6 +274,6 @@ def ask_members(func: Callable, args: tuple = (), timeout: float = 5.0,
     for fut in futures:
         try:
             answers.append(fut.wait())
-        except RuntimeError:
+        except (RuntimeError, TimeoutError):
             pass
     return answers

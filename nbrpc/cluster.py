@@ -63,7 +63,8 @@ class Cluster:
     names
         Worker names instead of ``n``.
     driver_name
-        The RPC name of this process.
+        The RPC name of this process (default: the name it took for an earlier
+        cluster, which it keeps until it exits, else ``master``).
     threads
         TensorPipe worker threads per member (``num_worker_threads``).
     timeout
@@ -95,7 +96,7 @@ class Cluster:
         n: int | None = None,
         *,
         names: Iterable[str] | None = None,
-        driver_name: str = "master",
+        driver_name: str | None = None,
         threads: int = 16,
         timeout: float = 60.0,
         startup_timeout: float = 60.0,
@@ -111,6 +112,9 @@ class Cluster:
         gpus: bool = False,
         device_maps: dict | str | None = None,
     ):
+        # torch binds RRefs to the first agent, so the driver keeps its first name.
+        self._kept_name = driver_name is None and group.driver_name() is not None
+        driver_name = driver_name if driver_name is not None else group.driver_name() or "master"
         self._remote = _remote(n, names, driver_name, attach, bind, port, hosts, ssh, python)
         worker_names = [] if self._remote else _worker_names(n, names)
         if not self._remote:
@@ -162,8 +166,9 @@ class Cluster:
             self._abort()
             raise
         self.state = "running"
+        kept = f" ({self.driver_name!r} kept from an earlier cluster)" if self._kept_name else ""
         self.progress(len(self._workers), len(self._workers),
-                      f"{self._summary()} up in {time.monotonic() - began:.1f} s")
+                      f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}")
         return self
 
     def shutdown(self) -> None:
@@ -174,7 +179,8 @@ class Cluster:
         atexit.unregister(self.shutdown)
         if self._remote:
             self._remote.close()
-        everyone_alive = all(w.alive() for w in self._workers) and self.state == "running"
+        # A frozen (stopped) worker would hold up every graceful leave until timeout.
+        everyone_alive = all(w.alive() and not w.stopped() for w in self._workers) and self.state == "running"
         self.state = "stopping"  # live widgets stop refreshing now, not mid-leave
         try:
             with muted_stderr():
@@ -262,7 +268,7 @@ class Cluster:
             if w.name in futures:
                 try:
                     counts = futures[w.name].wait()
-                except RuntimeError:
+                except (RuntimeError, TimeoutError):
                     counts = _no_counts()
             rows.append(dict(name=w.name, rank=w.rank, host=w.host, pid=w.pid, state=w.state,
                              devices=self._devices_label(w.name), **counts))

@@ -19,6 +19,7 @@ import os
 import secrets
 import uuid
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch.distributed as dist
 import torch.distributed.autograd as dist_autograd
@@ -65,11 +66,25 @@ class DriverGroup:
             for name, rank in workers.items():
                 listed = listed.replace(f"{name}-{rank},", "")
             members.set(NAMES, listed)
-        if members.check([TOKEN]):
-            holder = members.get(TOKEN).decode()
-            if holder in {f"Token_for_{name}_join" for name in workers}:
-                members.set(TOKEN, "")
-                members.set(holder, "Done")
+        release_token(members, workers)
+
+
+def release_token(members: dist.Store, workers: Iterable[str]) -> None:
+    """Free torch's join/leave lock if one of ``workers`` died holding it.
+
+    torch's ``_group_membership_management`` takes the lock as ``Token_for_NAME_join``
+    or ``Token_for_NAME_leave``, and the next joiner waits for that key to read
+    ``Done``. A worker killed mid-join, or mid-leave (its graceful leave calls every
+    other member and blocks on one that is frozen), never releases it; what it would
+    have written is written here, so the next cluster can join.
+    """
+    if not members.check([TOKEN]):
+        return
+    holder = members.get(TOKEN).decode()
+    held_by_them = {f"Token_for_{name}_{step}" for name in workers for step in ("join", "leave")}
+    if holder in held_by_them:
+        members.set(TOKEN, "")
+        members.set(holder, "Done")
 
 
 _driver: DriverGroup | None = None
@@ -136,6 +151,11 @@ def check_placement(placement: devices.Placement | None) -> None:
     """Refuse devices or maps that this process's driver agent, if it has joined, lacks."""
     if _driver is not None and placement:
         devices.check_driver(_driver.placement, placement)
+
+
+def driver_name() -> str | None:
+    """The RPC name this process joined with as the driver, or None before its first cluster."""
+    return _driver.name if _driver is not None else None
 
 
 def drop_member(name: str) -> None:

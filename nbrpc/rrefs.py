@@ -49,9 +49,9 @@ _ID = re.compile(r"created_on=(\d+), local_id=(\d+)")
 _LIBRARY_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
 
-_torch_remote = api.remote
+_torch_remote = calls.remote  # torch's, naming its failures
 _torch_init = PyRRef.__init__
-_torch_to_here = PyRRef.to_here
+_torch_to_here = calls.to_here  # torch's, named and interruptible
 
 
 @dataclass
@@ -282,7 +282,7 @@ def _fill_summaries(timeout: float) -> None:
     for fut, pairs in futures:
         try:
             values = fut.wait()
-        except RuntimeError:
+        except (RuntimeError, TimeoutError):
             continue  # the owner is gone or busy; the summary stays unknown
         for (held, _), (type_name, summary, size) in zip(pairs, values):
             held.type, held.summary, held.size = type_name, summary, size

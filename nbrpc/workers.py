@@ -17,7 +17,7 @@ from typing import ClassVar
 from jupyter_client import BlockingKernelClient
 from jupyter_client.launcher import launch_kernel
 
-from ._util import LOOPBACK, kill_pids, pid_alive
+from ._util import LOOPBACK, kill_pids, pid_alive, pid_stopped
 
 # Large tensors land in huge pages: a 100 MB RPC round trip gets several times faster
 # (fewer page faults on fresh receive buffers). torch reads this once, at start.
@@ -42,6 +42,10 @@ class Worker:
 
     def alive(self) -> bool:
         return self.pid is not None and pid_alive(self.pid)
+
+    def stopped(self) -> bool:
+        """True while the process is frozen (SIGSTOP): alive, but it answers nothing."""
+        return not self.remote and self.pid is not None and pid_stopped(self.pid)
 
     def interrupt(self) -> None:
         """Interrupt the code the kernel is running (what the stop button does)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -26,7 +27,7 @@ import torch.distributed.rpc as rpc
 from jupyter_client import KernelManager
 
 import nbrpc
-from nbrpc._util import pid_alive
+from nbrpc._util import pid_alive, process_usage
 
 from conftest import Pids, wait_gone
 
@@ -443,6 +444,33 @@ def test_worker_killed(clusters, pids, shell):
     assert nbrpc.current() is None
 
 
+def test_dead_worker_is_named_by_futures_remote_and_to_here(clusters, pids):
+    cluster = clusters(timeout=30)
+    w1, w2 = _start(cluster, pids)
+    try:
+        waiting = rpc.rpc_async("worker2", time.sleep, args=(60,))
+        pending = rpc.remote("worker2", time.sleep, args=(60,))
+        killer = threading.Timer(1.0, os.kill, args=(w2, signal.SIGKILL))
+        killer.start()
+        dead = f"worker 'worker2' (pid {w2}) was killed by signal 9"
+        with pytest.raises(nbrpc.WorkerDiedError, match=r"rpc_async\('worker2', sleep\) failed") as info:
+            waiting.wait()
+        killer.join()
+        assert dead in str(info.value)
+        with pytest.raises(nbrpc.WorkerDiedError, match="to_here.. of an RRef owned by 'worker2'") as info:
+            pending.to_here()
+        assert dead in str(info.value)
+        with pytest.raises(nbrpc.WorkerDiedError, match=re.escape(dead)):
+            rpc.remote("worker2", os.getpid).to_here()
+        with pytest.raises(nbrpc.WorkerDiedError, match=re.escape(dead)):
+            rpc.rpc_async("worker2", os.getpid).wait()
+        assert rpc.rpc_async("worker1", os.getpid).wait() == w1
+        assert rpc.remote("worker1", os.getpid).to_here() == w1
+    finally:
+        cluster.shutdown()
+    assert not wait_gone([w1, w2])
+
+
 # -- workers that cannot start --------------------------------------------------------
 
 BROKEN_TORCH = 'raise ImportError("nbrpc-test-marker: this torch is broken")\n'
@@ -544,3 +572,94 @@ def test_tracking_off_and_on_again(clusters, pids):
     assert [r["summary"] for r in nbrpc.rref_snapshot()["rrefs"]] == ["Tensor[2] float32"]
     assert rpc.rpc_sync("worker1", rrefs.is_tracking) is True
     del held
+
+
+# -- a frozen worker at shutdown, the driver's name across clusters ---------------------
+
+
+def test_frozen_worker_at_shutdown_leaves_the_group_usable(clusters, pids):
+    cluster = clusters(timeout=5)
+    w1, w2 = _start(cluster, pids)
+    os.kill(w2, signal.SIGSTOP)
+    # worker1's graceful leave takes torch's membership lock, then blocks on the
+    # frozen worker2: it is killed holding the lock.
+    cluster.worker("worker1").client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True)
+    members = torch.distributed.PrefixStore(cluster._driver.prefix, cluster._driver.store)
+    deadline = time.monotonic() + 30
+    while not (members.check([nbrpc.group.TOKEN]) and members.get(nbrpc.group.TOKEN)):
+        assert time.monotonic() < deadline, "worker1 never took the membership lock"
+        time.sleep(0.05)
+    assert members.get(nbrpc.group.TOKEN) == b"Token_for_worker1_leave"
+
+    began = time.monotonic()
+    cluster.shutdown()
+    assert time.monotonic() - began < SHUTDOWN_LIMIT
+    _assert_ended(cluster, [w1, w2])
+    assert members.get(nbrpc.group.TOKEN) == b""
+    _start_works_after(clusters, pids)
+
+
+def test_frozen_worker_is_not_waited_for(clusters, pids):
+    cluster = clusters(timeout=5)
+    w1, w2 = _start(cluster, pids)
+    os.kill(w2, signal.SIGSTOP)
+    cluster.shutdown()
+    _assert_ended(cluster, [w1, w2])
+    _start_works_after(clusters, pids)
+
+
+DRIVER_NAMED_THEN_DEFAULT = """
+import contextlib, io, json, os
+import torch.distributed.rpc as rpc
+from IPython.testing.globalipapp import start_ipython
+import nbrpc
+
+ip = start_ipython()
+ip.run_line_magic("load_ext", "nbrpc")
+ip.run_line_magic("rpc_init", "--names p1,p2 --driver-name p0")
+ip.run_line_magic("rpc_shutdown", "")
+said = io.StringIO()
+with contextlib.redirect_stderr(said):
+    ip.run_line_magic("rpc_init", "-n 2")
+cluster = nbrpc.current()
+print(json.dumps({"pids": [w.pid for w in cluster.workers]}), flush=True)
+print(json.dumps({"driver": cluster.driver_name, "said": said.getvalue(),
+                  "me": rpc.get_worker_info().name,
+                  "seen": rpc.rpc_sync("worker1", rpc.get_worker_info, args=("p0",)).name}), flush=True)
+ip.run_line_magic("rpc_shutdown", "")
+try:
+    nbrpc.Cluster(1, driver_name="other", progress=None).start()
+except ValueError as e:
+    print(json.dumps({"refused": str(e)}), flush=True)
+print(json.dumps({"current": repr(nbrpc.current())}), flush=True)
+"""
+
+
+def test_default_driver_name_keeps_the_name_of_an_earlier_cluster(drivers):
+    driver = drivers(DRIVER_NAMED_THEN_DEFAULT)
+    workers = driver.worker_pids()
+    record = driver.expect("driver", 60)
+    assert record["driver"] == record["me"] == record["seen"] == "p0"
+    assert "p0 + worker1, worker2 up in" in record["said"]
+    assert "'p0' kept from an earlier cluster" in record["said"]
+    refused = driver.expect("refused", SHUTDOWN_LIMIT)["refused"]
+    assert "joined RPC as 'p0'" in refused and "--driver-name p0" in refused
+    assert driver.expect("current", 30)["current"] == "None"
+    assert driver.proc.wait(timeout=30) == 0
+    assert not wait_gone(workers, timeout=5)
+
+
+def test_repeated_clusters_keep_the_driver_bounded(clusters, pids):
+    """A leak check, not a timing check: what the driver keeps per cluster stays small
+    (torch keeps 4 sockets per worker it called; ``make bench`` measures 20 cycles)."""
+    usage = []
+    for _ in range(4):
+        cluster = clusters()
+        worker_pids = _start(cluster, pids)
+        assert rpc.rpc_sync("worker1", os.getpid) == worker_pids[0]
+        cluster.shutdown()
+        usage.append(process_usage())
+    first, last = usage[0], usage[-1]
+    assert last["descriptors"] - first["descriptors"] <= 3 * 12
+    assert last["rss_mb"] - first["rss_mb"] <= 3 * 30
+    assert last["threads"] - first["threads"] <= 2

@@ -48,7 +48,8 @@ class RpcMagics(Magics):
     @magic_arguments()
     @argument("-n", type=int, default=None, help="number of workers, named worker1..workerN (default 2)")
     @argument("--names", default=None, help="comma-separated worker names, e.g. ps,trainer1,trainer2")
-    @argument("--driver-name", default="master", help="RPC name of this kernel (rank 0)")
+    @argument("--driver-name", default=None,
+              help="RPC name of this kernel (rank 0); default: the name it already has, else master")
     @argument("--threads", type=int, default=16, help="TensorPipe worker threads per member")
     @argument("--timeout", type=float, default=60.0, help="default RPC timeout in seconds")
     @argument("--startup-timeout", type=float, default=60.0, help="seconds to wait for workers to join")

@@ -1,0 +1,137 @@
+"""``rpc_async`` futures, ``remote`` and ``to_here`` name the worker as ``rpc_sync``
+does; Ctrl-C stops a waiting call, and stops ``rpc_sync``/``rpc_async`` calls on
+their worker too, leaving the worker healthy.
+
+The interrupt is a real SIGINT to this process while the main thread waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch.distributed.rpc as rpc
+
+import nbrpc
+
+# Worker-side code: the workers import this module (it is on their path), so
+# ``_loop`` runs there and records in the worker how each run ended.
+ended: list = []
+
+
+def _loop(seconds: float, tag: str) -> str:
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        ended.append((tag, "interrupted"))
+        raise
+    ended.append((tag, "finished"))
+    return tag
+
+
+def _ended() -> list:
+    return list(ended)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """worker1 and worker2, with this folder on their path."""
+    path = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    c = nbrpc.start(2, progress=None, timeout=30, env={"PYTHONPATH": path})
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture
+def stop_button():
+    """``press(after)``: SIGINT to this process (the stop button) while the main thread waits."""
+    timers = []
+
+    def press(after: float) -> None:
+        timers.append(threading.Timer(after, os.kill, args=(os.getpid(), signal.SIGINT)))
+        timers[-1].start()
+
+    yield press
+    for timer in timers:
+        timer.cancel()
+
+
+# -- named failures -------------------------------------------------------------------
+
+
+def test_timeouts_are_named(cluster):
+    with pytest.raises(nbrpc.RpcTimeoutError, match=r"rpc_async\('worker1', sleep\) got no answer within 0.5 s"):
+        rpc.rpc_async("worker1", time.sleep, args=(3,), timeout=0.5).wait()
+    rref = rpc.remote("worker1", time.sleep, args=(3,))
+    with pytest.raises(nbrpc.RpcTimeoutError, match=r"to_here\(\) of an RRef owned by 'worker1' got no answer"):
+        rref.to_here(timeout=0.5)
+
+
+def test_unsendable_replies_are_named(cluster):
+    with pytest.raises(nbrpc.SerializationError) as info:
+        rpc.rpc_async("worker2", threading.Lock).wait()
+    assert str(info.value).startswith("rpc_async('worker2', allocate_lock) ran on 'worker2' but its reply")
+    assert "cannot send the result (lock) over RPC" in str(info.value)
+
+    rref = rpc.remote("worker2", threading.Lock)  # the lock stays on worker2...
+    with pytest.raises(nbrpc.SerializationError) as info:
+        rref.to_here()  # ...and cannot travel
+    assert "to_here() of an RRef owned by 'worker2' ran on 'worker2'" in str(info.value)
+    assert "cannot send the result (lock)" in str(info.value)
+    assert "frame #" not in str(info.value)
+
+
+# -- the stop button --------------------------------------------------------------------
+
+
+def test_interrupted_rpc_sync_stops_the_call_on_the_worker(cluster, stop_button):
+    beside = rpc.rpc_async("worker1", _loop, args=(3, "beside"))
+    stop_button(1.0)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as info:
+        rpc.rpc_sync("worker1", _loop, args=(60, "stopped"))
+    assert time.monotonic() - began < 30
+    assert str(info.value) == "rpc_sync('worker1', _loop) was interrupted, and stopped on 'worker1' too"
+
+    # The concurrent call runs on to its end; only the interrupted one stopped.
+    assert beside.wait() == "beside"
+    ended = _wait_for_ended(("stopped", "interrupted"))
+    assert ("stopped", "interrupted") in ended and ("beside", "finished") in ended
+    assert ("stopped", "finished") not in ended
+    # The worker stays healthy: its RPC threads serve later calls.
+    assert rpc.rpc_sync("worker1", _loop, args=(0.1, "later")) == "later"
+    assert rpc.rpc_sync("worker1", pow, args=(2, 10)) == 1024
+
+
+def test_interrupted_future_wait_stops_the_call_on_the_worker(cluster, stop_button):
+    fut = rpc.rpc_async("worker1", _loop, args=(60, "async"))
+    stop_button(1.0)
+    with pytest.raises(KeyboardInterrupt, match=r"rpc_async\('worker1', _loop\) was interrupted, and stopped"):
+        fut.wait()
+    assert ("async", "interrupted") in _wait_for_ended(("async", "interrupted"))
+    assert rpc.rpc_async("worker1", _loop, args=(0.1, "after")).wait() == "after"
+
+
+def test_interrupted_to_here_stops_the_waiting(cluster, stop_button):
+    rref = rpc.remote("worker1", _loop, args=(3, "remote"))
+    stop_button(1.0)
+    with pytest.raises(KeyboardInterrupt, match="only the waiting stopped"):
+        rref.to_here()
+    # remote's function is not stopped: it ends, and its value can be fetched.
+    assert rref.to_here() == "remote"
+    assert ("remote", "finished") in rpc.rpc_sync("worker1", _ended)
+
+
+def _wait_for_ended(entry: tuple, timeout: float = 10.0) -> list:
+    """worker1's record of ended runs, once it has ``entry``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ended = [tuple(x) for x in rpc.rpc_sync("worker1", _ended)]
+        if entry in ended or time.monotonic() > deadline:
+            return ended
+        time.sleep(0.1)
