@@ -178,11 +178,14 @@ def lose_shard(n):
 def fail_oddly():
     raise NeedsTwoArguments(3, "odd")
 """)
-    with pytest.raises(ip.user_ns["ShardMissing"]) as info:
-        run(ip, 'rpc.rpc_sync("worker1", lose_shard, args=(7,))')
-    assert type(info.value) is ip.user_ns["ShardMissing"]  # the notebook's own class
-    assert "ShardMissing('shard 7 is gone')" in str(info.value)
-    assert ", in lose_shard" in str(info.value)
+    for call in ('rpc.rpc_sync("worker1", lose_shard, args=(7,))',
+                 'rpc.rpc_async("worker1", lose_shard, args=(7,)).wait()',
+                 'rpc.remote("worker1", lose_shard, args=(7,)).to_here()'):
+        with pytest.raises(ip.user_ns["ShardMissing"]) as info:
+            run(ip, call)
+        assert type(info.value) is ip.user_ns["ShardMissing"], call  # the notebook's own class
+        assert "ShardMissing('shard 7 is gone')" in str(info.value)
+        assert ", in lose_shard" in str(info.value)
     # a class torch cannot re-create from a message keeps torch's text
     with pytest.raises(RuntimeError, match="Failed to create original exception type"):
         run(ip, 'rpc.rpc_sync("worker1", fail_oddly)')
