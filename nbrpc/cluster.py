@@ -89,6 +89,12 @@ class Cluster:
     ssh
         The ssh command to run (e.g. ``"ssh -F my_config"``); ``python`` is the
         interpreter on the hosts (default: this one's path).
+    transport
+        TensorPipe's transport in every member: ``"uv"`` (TCP, idle at no CPU) or
+        ``"shm"`` (torch's default: shared memory, a little faster per small call, but
+        a polling thread keeps a core busy in every member, also at rest). Default:
+        the one this process joined with for an earlier cluster (fixed until it
+        exits), else ``"uv"``.
     """
 
     def __init__(
@@ -111,6 +117,7 @@ class Cluster:
         python: str | None = None,
         gpus: bool = False,
         device_maps: dict | str | None = None,
+        transport: str | None = None,
     ):
         # torch binds RRefs to the first agent, so the driver keeps its first name.
         self._kept_name = driver_name is None and group.driver_name() is not None
@@ -123,6 +130,10 @@ class Cluster:
                              ("startup_timeout", startup_timeout)):
             if not value > 0:
                 raise ValueError(f"{label} must be a positive number, got {value!r}")
+        if transport is not None and transport not in group.TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(map(repr, group.TRANSPORTS))}, "
+                             f"got {transport!r}")
+        self.transport = transport or group.driver_transport() or "uv"
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
@@ -147,7 +158,7 @@ class Cluster:
         began = time.monotonic()
         driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
                                     self._remote.interface if self._remote else "lo",
-                                    self._driver_placement())
+                                    self._driver_placement(), self.transport)
         self._driver, self._store = driver, driver.store
         rrefs.install(self.track)
         for w, rank in zip(self._workers, driver.take_ranks(len(self._workers))):
@@ -346,6 +357,7 @@ class Cluster:
             "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
             "NBRPC_TRACK": "1" if self.track else "0",
             "NBRPC_KEY": self._driver.key.hex(),
+            "NBRPC_TRANSPORT": self.transport,
             **devices.to_settings(self.placements.get(w.name)),
         }
 

@@ -49,6 +49,7 @@ class DriverGroup:
     next_rank: int = DRIVER_RANK + 1
     interface: str = "lo"  # where this process's TensorPipe listener is
     placement: devices.Placement = devices.CPU  # its devices and maps, fixed at its join
+    transport: str = "uv"  # TensorPipe's transports, fixed at its join (see TRANSPORTS)
 
     def take_ranks(self, count: int) -> list[int]:
         ranks = list(range(self.next_rank, self.next_rank + count))
@@ -91,7 +92,8 @@ _driver: DriverGroup | None = None
 
 
 def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
-                 interface: str = "lo", placement: devices.Placement | None = None) -> DriverGroup:
+                 interface: str = "lo", placement: devices.Placement | None = None,
+                 transport: str = "uv") -> DriverGroup:
     """Join RPC as the driver the first time; later calls reuse that membership.
 
     ``interface`` is where the driver's TensorPipe listener goes: ``lo`` for local
@@ -112,11 +114,11 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         serialization.set_key(key)
         before = listening_ports(os.getpid())
         placement = placement or devices.CPU
-        join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout, placement),
+        join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout, placement, transport),
              interface=interface)
         listeners = frozenset(listening_ports(os.getpid()) - before)
         _driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface,
-                              placement=placement)
+                              placement=placement, transport=transport)
         atexit.register(_leave_at_exit)
     else:
         check_placement(placement)
@@ -130,6 +132,13 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
             "this process's RPC agent stopped accepting connections (torch's TensorPipe "
             "does so after a connection that closes before its handshake: a port scan, "
             "say), so no worker can join it: restart the kernel to start a cluster"
+        )
+    elif transport != _driver.transport:
+        raise ClusterRunningError(
+            f"this process joined RPC with the {_driver.transport!r} transport (for its first "
+            f"cluster) and torch cannot change an agent's transports: start this cluster with "
+            f"--transport {_driver.transport} (or leave it out), or restart the kernel to use "
+            f"{transport!r}"
         )
     elif name != _driver.name:
         raise ValueError(
@@ -187,19 +196,28 @@ def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
     )
 
 
-def backend_options(threads: int, timeout: float,
-                    placement: devices.Placement | None = None) -> rpc.TensorPipeRpcBackendOptions:
-    """TensorPipe options over the ``uv`` transport, with ``placement``'s devices and maps.
+# The transports a member's TensorPipe agent uses. "uv" (TCP; the default) sleeps
+# until a message comes. "shm" is torch's own default (shared memory first, then uv):
+# its reactor thread busy-polls a whole core in every member from join to shutdown,
+# for faster small calls. Big tensors go through the cma channel with either.
+TRANSPORTS = {"uv": ["uv"], "shm": None}
 
-    torch's default adds the ``shm`` transport, whose reactor thread busy-polls a
-    whole core in every member from join to shutdown; ``uv`` sleeps until a message
-    comes (big tensors still go through the ``cma`` channel either way). The option
-    only takes effect in the constructor.
-    """
+
+def backend_options(threads: int, timeout: float, placement: devices.Placement | None = None,
+                    transport: str = "uv") -> rpc.TensorPipeRpcBackendOptions:
+    """TensorPipe options with ``transport`` (see ``TRANSPORTS``) and ``placement``'s devices
+    and maps; the transports only take effect in the constructor."""
+    chosen = TRANSPORTS[transport]
     return rpc.TensorPipeRpcBackendOptions(
-        num_worker_threads=threads, rpc_timeout=timeout, _transports=["uv"],
+        num_worker_threads=threads, rpc_timeout=timeout,
+        **({} if chosen is None else {"_transports": chosen}),
         **devices.backend_kwargs(placement),
     )
+
+
+def driver_transport() -> str | None:
+    """The transport this process joined RPC with, or None before its first cluster."""
+    return _driver.transport if _driver is not None else None
 
 
 def join(

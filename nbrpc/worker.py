@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
     timeout = float(env["NBRPC_TIMEOUT"])
     serialization.set_key(bytes.fromhex(env["NBRPC_KEY"]))
     store = group.connect_store(host, int(port), timeout)
-    options = group.backend_options(int(env["NBRPC_THREADS"]), timeout, devices.from_settings(env))
+    options = group.backend_options(int(env["NBRPC_THREADS"]), timeout, devices.from_settings(env),
+                                    env.get("NBRPC_TRANSPORT", "uv"))
     group.join(
         store, env["NBRPC_PREFIX"], env["NBRPC_NAME"], int(env["NBRPC_RANK"]),
         options, env.get("NBRPC_INTERFACE") or None, env.get("NBRPC_TRACK", "1") == "1",

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import socket
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 
@@ -128,78 +124,6 @@ def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-class Driver:
-    """A driver script in a subprocess; its stdout is read as JSON lines."""
-
-    def __init__(self, source: str, folder, pids: Pids):
-        script = folder / "driver.py"
-        script.write_text(textwrap.dedent(source))
-        self.stderr_path = folder / "driver.err"
-        with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err,
-                cwd=folder, start_new_session=True, text=True,
-            )
-        pids.add(self.proc.pid)
-        self.pids = pids
-        self.lines: queue.Queue = queue.Queue()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def close(self) -> None:
-        """End the driver if it still runs, and release its pipe."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.reader.join(timeout=10)
-        self.proc.stdout.close()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def expect(self, key: str, timeout: float) -> dict:
-        """The next JSON line that has ``key``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                line = ""
-            if line is None or (not line and time.monotonic() >= deadline):
-                pytest.fail(f"driver printed no {key!r} (exit {self.proc.poll()}); "
-                            f"its stderr:\n{self.stderr_path.read_text()[-3000:]}")
-            if line and line.startswith("{"):
-                record = json.loads(line)
-                if key in record:
-                    return record
-
-    def worker_pids(self) -> list[int]:
-        workers = self.expect("pids", SUBPROCESS_START)["pids"]
-        self.pids.add(*workers)
-        assert len(workers) == 2 and all(pid_alive(p) for p in workers)
-        return workers
-
-
-@pytest.fixture
-def drivers(tmp_path, pids):
-    """Factory: ``drivers(source)`` runs a driver script; each is ended at the end."""
-    started: list[Driver] = []
-
-    def start(source: str) -> Driver:
-        started.append(Driver(source, tmp_path, pids))
-        return started[-1]
-
-    yield start
-    for driver in started:
-        driver.close()
 
 
 @pytest.fixture(scope="module")

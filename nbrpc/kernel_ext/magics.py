@@ -53,6 +53,11 @@ class RpcMagics(Magics):
     @argument("--threads", type=int, default=16, help="TensorPipe worker threads per member")
     @argument("--timeout", type=float, default=60.0, help="default RPC timeout in seconds")
     @argument("--startup-timeout", type=float, default=60.0, help="seconds to wait for workers to join")
+    @argument("--transport", choices=("uv", "shm"), default=None,
+              help="TensorPipe's transport in every member: uv (TCP, the default: no CPU at rest) "
+                   "or shm (torch's default: shared memory, a little faster per small call, but "
+                   "a polling thread keeps a core busy in every member, idle or not); fixed by "
+                   "the first cluster of a kernel")
     @argument("--no-track", action="store_true", help="do not record RRefs (no %%rref_graph, no snapshots)")
     @argument("--attach", type=int, default=None, metavar="N",
               help="wait for N workers started elsewhere with the printed 'nbrpc worker --join' command")
@@ -78,7 +83,7 @@ class RpcMagics(Magics):
                 timeout=args.timeout, startup_timeout=args.startup_timeout,
                 progress=start_progress(), track=not args.no_track,
                 attach=args.attach, hosts=args.hosts, bind=args.bind, port=args.port, ssh=_unquoted(args.ssh),
-                gpus=args.gpus, device_maps=_device_maps(args.device_map),
+                gpus=args.gpus, device_maps=_device_maps(args.device_map), transport=args.transport,
             )
         except ValueError as e:
             raise UsageError(f"%rpc_init: {e}") from e

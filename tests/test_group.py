@@ -1,0 +1,59 @@
+"""The driver's group: TensorPipe's transport, chosen per kernel and used by every member."""
+
+from __future__ import annotations
+
+import pytest
+
+import nbrpc
+from nbrpc import group
+
+SHM_DRIVER = """
+import json, os
+import torch.distributed.rpc as rpc
+import nbrpc
+
+def polls(pid):
+    # TensorPipe's shared-memory transport runs one busy-polling reactor thread per member
+    names = [open(f"/proc/{pid}/task/{t}/comm").read().strip() for t in os.listdir(f"/proc/{pid}/task")]
+    return "TP_SHM_reactor" in names
+
+cluster = nbrpc.start(2, transport="shm", progress=None)
+members = [os.getpid()] + [w.pid for w in cluster.workers]
+print(json.dumps({"pids": [w.pid for w in cluster.workers], "shm": [polls(p) for p in members],
+                  "answer": rpc.rpc_sync("worker1", sum, args=([1, 2],))}), flush=True)
+cluster.shutdown()
+try:
+    nbrpc.start(1, transport="uv", progress=None)
+    print(json.dumps({"other": "started"}), flush=True)
+except nbrpc.ClusterRunningError as e:
+    print(json.dumps({"other": str(e)}), flush=True)
+kept = nbrpc.start(1, progress=None)  # no transport given: the kernel's
+print(json.dumps({"kept": kept.transport, "shm": polls(kept.workers[0].pid)}), flush=True)
+kept.shutdown()
+"""
+
+
+def test_shm_reaches_every_member_and_a_later_cluster_keeps_it(drivers):
+    driver = drivers(SHM_DRIVER)
+    record = driver.expect("shm", 120)
+    driver.pids.add(*record["pids"])
+    assert record["shm"] == [True, True, True] and record["answer"] == 3
+    refusal = driver.expect("other", 60)["other"]
+    assert "joined RPC with the 'shm' transport" in refusal
+    assert "--transport shm" in refusal and "restart the kernel" in refusal
+    assert driver.expect("kept", 60) == {"kept": "shm", "shm": True}
+    assert driver.proc.wait(timeout=30) == 0
+
+
+def test_uv_is_the_default_and_no_member_polls(cluster):
+    pids = [w.pid for w in cluster.workers]
+    for pid in pids:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert b"NBRPC_TRANSPORT=uv" in f.read().split(b"\0")
+    assert cluster.transport == group.driver_transport() == "uv"
+
+
+def test_bad_transport_names_the_choices():
+    with pytest.raises(ValueError, match="transport must be one of 'uv', 'shm', got 'tcp'"):
+        nbrpc.Cluster(1, transport="tcp")
+
