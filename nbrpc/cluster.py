@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 import torch.distributed.rpc as rpc
 
-from . import attach as attach_mod, calls, execution, group, rrefs, ssh as ssh_mod, workers
+from . import attach as attach_mod, calls, execution, group, rrefs, ssh as ssh_mod, template, workers
 from ._util import LOOPBACK, muted_stderr
 from .errors import (
     ClusterRunningError,
@@ -88,6 +88,10 @@ class Cluster:
     ssh
         The ssh command to run (e.g. ``"ssh -F my_config"``); ``python`` is the
         interpreter on the hosts (default: this one's path).
+    warm_start
+        Fork local workers from a warm template process that has imported torch
+        and ipykernel once (default: on, unless ``NBRPC_WARM_START=0``); off, each
+        worker is a fresh Python.
     """
 
     def __init__(
@@ -108,6 +112,7 @@ class Cluster:
         hosts: str | Iterable[str] | None = None,
         ssh: str = "ssh",
         python: str | None = None,
+        warm_start: bool | None = None,
     ):
         self._remote = _remote(n, names, driver_name, attach, bind, port, hosts, ssh, python)
         worker_names = [] if self._remote else _worker_names(n, names)
@@ -121,6 +126,7 @@ class Cluster:
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
         self.track = bool(track)
+        self.warm_start = template.enabled(warm_start)
         self.progress = progress or (lambda done, total, message: None)
         self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
         self._driver = self._store = None
@@ -137,6 +143,8 @@ class Cluster:
                 "shut it down first (%rpc_shutdown or cluster.shutdown())"
             )
         began = time.monotonic()
+        if self.warm_start and not self._remote:
+            template.prestart()  # it imports torch while the driver joins RPC
         driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
                                     self._remote.interface if self._remote else "lo")
         self._driver, self._store = driver, driver.store
@@ -291,7 +299,8 @@ class Cluster:
         total = len(self._workers)
         self.progress(0, total, f"starting {total} worker kernel{'s' * (total > 1)}")
         for w in self._workers:
-            workers.launch(w, {**self._worker_env(w, prefix), "NBRPC_STORE": f"{host}:{port}"}, os.getcwd())
+            workers.launch(w, {**self._worker_env(w, prefix), "NBRPC_STORE": f"{host}:{port}"}, os.getcwd(),
+                           warm_start=self.warm_start)
 
     def _worker_env(self, w: Worker, prefix: str) -> dict[str, str]:
         """Every setting a worker reads at start (workers joining from elsewhere get

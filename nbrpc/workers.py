@@ -16,6 +16,7 @@ from typing import ClassVar
 from jupyter_client import BlockingKernelClient
 from jupyter_client.launcher import launch_kernel
 
+from . import template
 from ._util import LOOPBACK, kill_pids, pid_alive
 
 # Large tensors land in huge pages: a 100 MB RPC round trip gets several times faster
@@ -74,16 +75,28 @@ class Worker:
             return ""
 
 
-def launch(worker: Worker, env: dict[str, str], workdir: str) -> None:
-    """Start ``worker``'s kernel process; it joins RPC by itself from ``env``."""
+def launch(worker: Worker, env: dict[str, str], workdir: str, warm_start: bool | None = None) -> None:
+    """Start ``worker``'s kernel process; it joins RPC by itself from ``env``.
+
+    The process is forked from the warm template (``nbrpc.template``) unless warm
+    start is off or the template cannot serve it; then it is a fresh Python.
+    """
     scratch = tempfile.mkdtemp(prefix=f"nbrpc-{worker.name}-")
     worker.connection_file = os.path.join(scratch, "kernel.json")
     write_unbound_connection_file(worker.connection_file, worker.ip)
     worker.log_path = os.path.join(scratch, "output.log")
-    cmd = [sys.executable, "-m", "nbrpc.worker", "-f", worker.connection_file]
+    argv = ["-f", worker.connection_file]
+    full_env = {**os.environ, **FAST_ALLOC_ENV, **env}
     with open(worker.log_path, "wb") as log:
+        if template.enabled(warm_start):
+            # As launch_kernel says it: the kernel ends when this process does.
+            forked = template.launch(worker.name, argv, {**full_env, "JPY_PARENT_PID": str(os.getpid())},
+                                     workdir, worker.log_path)
+            if forked is not None:
+                worker._popen, worker.pid = forked, forked.pid
+                return
         worker._popen = launch_kernel(
-            cmd, stdout=log, stderr=log, env={**os.environ, **FAST_ALLOC_ENV, **env}, cwd=workdir
+            [sys.executable, "-m", "nbrpc.worker", *argv], stdout=log, stderr=log, env=full_env, cwd=workdir
         )
     worker.pid = worker._popen.pid
 
