@@ -49,8 +49,10 @@ WATCH_INTERVAL = 0.5
 START_ENV_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_",
                       "THP_", "TORCH_", "MALLOC_", "CUDA_", "VIRTUAL_ENV")
 _PR_SET_CHILD_SUBREAPER = 36
-# Room in the template's argument area for a worker's command line (what ps shows).
+# Room in the template's argument and environment areas for a worker's command line
+# and environment, so /proc/PID/cmdline and /proc/PID/environ show the worker's own.
 _ARGV_ROOM = 400
+_ENV_ROOM = 16384
 
 _lock = threading.Lock()
 _template: Template | None = None
@@ -102,7 +104,9 @@ class Template:
         mine, theirs = socket.socketpair()
         self.env = env
         # numpy's OpenBLAS starts its thread pool as it loads; the workers get theirs back.
-        spawn_env = {**env, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
+        spawn_env = {**env, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1"),
+                     "NBRPC_TEMPLATE_ROOM": "." * _ENV_ROOM}
+        self.env_room = _environ_size(spawn_env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nbrpc.template", str(theirs.fileno()), " " * _ARGV_ROOM],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -135,6 +139,11 @@ class Template:
         reply = self._receive(time.monotonic() + REPLY_TIMEOUT)
         if reply is None:
             return None
+        if "reap" in reply:
+            try:
+                Forked(reply["reap"]).wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         return reply["pid"] if "pid" in reply else str(reply.get("error", reply))
 
     def _receive(self, deadline: float) -> dict | None:
@@ -189,7 +198,8 @@ def launch(name: str, argv: list[str], env: dict[str, str], workdir: str, log_pa
     """
     with _lock:
         template = _running()
-        if start_env(env) != start_env(template.env) or not template.wait_ready(READY_TIMEOUT):
+        if (start_env(env) != start_env(template.env) or _environ_size(env) > template.env_room
+                or not template.wait_ready(READY_TIMEOUT)):
             if not template.ready:
                 _discard()
             return None
@@ -222,6 +232,10 @@ def _discard() -> None:
     if _template is not None:
         _template.close()
         _template = None
+
+
+def _environ_size(env: dict[str, str]) -> int:
+    return sum(len(os.fsencode(k)) + len(os.fsencode(v)) + 2 for k, v in env.items())
 
 
 def _become_subreaper() -> None:
@@ -306,6 +320,9 @@ def _fork(request: dict, sock: socket.socket) -> dict:
     word, _, rest = status.decode(errors="replace").partition(" ")
     if word == "ok":
         return {"pid": int(rest)}
+    if word == "failed":  # the driver reaps it: it is the driver's child by now
+        pid, _, why = rest.partition(" ")
+        return {"error": why, "reap": int(pid)}
     return {"error": rest or "the forked worker ended before it could start"}
 
 
@@ -346,11 +363,15 @@ def _become_worker(request: dict, status_w: int, middle: int) -> None:
         _reseed()
         if "OPENBLAS_NUM_THREADS" not in request["env"]:
             _restore_blas_threads()
-        _set_command_line([sys.executable, "-m", "nbrpc.worker", *request["argv"]])
+        # libc's environment now lives in copies: the original area is free to rewrite.
+        _rewrite_area(47, b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0"
+                                   for k, v in os.environ.items()))
+        _rewrite_area(45, b"\0".join(os.fsencode(a) for a in
+                                      [sys.executable, "-m", "nbrpc.worker", *request["argv"]]))
         _say(status_w, f"ok {os.getpid()}")
         os.close(status_w)
     except BaseException as e:
-        _say(status_w, f"error {type(e).__name__}: {e}")
+        _say(status_w, f"failed {os.getpid()} {type(e).__name__}: {e}")
         os._exit(1)
     code = 0
     try:
@@ -398,15 +419,19 @@ def _restore_blas_threads() -> None:
                 break
 
 
-def _set_command_line(args: list[str]) -> None:
-    """Show the worker's own command line in ps and /proc (it is written over ours)."""
+def _rewrite_area(field: int, text: bytes) -> None:
+    """Write ``text`` over this process's argument (45) or environment (47) area.
+
+    ``field`` indexes /proc/self/stat after the command name: the area's start,
+    then its end. What does not fit is cut; the rest is zeroed.
+    """
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])
+        start, end = int(fields[field]), int(fields[field + 1])
     except (OSError, IndexError, ValueError):
         return
-    text = "\0".join(args).encode()[: end - start - 1]
+    text = text[: end - start - 1]
     ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
 
 
