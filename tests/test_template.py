@@ -123,10 +123,9 @@ def test_warm_start_can_be_turned_off(one_worker, monkeypatch):
 
 
 DRIVER = """
-import json, sys, nbrpc
+import time, nbrpc
 nbrpc.start(4, progress=None, timeout=30)
-print(json.dumps({"up": True}), flush=True)
-sys.stdin.read()
+time.sleep(600)
 """
 
 
@@ -135,7 +134,7 @@ def test_driver_killed_mid_fork_leaves_no_process(tmp_path, pids):
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(DRIVER))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NBRPC_MID_FORK_MARK": mark}
-    driver = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    driver = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
     pids.add(driver.pid)
     deadline = time.monotonic() + 60
