@@ -91,7 +91,8 @@ def main() -> None:
         "pss_all": statistics.median((sum(r["pss"]) + r["template_pss"]) / n for r in rs),
     } for mode, rs in results.items()}
     a, b = rows["warm template"], rows["fresh processes"]
-    print(f"{'python -c \"import torch\" (s)':34}{torch_s:>16.2f}{torch_s:>18.2f}{'':>12}")
+    label = 'python -c "import torch" (s)'
+    print(f"{label:34}{torch_s:>16.2f}{torch_s:>18.2f}{'':>12}")
     print(f"{'first cluster, cold (s)':34}{a['cold']:>16.2f}{b['cold']:>18.2f}"
           f"{f'<= {TARGET_COLD_RATIO * torch_s:.2f}':>12}")
     print(f"{'  as a multiple of import torch':34}{a['cold'] / torch_s:>15.2f}x{b['cold'] / torch_s:>17.2f}x"

@@ -174,7 +174,10 @@ class Template:
 def prestart() -> None:
     """Start the template now, if there is none, without waiting for it."""
     with _lock:
-        _running()
+        try:
+            _running()
+        except OSError:  # workers will be launched fresh
+            pass
 
 
 def current() -> Template | None:
@@ -197,11 +200,14 @@ def launch(name: str, argv: list[str], env: dict[str, str], workdir: str, log_pa
     template could not fork it (the cause is in the message).
     """
     with _lock:
-        template = _running()
-        if (start_env(env) != start_env(template.env) or _environ_size(env) > template.env_room
-                or not template.wait_ready(READY_TIMEOUT)):
-            if not template.ready:
-                _discard()
+        try:
+            template = _running()
+        except OSError:
+            return None
+        if start_env(env) != start_env(template.env) or _environ_size(env) > template.env_room:
+            return None
+        if not template.wait_ready(READY_TIMEOUT):  # it could not start: launch fresh
+            _discard()
             return None
         answer = template.fork({"argv": argv, "env": env, "cwd": workdir, "log": log_path,
                                 "driver": os.getpid()})
