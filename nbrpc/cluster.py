@@ -9,15 +9,18 @@ every worker process. One cluster runs per process at a time (``current()``).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import re
 import socket
 import sys
+import threading
 import time
 from typing import Callable, Iterable
 
 import torch.distributed.rpc as rpc
+from jupyter_core.utils import ensure_event_loop
 
 from . import attach as attach_mod, calls, execution, group, rrefs, ssh as ssh_mod, template, workers
 from ._util import LOOPBACK, muted_stderr
@@ -316,24 +319,44 @@ class Cluster:
 
     def _await_joined(self, deadline: float) -> None:
         waiting, total = list(self._workers), len(self._workers)
-        while waiting:
-            members = set(group.member_names())
-            for w in list(waiting):
-                if w.name in members:
-                    waiting.remove(w)
-                    workers.connect(w)
-                    self.progress(total - len(waiting), total, f"{w.name} joined")
-                elif not w.alive():
-                    raise WorkerStartError(self._start_failure(w, f"exited before joining ({w.fate()})"))
-            if waiting and time.monotonic() > deadline:
-                raise WorkerStartError(self._start_failure(
-                    waiting[0], f"did not join within startup_timeout={self.startup_timeout:g} s"))
-            time.sleep(0.02)
-        for w in self._workers:
+        # Each kernel's readiness check (heartbeat, kernel_info, IOPub: 0.2 s or more)
+        # runs as soon as it joined, alongside the others, not one after another.
+        ready: dict[str, threading.Thread] = {}
+        failed: dict[str, RuntimeError] = {}
+
+        def wait_ready(w: Worker) -> None:
             try:
                 w.client.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
             except RuntimeError as e:
-                raise WorkerStartError(self._start_failure(w, f"kernel did not answer: {e}")) from e
+                failed[w.name] = e
+            finally:  # the event loop jupyter-client made for this thread
+                asyncio.set_event_loop(None)
+                ensure_event_loop().close()
+
+        try:
+            while waiting:
+                members = set(group.member_names())
+                for w in list(waiting):
+                    if w.name in members:
+                        waiting.remove(w)
+                        workers.connect(w)
+                        ready[w.name] = threading.Thread(target=wait_ready, args=(w,), daemon=True,
+                                                         name=f"nbrpc-ready-{w.name}")
+                        ready[w.name].start()
+                        self.progress(total - len(waiting), total, f"{w.name} joined")
+                    elif not w.alive():
+                        raise WorkerStartError(self._start_failure(w, f"exited before joining ({w.fate()})"))
+                if waiting and time.monotonic() > deadline:
+                    raise WorkerStartError(self._start_failure(
+                        waiting[0], f"did not join within startup_timeout={self.startup_timeout:g} s"))
+                time.sleep(0.02)
+        finally:
+            for thread in ready.values():  # no client is in use by two threads at once
+                thread.join()
+        for w in self._workers:
+            if w.name in failed:
+                raise WorkerStartError(self._start_failure(w, f"kernel did not answer: {failed[w.name]}")) \
+                    from failed[w.name]
             w.state = "running"
 
     def _start_failure(self, w: Worker, what: str) -> str:

@@ -115,6 +115,7 @@ class Template:
         theirs.close()
         self.sock = mine
         self.ready: dict | None = None
+        self.started, self.ready_after = time.monotonic(), None  # seconds it took to be ready
         self._buffer = b""
         atexit.register(self.close)
 
@@ -128,6 +129,7 @@ class Template:
     def wait_ready(self, timeout: float) -> bool:
         if self.ready is None:
             self.ready = self._receive(time.monotonic() + timeout)
+            self.ready_after = time.monotonic() - self.started
         return self.ready is not None
 
     def fork(self, request: dict) -> int | str | None:
@@ -308,8 +310,9 @@ def _fork(request: dict, sock: socket.socket) -> dict:
         try:
             os.close(status_r)
             sock.close()
+            me = os.getpid()  # read before the fork: the worker may outlive it at once
             if os.fork() == 0:
-                _become_worker(request, status_w, os.getppid())
+                _become_worker(request, status_w, me)
             os._exit(0)
         except BaseException as e:
             _say(status_w, f"error fork failed: {e}")
