@@ -186,15 +186,6 @@ def current() -> Template | None:
     return _template
 
 
-def stop() -> None:
-    """End this process's template (a later cluster starts a new one)."""
-    global _template
-    with _lock:
-        if _template is not None:
-            _template.close()
-            _template = None
-
-
 def launch(name: str, argv: list[str], env: dict[str, str], workdir: str, log_path: str) -> Forked | None:
     """Fork worker ``name`` from the template, or None when it should be launched fresh.
 
