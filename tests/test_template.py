@@ -59,6 +59,9 @@ def test_workers_are_forked_from_a_template_without_threads():
             assert isinstance(w._popen, template.Forked)
             # Handed to the driver, which reaps it like a launched worker.
             assert _ppid(w.pid) == os.getpid()
+            # In the template's session, as a launched kernel is in its own: a Ctrl-C in
+            # the driver's terminal reaches neither.
+            assert os.getsid(w.pid) == os.getsid(tp.pid) != os.getsid(0)
             with open(f"/proc/{w.pid}/cmdline", "rb") as f:
                 assert b"nbrpc.worker" in f.read()
         assert [rpc.rpc_sync(w.name, os.getpid) for w in cluster.workers] == [w.pid for w in cluster.workers]
