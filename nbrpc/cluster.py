@@ -319,14 +319,14 @@ class Cluster:
 
     def _await_joined(self, deadline: float) -> None:
         waiting, total = list(self._workers), len(self._workers)
-        # Each kernel's readiness check (heartbeat, kernel_info, IOPub: 0.2 s or more)
-        # runs as soon as it joined, alongside the others, not one after another.
+        # Each kernel's readiness check (kernel_info, then IOPub) runs as soon as it
+        # joined, alongside the others, not one after another.
         ready: dict[str, threading.Thread] = {}
         failed: dict[str, RuntimeError] = {}
 
         def wait_ready(w: Worker) -> None:
             try:
-                w.client.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
+                workers.wait_ready(w.client, timeout=max(1.0, deadline - time.monotonic()))
             except RuntimeError as e:
                 failed[w.name] = e
             finally:  # the event loop jupyter-client made for this thread

@@ -9,8 +9,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
+from queue import Empty
 from typing import ClassVar
 
 from jupyter_client import BlockingKernelClient
@@ -121,6 +123,32 @@ def connect(worker: Worker) -> BlockingKernelClient:
     client.start_channels()
     worker.client = client
     return client
+
+
+def wait_ready(client: BlockingKernelClient, timeout: float) -> None:
+    """What ``client.wait_for_ready`` checks (a kernel_info reply, IOPub connected).
+
+    Without its first wait for a heartbeat, polled every 0.2 s: a worker binds its
+    ports before it joins RPC, so one that joined is up, and that wait added 0.2 s
+    to every start.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        client.kernel_info()
+        try:
+            reply = client.get_shell_msg(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+        except Empty:
+            reply = None
+        if reply is not None and reply["msg_type"] == "kernel_info_reply":
+            try:
+                client.get_iopub_msg(timeout=0.2)  # IOPub delivers (the reply's status messages)
+            except Empty:
+                pass
+            else:
+                client._handle_kernel_info_reply(reply)
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
 
 
 def stop(workers: list[Worker]) -> None:
