@@ -360,6 +360,15 @@ def _become_worker(request: dict, status_w: int, middle: int) -> None:
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
+    except BaseException as e:
+        _say(status_w, f"failed {os.getpid()} {type(e).__name__}: {e}")
+        os._exit(1)
+    # The template forks the next worker while this one finishes here; what fails
+    # from now on is in the worker's output, as for a launched worker.
+    _say(status_w, f"ok {os.getpid()}")
+    os.close(status_w)
+    code = 0
+    try:
         _reseed()
         if "OPENBLAS_NUM_THREADS" not in request["env"]:
             _restore_blas_threads()
@@ -368,13 +377,6 @@ def _become_worker(request: dict, status_w: int, middle: int) -> None:
                                    for k, v in os.environ.items()))
         _rewrite_area(45, b"\0".join(os.fsencode(a) for a in
                                       [sys.executable, "-m", "nbrpc.worker", *request["argv"]]))
-        _say(status_w, f"ok {os.getpid()}")
-        os.close(status_w)
-    except BaseException as e:
-        _say(status_w, f"failed {os.getpid()} {type(e).__name__}: {e}")
-        os._exit(1)
-    code = 0
-    try:
         nbrpc.worker.main(request["argv"])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
