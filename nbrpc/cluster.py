@@ -323,10 +323,11 @@ class Cluster:
         # joined, alongside the others, not one after another.
         ready: dict[str, threading.Thread] = {}
         failed: dict[str, RuntimeError] = {}
+        cancel = threading.Event()
 
         def wait_ready(w: Worker) -> None:
             try:
-                workers.wait_ready(w.client, timeout=max(1.0, deadline - time.monotonic()))
+                workers.wait_ready(w.client, max(1.0, deadline - time.monotonic()), cancel)
             except RuntimeError as e:
                 failed[w.name] = e
             finally:  # the event loop jupyter-client made for this thread
@@ -350,6 +351,9 @@ class Cluster:
                     raise WorkerStartError(self._start_failure(
                         waiting[0], f"did not join within startup_timeout={self.startup_timeout:g} s"))
                 time.sleep(0.02)
+        except BaseException:
+            cancel.set()  # another worker failed: do not wait out these checks
+            raise
         finally:
             for thread in ready.values():  # no client is in use by two threads at once
                 thread.join()
