@@ -9,17 +9,20 @@ every worker process. One cluster runs per process at a time (``current()``).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import re
 import socket
 import sys
+import threading
 import time
 from typing import Callable, Iterable
 
 import torch.distributed.rpc as rpc
+from jupyter_core.utils import ensure_event_loop
 
-from . import attach as attach_mod, calls, devices, execution, group, rrefs, ssh as ssh_mod, workers
+from . import attach as attach_mod, calls, devices, execution, group, rrefs, ssh as ssh_mod, template, workers
 from ._util import LOOPBACK, muted_stderr
 from .errors import (
     ClusterRunningError,
@@ -95,6 +98,10 @@ class Cluster:
         a polling thread keeps a core busy in every member, also at rest). Default:
         the one this process joined with for an earlier cluster (fixed until it
         exits), else ``"uv"``.
+    warm_start
+        Fork local workers from a warm template process that has imported torch
+        and ipykernel once (default: on, unless ``NBRPC_WARM_START=0``); off, each
+        worker is a fresh Python.
     """
 
     def __init__(
@@ -118,6 +125,7 @@ class Cluster:
         gpus: bool = False,
         device_maps: dict | str | None = None,
         transport: str | None = None,
+        warm_start: bool | None = None,
     ):
         # torch binds RRefs to the first agent, so the driver keeps its first name.
         self._kept_name = driver_name is None and group.driver_name() is not None
@@ -138,6 +146,7 @@ class Cluster:
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
         self.track = bool(track)
+        self.warm_start = template.enabled(warm_start)
         self.progress = progress or (lambda done, total, message: None)
         self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
         self.placements = _placements(driver_name, worker_names, self._remote, gpus, device_maps)
@@ -156,6 +165,8 @@ class Cluster:
                 "shut it down first (%rpc_shutdown or cluster.shutdown())"
             )
         began = time.monotonic()
+        if self.warm_start and not self._remote:
+            template.prestart()  # it imports torch while the driver joins RPC
         driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
                                     self._remote.interface if self._remote else "lo",
                                     self._driver_placement(), self.transport)
@@ -344,7 +355,8 @@ class Cluster:
         total = len(self._workers)
         self.progress(0, total, f"starting {total} worker kernel{'s' * (total > 1)}")
         for w in self._workers:
-            workers.launch(w, {**self._worker_env(w, prefix), "NBRPC_STORE": f"{host}:{port}"}, os.getcwd())
+            workers.launch(w, {**self._worker_env(w, prefix), "NBRPC_STORE": f"{host}:{port}"}, os.getcwd(),
+                           warm_start=self.warm_start)
 
     def _worker_env(self, w: Worker, prefix: str) -> dict[str, str]:
         """Every setting a worker reads at start (workers joining from elsewhere get
@@ -363,24 +375,48 @@ class Cluster:
 
     def _await_joined(self, deadline: float) -> None:
         waiting, total = list(self._workers), len(self._workers)
-        while waiting:
-            members = set(group.member_names())
-            for w in list(waiting):
-                if w.name in members:
-                    waiting.remove(w)
-                    workers.connect(w)
-                    self.progress(total - len(waiting), total, f"{w.name} joined")
-                elif not w.alive():
-                    raise WorkerStartError(self._start_failure(w, f"exited before joining ({w.fate()})"))
-            if waiting and time.monotonic() > deadline:
-                raise WorkerStartError(self._start_failure(
-                    waiting[0], f"did not join within startup_timeout={self.startup_timeout:g} s"))
-            time.sleep(0.02)
-        for w in self._workers:
+        # Each kernel's readiness check (kernel_info, then IOPub) runs as soon as it
+        # joined, alongside the others, not one after another.
+        ready: dict[str, threading.Thread] = {}
+        failed: dict[str, RuntimeError] = {}
+        cancel = threading.Event()
+
+        def wait_ready(w: Worker) -> None:
             try:
-                w.client.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
+                workers.wait_ready(w.client, max(1.0, deadline - time.monotonic()), cancel)
             except RuntimeError as e:
-                raise WorkerStartError(self._start_failure(w, f"kernel did not answer: {e}")) from e
+                failed[w.name] = e
+            finally:  # the event loop jupyter-client made for this thread
+                asyncio.set_event_loop(None)
+                ensure_event_loop().close()
+
+        try:
+            while waiting:
+                members = set(group.member_names())
+                for w in list(waiting):
+                    if w.name in members:
+                        waiting.remove(w)
+                        workers.connect(w)
+                        ready[w.name] = threading.Thread(target=wait_ready, args=(w,), daemon=True,
+                                                         name=f"nbrpc-ready-{w.name}")
+                        ready[w.name].start()
+                        self.progress(total - len(waiting), total, f"{w.name} joined")
+                    elif not w.alive():
+                        raise WorkerStartError(self._start_failure(w, f"exited before joining ({w.fate()})"))
+                if waiting and time.monotonic() > deadline:
+                    raise WorkerStartError(self._start_failure(
+                        waiting[0], f"did not join within startup_timeout={self.startup_timeout:g} s"))
+                time.sleep(0.02)
+        except BaseException:
+            cancel.set()  # another worker failed: do not wait out these checks
+            raise
+        finally:
+            for thread in ready.values():  # no client is in use by two threads at once
+                thread.join()
+        for w in self._workers:
+            if w.name in failed:
+                raise WorkerStartError(self._start_failure(w, f"kernel did not answer: {failed[w.name]}")) \
+                    from failed[w.name]
             w.state = "running"
 
     def _start_failure(self, w: Worker, what: str) -> str:

@@ -10,13 +10,17 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
+from queue import Empty
 from typing import ClassVar
 
 from jupyter_client import BlockingKernelClient
 from jupyter_client.launcher import launch_kernel
 
+from . import template
 from ._util import LOOPBACK, kill_pids, pid_alive, pid_stopped
 
 # Large tensors land in huge pages: a 100 MB RPC round trip gets several times faster
@@ -79,17 +83,29 @@ class Worker:
             return ""
 
 
-def launch(worker: Worker, env: dict[str, str], workdir: str) -> None:
-    """Start ``worker``'s kernel process; it joins RPC by itself from ``env``."""
+def launch(worker: Worker, env: dict[str, str], workdir: str, warm_start: bool | None = None) -> None:
+    """Start ``worker``'s kernel process; it joins RPC by itself from ``env``.
+
+    The process is forked from the warm template (``nbrpc.template``) unless warm
+    start is off or the template cannot serve it; then it is a fresh Python.
+    """
     scratch = tempfile.mkdtemp(prefix=f"nbrpc-{worker.name}-")  # only this user can enter it
     worker.connection_file = os.path.join(scratch, "kernel.json")
     # The kernel's sockets are files in that directory, out of other local users' reach.
     write_unbound_connection_file(worker.connection_file, os.path.join(scratch, "kernel"), "ipc")
     worker.log_path = os.path.join(scratch, "output.log")
-    cmd = [sys.executable, "-m", "nbrpc.worker", "-f", worker.connection_file]
+    argv = ["-f", worker.connection_file]
+    full_env = {**os.environ, **FAST_ALLOC_ENV, **env}
     with open(worker.log_path, "wb") as log:
+        if template.enabled(warm_start):
+            # As launch_kernel says it: the kernel ends when this process does.
+            forked = template.launch(worker.name, argv, {**full_env, "JPY_PARENT_PID": str(os.getpid())},
+                                     workdir, worker.log_path)
+            if forked is not None:
+                worker._popen, worker.pid = forked, forked.pid
+                return
         worker._popen = launch_kernel(
-            cmd, stdout=log, stderr=log, env={**os.environ, **FAST_ALLOC_ENV, **env}, cwd=workdir
+            [sys.executable, "-m", "nbrpc.worker", *argv], stdout=log, stderr=log, env=full_env, cwd=workdir
         )
     worker.pid = worker._popen.pid
 
@@ -116,6 +132,34 @@ def connect(worker: Worker) -> BlockingKernelClient:
     client.start_channels()
     worker.client = client
     return client
+
+
+def wait_ready(client: BlockingKernelClient, timeout: float, cancel: threading.Event | None = None) -> None:
+    """What ``client.wait_for_ready`` checks (a kernel_info reply, IOPub connected).
+
+    Without its first wait for a heartbeat, polled every 0.2 s: a worker binds its
+    ports before it joins RPC, so one that joined is up, and that wait added 0.2 s
+    to every start. Setting ``cancel`` ends the wait within a second.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        client.kernel_info()
+        try:
+            reply = client.get_shell_msg(timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+        except Empty:
+            reply = None
+        if reply is not None and reply["msg_type"] == "kernel_info_reply":
+            try:
+                client.get_iopub_msg(timeout=0.2)  # IOPub delivers (the reply's status messages)
+            except Empty:
+                pass
+            else:
+                client._handle_kernel_info_reply(reply)
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+        if cancel is not None and cancel.is_set():
+            raise RuntimeError("the start was abandoned")
 
 
 def stop(workers: list[Worker]) -> None:

@@ -1,0 +1,197 @@
+"""The warm template: workers forked from it behave like launched ones; its failure modes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch.distributed.rpc as rpc
+
+import nbrpc
+from nbrpc import template, workers
+from nbrpc._util import pid_alive
+from nbrpc.errors import WorkerStartError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# Evaluated in a worker: its first draw from each random generator.
+DRAW = ("__import__('torch').rand(1).item(), __import__('random').random(), "
+        "float(__import__('numpy').random.rand())")
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+@pytest.fixture
+def one_worker():
+    started = []
+
+    def start(**options):
+        c = nbrpc.start(1, progress=None, timeout=30, **options)
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        c.shutdown()
+
+
+def test_workers_are_forked_from_a_template_without_threads():
+    with nbrpc.start(2, progress=None, timeout=30) as cluster:
+        tp = template.current()
+        assert tp is not None and tp.ready["threads"] == 1
+        assert _threads(tp.pid) == 1  # still none after forking
+        for w in cluster.workers:
+            assert isinstance(w._popen, template.Forked)
+            # Handed to the driver, which reaps it like a launched worker.
+            assert _ppid(w.pid) == os.getpid()
+            # In the template's session, as a launched kernel is in its own: a Ctrl-C in
+            # the driver's terminal reaches neither.
+            assert os.getsid(w.pid) == os.getsid(tp.pid) != os.getsid(0)
+            with open(f"/proc/{w.pid}/cmdline", "rb") as f:
+                assert b"nbrpc.worker" in f.read()
+        assert [rpc.rpc_sync(w.name, os.getpid) for w in cluster.workers] == [w.pid for w in cluster.workers]
+        assert {rpc.rpc_sync(w.name, os.getcwd) for w in cluster.workers} == {os.getcwd()}
+        one, two = (rpc.rpc_sync(w.name, eval, args=(DRAW,)) for w in cluster.workers)
+        assert all(a != b for a, b in zip(one, two)), (one, two)
+        pids = [w.pid for w in cluster.workers]
+    assert not [p for p in pids if pid_alive(p)]
+    assert None not in [w.exit_code() for w in cluster.workers]
+
+
+def test_a_killed_forked_worker_says_how_it_ended(one_worker):
+    cluster = one_worker()
+    w = cluster.workers[0]
+    os.kill(w.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while w.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert w.fate() == f"(pid {w.pid}) was killed by signal 9"
+
+
+def test_template_dies_the_next_cluster_starts_a_new_one(one_worker):
+    cluster = one_worker()
+    old = template.current()
+    os.kill(old.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(old.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Its workers are the driver's children: they outlive it.
+    assert rpc.rpc_sync("worker1", os.getpid, timeout=10) == cluster.workers[0].pid
+    cluster.shutdown()
+    again = one_worker()
+    assert template.current() is not old and template.current().alive()
+    assert isinstance(again.workers[0]._popen, template.Forked)
+    assert rpc.rpc_sync("worker1", os.getpid, timeout=10) == again.workers[0].pid
+
+
+def test_a_fork_that_fails_is_a_clear_error_and_leaks_nothing(tmp_path):
+    template.prestart()
+    tp = template.current()
+    assert tp.wait_ready(60)
+    before = set(_children(os.getpid()))
+    log = tmp_path / "output.log"
+    log.write_bytes(b"")
+    env = {**os.environ, **workers.FAST_ALLOC_ENV}
+    with pytest.raises(WorkerStartError, match=r"could not be forked.*FileNotFoundError.*no-such-folder"):
+        template.launch("worker9", ["-f", str(tmp_path / "kernel.json")], env, str(tmp_path / "no-such-folder"),
+                        str(log))
+    time.sleep(0.2)
+    leaked = [p for p in set(_children(os.getpid())) - before if pid_alive(p)]
+    assert leaked == []
+    assert template.current() is tp and tp.alive() and _threads(tp.pid) == 1
+
+
+def test_warm_start_can_be_turned_off(one_worker, monkeypatch):
+    cluster = one_worker(warm_start=False)
+    assert not isinstance(cluster.workers[0]._popen, template.Forked)
+    assert rpc.rpc_sync("worker1", os.getpid, timeout=10) == cluster.workers[0].pid
+    monkeypatch.setenv(template.WARM_START_ENV, "0")
+    assert not template.enabled() and nbrpc.Cluster(1).warm_start is False
+    assert template.enabled(True)
+
+
+DRIVER = """
+import time, nbrpc
+nbrpc.start(4, progress=None, timeout=30)
+time.sleep(600)
+"""
+
+
+def test_driver_killed_mid_fork_leaves_no_process(tmp_path, pids):
+    mark = uuid.uuid4().hex
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(DRIVER))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NBRPC_MID_FORK_MARK": mark}
+    driver = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
+    pids.add(driver.pid)
+    deadline = time.monotonic() + 60
+    # Kill the driver as soon as its first worker exists: the others are being forked.
+    while not [p for p in _marked(mark) if _is_worker(p)]:
+        assert driver.poll() is None and time.monotonic() < deadline, "no worker was forked"
+        time.sleep(0.005)
+    family = _marked(mark)
+    pids.add(*family)
+    assert any(_is_template(p) for p in family)
+    driver.kill()
+    driver.wait()
+    deadline = time.monotonic() + 15
+    while _marked(mark) and time.monotonic() < deadline:
+        pids.add(*_marked(mark))
+        time.sleep(0.1)
+    assert _marked(mark) == []
+
+
+def _marked(mark: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if f"NBRPC_MID_FORK_MARK={mark}".encode() in f.read() and pid_alive(int(entry)):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _is_worker(pid: int) -> bool:
+    return b"nbrpc.worker" in _cmdline(pid)
+
+
+def _is_template(pid: int) -> bool:
+    return b"nbrpc.template" in _cmdline(pid)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return found
