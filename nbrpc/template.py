@@ -217,12 +217,16 @@ def launch(name: str, argv: list[str], env: dict[str, str], workdir: str, log_pa
 
 
 def _running() -> Template:
+    """The template, started anew if it died or if this process's own start-up
+    variables changed since it started (a library imported later set ``KMP_*``, say),
+    so later workers fork from one that matches them."""
     global _template
-    if _template is None or not _template.alive():
-        _discard()
-        from .workers import FAST_ALLOC_ENV
+    from .workers import FAST_ALLOC_ENV
 
-        _template = Template({**os.environ, **FAST_ALLOC_ENV})
+    env = {**os.environ, **FAST_ALLOC_ENV}
+    if _template is None or not _template.alive() or start_env(_template.env) != start_env(env):
+        _discard()
+        _template = Template(env)
     return _template
 
 
