@@ -1,4 +1,4 @@
-# make demo | make test | make bench | make lab — each sets up .venv on first use.
+# make demo | make test | make bench | make lint | make lab — each sets up .venv on first use.
 PYTHON ?= python3
 # The torch build to install; a machine with a GPU may choose another, e.g.
 # make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
 
-.PHONY: demo test bench lab clean
+.PHONY: demo test bench lint lab clean
 
 $(READY): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: $(READY)
 	bash .ci/system-packages.sh
 	$(PY) -m pytest tests
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg --ignore=tutorials/labs tutorials
+
+lint: $(READY)
+	$(VENV)/bin/ruff check nbrpc tests benchmarks
 
 bench: $(READY)
 	$(PY) benchmarks/run.py

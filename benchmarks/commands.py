@@ -14,7 +14,8 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 Measure = Callable[[str, int], object]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import commands
 import timing
+
 from nbrpc import calls, rrefs
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM from the benchmark unwinds like an error, so nbrpc ends its worker even
     # in the middle of start().
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    cluster = nbrpc.start(1, threads=args.threads, timeout=args.timeout,
+    cluster = nbrpc.start(1, threads=args.threads, timeout=args.timeout, transport=args.transport,
                           env=_worker_env(), progress=None)
     try:
         commands.serve(_measure, replies, [w.pid for w in cluster.workers])
@@ -61,6 +62,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=16, help="num_worker_threads")
     parser.add_argument("--timeout", type=float, default=60.0, help="rpc_timeout in seconds")
+    parser.add_argument("--transport", choices=("uv", "shm"), default="uv", help="nbrpc's transport")
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""Processes the benchmark starts: RPC groups that measure, and the start-up baseline.
+"""Processes the benchmark starts: RPC groups that measure on command.
 
 Each ``Group`` is one RPC group whose first process measures on command (see
 ``commands.py``): a raw torch pair or an nbrpc driver with its worker kernel. While
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nbrpc._util import kill_pids, pid_alive, start_time
+from nbrpc._util import kill_pids, start_time
 
 HERE = Path(__file__).resolve().parent
 FAST_ALLOC = "THP_MEM_ALLOC_ENABLE"
@@ -158,30 +158,39 @@ class Group:
         return self._log.read().decode(errors="replace")[-chars:] or "(no output)"
 
 
-def raw_pair(fast_alloc: bool, threads: int, timeout: float) -> Group:
+def raw_pair(fast_alloc: bool, threads: int, timeout: float, transport: str = "default") -> Group:
     """Two plain processes joined by ``rpc.init_rpc`` (see ``raw_pair.py``).
 
     ``fast_alloc`` starts both with ``THP_MEM_ALLOC_ENABLE=1`` (what nbrpc does);
-    False leaves torch's default allocator. The worker gets a session of its own, as
-    an nbrpc worker kernel does (see the module docstring).
+    False leaves torch's default allocator. ``transport`` is "uv" (nbrpc's default)
+    or "default" (torch's: shm, then uv). The worker gets a session of its own, as an
+    nbrpc worker kernel does (see the module docstring).
     """
     scratch = tempfile.mkdtemp(prefix="nbrpc-bench-")
     store = os.path.join(scratch, "store")
-    settings = ["--store", store, "--threads", str(threads), "--timeout", str(timeout)]
+    settings = ["--store", store, "--threads", str(threads), "--timeout", str(timeout),
+                "--transport", transport]
     commands = [[sys.executable, str(HERE / "raw_pair.py"), "--rank", rank, *settings]
                 for rank in ("0", "1")]
     env = _environment_without_fast_alloc()
     if fast_alloc:
         env[FAST_ALLOC] = "1"
-    label = "raw torch RPC pair" + ("" if fast_alloc else " (torch's default allocator)")
+    label = f"raw torch RPC pair ({transport} transports" + ("" if fast_alloc else ", default allocator") + ")"
     return Group(label, commands, env, timeout, scratch, own_session=(1,))
 
 
-def nbrpc_cluster(threads: int, timeout: float) -> Group:
+def nbrpc_cluster(threads: int, timeout: float, transport: str = "uv") -> Group:
     """A plain script as nbrpc driver with one worker kernel; nbrpc sets its own environment."""
     command = [sys.executable, str(HERE / "nbrpc_driver.py"),
-               "--threads", str(threads), "--timeout", str(timeout)]
-    return Group("nbrpc cluster", [command], _environment_without_fast_alloc(), timeout)
+               "--threads", str(threads), "--timeout", str(timeout), "--transport", transport]
+    return Group(f"nbrpc cluster ({transport})", [command], _environment_without_fast_alloc(), timeout)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time ``pid`` has used, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _environment_without_fast_alloc() -> dict[str, str]:
@@ -201,41 +210,3 @@ def end_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def import_torch_seconds(count: int) -> float:
-    """Wall time for ``count`` Python processes, started together, to import torch and exit.
-
-    Each starts in its own session, like an nbrpc worker kernel (see the module docstring).
-    """
-    procs = []
-    try:
-        began = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-c", "import torch"], stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
-                 for _ in range(count)]
-        codes = [proc.wait() for proc in procs]
-        elapsed = time.perf_counter() - began
-    finally:
-        end_processes(procs)
-    if any(codes):
-        raise RuntimeError(f"'python -c \"import torch\"' failed with exit codes {codes}")
-    return elapsed
-
-
-def nbrpc_start_seconds(workers: int, timeout: float = 180.0) -> float:
-    """Seconds ``nbrpc.start(workers)`` takes in a fresh driver process (``nbrpc_start.py``)."""
-    proc = subprocess.Popen([sys.executable, str(HERE / "nbrpc_start.py"), str(workers)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        end_processes([proc])
-    if proc.returncode:
-        raise RuntimeError(f"nbrpc_start.py {workers} failed with exit code {proc.returncode}")
-    report = json.loads(out.strip().splitlines()[-1])
-    survivors = [pid for pid in report["pids"] if pid_alive(pid)]
-    if survivors:
-        kill_pids(survivors)
-        raise RuntimeError(f"cluster.shutdown() left worker processes running: {survivors}")
-    return report["seconds"]

@@ -24,14 +24,14 @@ def main(argv: list[str] | None = None) -> None:
     replies = commands.claim_stdout()
     commands.exit_with_parent()
     os.environ["TP_SOCKET_IFNAME"] = "lo"  # TensorPipe listens on loopback only
-    import torch.distributed.rpc as rpc
-
     import timing
+    import torch.distributed.rpc as rpc
 
     options = rpc.TensorPipeRpcBackendOptions(
         num_worker_threads=args.threads,
         rpc_timeout=args.timeout,
         init_method=f"file://{args.store}",
+        **({"_transports": ["uv"]} if args.transport == "uv" else {}),
     )
     rpc.init_rpc(NAMES[args.rank], rank=args.rank, world_size=2, rpc_backend_options=options)
     if args.rank == 0:
@@ -43,6 +43,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, choices=(0, 1), required=True)
     parser.add_argument("--store", required=True, help="rendezvous file (must not exist yet)")
+    parser.add_argument("--transport", choices=("uv", "default"), default="default",
+                        help="TensorPipe transports: uv only, or torch's default (shm, uv)")
     parser.add_argument("--threads", type=int, default=16, help="num_worker_threads")
     parser.add_argument("--timeout", type=float, default=60.0, help="rpc_timeout in seconds")
     return parser.parse_args(argv)

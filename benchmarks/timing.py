@@ -12,7 +12,6 @@ import time
 
 import torch
 import torch.distributed.rpc as rpc
-
 from targets import echo
 
 TENSOR_MB = 100

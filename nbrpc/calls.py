@@ -19,7 +19,7 @@ Wrappers, installed in every member by ``group.join``:
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed.rpc as rpc
@@ -43,8 +43,25 @@ _torch_to_here = rpc.PyRRef.to_here
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
-# Set by the driver's cluster: worker name -> why it is gone, or None if alive.
-worker_fate: Callable[[str], str | None] = lambda name: None
+
+
+def _no_fate(name: str) -> str | None:
+    return None
+
+
+# Worker name -> why it is gone, or None if alive: told by the running cluster.
+_fate: Callable[[str], str | None] = _no_fate
+
+
+def set_worker_fate(fate: Callable[[str], str | None] | None) -> None:
+    """Let ``fate`` say why a worker is gone (the running cluster), or nothing (None)."""
+    global _fate
+    _fate = fate or _no_fate
+
+
+def worker_fate(name: str) -> str | None:
+    """Why worker ``name`` is gone, or None while it runs (or no cluster knows it)."""
+    return _fate(name)
 
 
 def install() -> None:

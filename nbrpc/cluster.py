@@ -17,12 +17,14 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch.distributed.rpc as rpc
 from jupyter_core.utils import ensure_event_loop
 
-from . import attach as attach_mod, calls, devices, execution, group, rrefs, ssh as ssh_mod, template, workers
+from . import attach as attach_mod
+from . import calls, devices, execution, group, rrefs, template, workers
+from . import ssh as ssh_mod
 from ._util import LOOPBACK, muted_stderr
 from .errors import (
     ClusterRunningError,
@@ -176,7 +178,7 @@ class Cluster:
             w.rank = rank
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
-        calls.worker_fate = self._fate
+        calls.set_worker_fate(self._fate)
         try:
             if self._remote:
                 self._remote.start(self, driver, began + self.startup_timeout)
@@ -217,7 +219,7 @@ class Cluster:
         finally:
             self._store = None
             self.state = "stopped"
-            calls.worker_fate = lambda name: None
+            calls.set_worker_fate(None)
             if _current is self:
                 _current = None
 

@@ -33,8 +33,8 @@ import threading
 import types
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import cloudpickle
 from cloudpickle import cloudpickle as _cp

@@ -18,8 +18,8 @@ import datetime
 import os
 import secrets
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch.distributed as dist
 import torch.distributed.autograd as dist_autograd

@@ -20,7 +20,7 @@ import ctypes
 import itertools
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

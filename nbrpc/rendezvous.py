@@ -26,7 +26,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ._util import LOOPBACK, listening_socket
 from .errors import JoinRefusedError
@@ -115,7 +115,7 @@ class Rendezvous:
         while not self._closed.is_set():
             try:
                 sock, peer = self._listener.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             threading.Thread(target=self._serve, args=(sock, peer), daemon=True,
                              name=f"nbrpc-join-{peer[0]}").start()

@@ -261,8 +261,8 @@ def _fill_summaries(timeout: float) -> None:
     by_owner: dict[int, list] = collections.defaultdict(list)
     me = _my_id()
     with _ledger.lock:
-        unknown = [(rid, h) for rid, h in _ledger.held.items() if h.summary is None]
-    for rid, held in unknown:
+        unknown = [h for h in _ledger.held.values() if h.summary is None]
+    for held in unknown:
         rref = next((r for r in map(lambda w: w(), held.refs) if r is not None), None)
         if rref is None:
             continue

@@ -140,7 +140,7 @@ def _explain(obj, error: Exception) -> str:
         named += [(f"keyword argument {k!r}", v) for k, v in (obj.kwargs or {}).items()]
     else:
         named = [("the result", obj)]
-    for label, value in named:
+    for _, value in named:
         culprit = definitions.unsendable_global(value, _pickles)
         if culprit:
             return (

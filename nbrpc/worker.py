@@ -17,7 +17,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from . import devices, group, serialization
 from ._util import pid_alive

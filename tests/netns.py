@@ -25,6 +25,7 @@ import threading
 import time
 
 from conftest import Pids
+
 from nbrpc._util import kill_pids
 
 SUBNET = "10.231.7"

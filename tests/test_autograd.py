@@ -155,7 +155,9 @@ def test_context_gone_after_its_block_is_a_clear_error(stages):
 
 
 def test_join_pairs_sends_and_recvs_by_message_id():
-    piece = lambda name, wid, nodes: dict(name=name, id=wid, nodes=nodes, edges=[], gradients=[])
+    def piece(name, wid, nodes):
+        return dict(name=name, id=wid, nodes=nodes, edges=[], gradients=[])
+
     snap = autograd.join(7, [
         piece("a", 0, [dict(id="a:0", worker="a", name=RECV, message_id=1 << 48),
                        dict(id="a:1", worker="a", name=SEND, message_id=5)]),

@@ -6,8 +6,8 @@ cluster and shows ``%rref_graph``. The test checks the nodes, hover details,
 click-to-pin (read back from the kernel), the fork toggle, the worker filter and a
 live update that arrives while a cell is still running, and saves screenshots under
 build/browser/. Jupyter Notebook 7, which loads the same extensions, shows the live
-graph too: its nodes, click-to-pin and a live update. It also measures the first paint of 1,000 RRefs over 8 workers, and
-(no browser needed) ``nbrpc.rref_snapshot()`` of 1,000 RRefs on 8 worker kernels;
+graph too: its nodes, click-to-pin and a live update. It also measures the first paint of
+1,000 RRefs over 8 workers, and (no browser needed) ``nbrpc.rref_snapshot()`` of 1,000 RRefs on 8 worker kernels;
 both print their numbers and add them to build/browser/perf.json.
 
 The browser is the system's chromium (``apt-get install chromium``; Playwright never
@@ -35,9 +35,9 @@ import nbformat
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import wait_gone
 
 import nbrpc
-from conftest import wait_gone
 from nbrpc._util import kill_pids, pid_alive
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

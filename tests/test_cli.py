@@ -9,8 +9,8 @@ import sys
 import tempfile
 
 import nbformat
-
 from conftest import _marked, wait_gone
+
 from nbrpc._util import pid_alive
 
 

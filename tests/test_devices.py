@@ -10,13 +10,12 @@ import itertools
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import worker_pids
 
 import nbrpc
 from nbrpc import devices, group
 from nbrpc.devices import Placement
 from nbrpc.errors import DeviceMapError
-
-from conftest import worker_pids
 
 MEMBERS = ["master", "worker1", "worker2"]
 

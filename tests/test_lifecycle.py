@@ -20,12 +20,11 @@ import time
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import Pids, wait_gone
 from jupyter_client import KernelManager
 
 import nbrpc
 from nbrpc._util import pid_alive, process_usage
-
-from conftest import Pids, wait_gone
 
 # The contract's numbers, and margins for a loaded two-core machine.
 DRIVER_DEATH_EXIT = 10.0

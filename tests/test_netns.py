@@ -19,10 +19,10 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import netns
+import pytest
 from netns import Driver, DriverError, Network, Process
+
 from nbrpc._util import pid_alive
 from nbrpc.rendezvous import LOST_AFTER, ORPHANED_AFTER
 

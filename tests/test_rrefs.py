@@ -11,11 +11,10 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import wait_gone
 
 import nbrpc
 from nbrpc import rrefs
-
-from conftest import wait_gone
 
 # Workers cannot import this file: its functions travel by value, like a notebook's.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

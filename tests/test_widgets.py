@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
+from _snapshots import AUTOGRAD, RREF, synthetic
 
 import nbrpc
-from _snapshots import AUTOGRAD, RREF, synthetic
 from nbrpc.widgets import AutogradGraph, RRefGraph, describe, layout, svg
 
 SVG_NS = "{http://www.w3.org/2000/svg}"

@@ -8,6 +8,7 @@ from IPython.display import display, publish_display_data
 
 from ..cluster import text_progress
 
+
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (a front end can render widgets and HTML)."""
     from IPython import get_ipython

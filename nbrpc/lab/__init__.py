@@ -19,8 +19,8 @@ Parts:
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .. import cluster as cluster_mod
 from . import dist_autograd, param_server, rpc_basics, teacher

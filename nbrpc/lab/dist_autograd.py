@@ -12,7 +12,7 @@ import torch.distributed.rpc as rpc
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._checking import _Checks, _call, _close, _loss_is, _show, _Wrong
+from ._checking import _call, _Checks, _close, _loss_is, _show, _Wrong
 
 # This lab's checkers by exercise name, in the order of its notebook.
 CHECKS = _Checks()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed.rpc as rpc
 
-from ._checking import _Checks, _call, _close, _show, _Wrong
+from ._checking import _call, _Checks, _close, _show, _Wrong
 
 # This lab's checkers by exercise name, in the order of its notebook.
 CHECKS = _Checks()
@@ -95,7 +95,7 @@ def _check_make_counter(make_counter) -> str:
         if owner != worker:
             raise _Wrong(f"the RRef from make_counter({worker!r}, {start}) is owned by {owner}",
                          "pass the `worker` argument to rpc.remote")
-        value = _call(lambda: rref.rpc_sync().value(), what="asking the Counter for value()",
+        value = _call(lambda rref=rref: rref.rpc_sync().value(), what="asking the Counter for value()",
                       returns=False)
         if value != start:
             raise _Wrong(f"the Counter on {worker} counts {_show(value)}, expected {start}",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 from ..cluster import Cluster, current
 
