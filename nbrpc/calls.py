@@ -18,7 +18,9 @@ Wrappers, installed in every member by ``group.join``:
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -43,6 +45,12 @@ _torch_to_here = rpc.PyRRef.to_here
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
+# How long a waiting call checks for its answer before it sleeps on an Event (s).
+SETTLE = 0.002
+# Threads that wait on blocking torch calls (to_here) for the main thread; one that
+# was interrupted stays busy until its call ends.
+HELPERS = 8
+_helpers: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def _no_fate(name: str) -> str | None:
@@ -95,10 +103,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     worker too) and with named failures."""
     fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout)
     try:
-        if not fut.done() and threading.current_thread() is threading.main_thread():
-            done = threading.Event()
-            fut.add_done_callback(lambda _: done.set())
-            _await(done, to)
+        _wait(fut, to)
         return fut.wait()
     except RuntimeError as e:
         named = _named(e, to, _label("rpc_sync", to, func), timeout)
@@ -140,10 +145,7 @@ class NamedFuture(torch.futures.Future):
     def wait(self):
         to, label, timeout, call_id = self._call
         try:
-            if not self.done() and threading.current_thread() is threading.main_thread():
-                done = threading.Event()
-                self.add_done_callback(lambda _: done.set())
-                _await(done, to)
+            _wait(self, to)
             return super().wait()
         except RuntimeError as e:
             named = _named(e, to, label, timeout)
@@ -203,6 +205,30 @@ def _label(how: str, to, func) -> str:
     return f"{how}({name!r}, {getattr(func, '__qualname__', repr(func))})"
 
 
+def _wait(fut, to) -> None:
+    """On the main thread, wait for ``fut`` (torch's or concurrent's) in a way Ctrl-C can
+    interrupt; elsewhere, leave the waiting to the caller."""
+    if threading.current_thread() is threading.main_thread() and not _settled(fut):
+        done = threading.Event()
+        fut.add_done_callback(lambda _: done.set())
+        _await(done, to)
+
+
+def _settled(fut, within: float = SETTLE) -> bool:
+    """Whether ``fut`` completes within ``within`` seconds, checked between yields.
+
+    Most calls in a notebook answer in well under a millisecond: waiting for them
+    here costs less than a done-callback and an Event, and Ctrl-C still lands
+    between two checks.
+    """
+    end = time.perf_counter() + within
+    while not fut.done():
+        if time.perf_counter() > end:
+            return False
+        time.sleep(0)  # lets the thread that completes it take the GIL
+    return True
+
+
 def _await(done: threading.Event, to) -> None:
     """Wait for ``done`` in steps Ctrl-C can interrupt, giving up if the worker is gone."""
     name = to if isinstance(to, str) else getattr(to, "name", None)
@@ -215,22 +241,12 @@ def _await(done: threading.Event, to) -> None:
 
 def _in_background(call: Callable, to):
     """``call()`` on a helper thread while this one waits interruptibly."""
-    outcome: dict = {}
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as e:  # handed over to the waiting thread
-            outcome["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="nbrpc-wait", daemon=True).start()
-    _await(done, to)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    global _helpers
+    if _helpers is None:  # kept between calls: a new thread per call costs more than the call
+        _helpers = concurrent.futures.ThreadPoolExecutor(HELPERS, thread_name_prefix="nbrpc-wait")
+    job = _helpers.submit(call)
+    _wait(job, to)
+    return job.result()
 
 
 def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:
