@@ -84,3 +84,60 @@ class AutogradSnapshot(TypedDict):
     nodes: list[AutogradNode]
     edges: list[AutogradEdge]
     gradients: list[Gradient]  # filled after dist_autograd.backward
+
+
+class Bytes(TypedDict):
+    """What one message carried: tensor data and the pickle around it, apart."""
+
+    tensor: int
+    pickle: int
+
+
+class CallRecord(TypedDict):
+    """One RPC, assembled from its caller's and its callee's records.
+
+    Times are seconds on the driver's clock (``time.monotonic()`` of the driver;
+    members on other machines are corrected by their estimated offset). A time the
+    record lacks (the callee's part of a call to a member that left, a reply that
+    never came) is None.
+    """
+
+    id: str  # "<caller>:<n>", unique in the group
+    caller: str
+    callee: str
+    # How it was made: rpc_sync, rpc_async, remote, to_here, rref_helper (rref.rpc_sync().m()),
+    # autograd (a backward pass's gradients), optimizer (DistributedOptimizer.step), internal.
+    kind: str
+    name: str  # the qualified function name, or torch's message type for internal calls
+    sent: float  # the caller sent it
+    began: float | None  # a thread of the callee began running it
+    ended: float | None  # ... and ended
+    replied: float | None  # the reply arrived at the caller
+    thread: str | None  # the callee's thread that ran it
+    request: Bytes
+    reply: Bytes | None
+    parent: str | None  # the call during which the caller sent this one (nesting)
+    context: int | None  # the distributed autograd context, if any
+    rref: str | None  # the RRef it made or used, if any
+    error: str | None  # "ExceptionClass: message" when it failed
+
+
+class ClockEstimate(TypedDict):
+    """How a member's clock maps to the driver's: ``driver = local + offset``,
+    good to ``bound`` seconds (0 for members on the driver's machine)."""
+
+    worker: str
+    offset: float
+    bound: float
+
+
+class TraceSnapshot(TypedDict):
+    """``t.snapshot()`` of ``nbrpc.trace()``, or a cluster's recording: the calls whose
+    ``sent`` lies in [start, end], merged from every member (bounded per member)."""
+
+    workers: list[Member]
+    calls: list[CallRecord]
+    clocks: list[ClockEstimate]
+    start: float
+    end: float
+    dropped: int  # records lost to a member's bounded ring in that window
