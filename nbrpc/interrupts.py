@@ -56,6 +56,10 @@ class Stoppable:
         # torch's RPC profiler names the call by the function it is given.
         self.__qualname__ = _what(func)
 
+    def __reduce__(self):
+        # The function and the id only: the smallest message, and the least to unpickle.
+        return Stoppable, (self.func, self.call_id)
+
     def __call__(self, *args, **kwargs):
         me = threading.get_ident()
         try:
@@ -76,9 +80,10 @@ class Stoppable:
 
 def _forget(call_id: str, thread: int) -> None:
     with _lock:
-        _running.pop(call_id, None)
-        # A stop that came as the function returned must not hit this thread's next call.
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
+        if _running.pop(call_id, None) is None:
+            # stop() took it: a stop that came as the function returned must not hit
+            # this thread's next call.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
 
 
 def stop(call_id: str) -> bool:
