@@ -18,9 +18,9 @@ Wrappers, installed in every member by ``group.join``:
 
 from __future__ import annotations
 
+import _thread
 import concurrent.futures
 import threading
-import time
 from collections.abc import Callable
 
 import torch
@@ -45,8 +45,6 @@ _torch_to_here = rpc.PyRRef.to_here
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
-# How long a waiting call checks for its answer before it sleeps on an Event (s).
-SETTLE = 0.002
 # Threads that wait on blocking torch calls (to_here) for the main thread; one that
 # was interrupted stays busy until its call ends.
 HELPERS = 8
@@ -207,32 +205,24 @@ def _label(how: str, to, func) -> str:
 
 def _wait(fut, to) -> None:
     """On the main thread, wait for ``fut`` (torch's or concurrent's) in a way Ctrl-C can
-    interrupt; elsewhere, leave the waiting to the caller."""
-    if threading.current_thread() is threading.main_thread() and not _settled(fut):
-        done = threading.Event()
-        fut.add_done_callback(lambda _: done.set())
+    interrupt; elsewhere, leave the waiting to the caller.
+
+    A lock released by the future's done-callback: acquiring a lock with a timeout is
+    interruptible and costs no CPU while it waits, where polling ``done()`` took a core
+    from the threads that answer the call.
+    """
+    if threading.current_thread() is threading.main_thread() and not fut.done():
+        done = _thread.allocate_lock()
+        done.acquire()
+        fut.add_done_callback(lambda _: done.release())
         _await(done, to)
 
 
-def _settled(fut, within: float = SETTLE) -> bool:
-    """Whether ``fut`` completes within ``within`` seconds, checked between yields.
-
-    Most calls in a notebook answer in well under a millisecond: waiting for them
-    here costs less than a done-callback and an Event, and Ctrl-C still lands
-    between two checks.
-    """
-    end = time.perf_counter() + within
-    while not fut.done():
-        if time.perf_counter() > end:
-            return False
-        time.sleep(0)  # lets the thread that completes it take the GIL
-    return True
-
-
-def _await(done: threading.Event, to) -> None:
-    """Wait for ``done`` in steps Ctrl-C can interrupt, giving up if the worker is gone."""
+def _await(done, to) -> None:
+    """Wait until ``done`` (a held lock) is released, in steps Ctrl-C can interrupt,
+    giving up if the worker is gone."""
     name = to if isinstance(to, str) else getattr(to, "name", None)
-    while not done.wait(FATE_POLL):
+    while not done.acquire(timeout=FATE_POLL):
         # A worker whose link went silent never answers, and torch would
         # wait out the whole RPC timeout to say so.
         if name is not None and worker_fate(name):
