@@ -170,3 +170,26 @@ def process_usage(pid: int | str = "self") -> dict:
             status[key] = value.split()
     return {"descriptors": len(os.listdir(f"/proc/{pid}/fd")),
             "rss_mb": int(status["VmRSS"][0]) / 1024, "threads": int(status["Threads"][0])}
+
+
+# Enough descriptors for thousands of workers over a kernel's life (see raise_fd_limit).
+FD_LIMIT = 65536
+
+
+def raise_fd_limit(wanted: int = FD_LIMIT) -> int:
+    """Raise this process's soft limit on open descriptors toward ``wanted`` (never
+    above the hard limit); returns the soft limit now.
+
+    torch's RPC agent keeps its connections to every worker that ever left (about two
+    descriptors each, for the life of the process), so a driver that starts clusters
+    all day would reach a soft limit of 1024, common on laptops, and then fail to
+    accept connections at all.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft

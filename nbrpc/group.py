@@ -27,7 +27,7 @@ import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
 from . import calls, devices, remote_errors, rrefs, serialization
-from ._util import LOOPBACK, listening_ports, listening_socket, muted_stderr, silence_torch_noise
+from ._util import LOOPBACK, listening_ports, listening_socket, muted_stderr, raise_fd_limit, silence_torch_noise
 from .errors import ClusterRunningError
 
 DRIVER_RANK = 0
@@ -108,6 +108,7 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
                 "torch RPC is already initialized in this process (rpc.init_rpc was "
                 "called); call rpc.shutdown() before starting an nbrpc cluster"
             )
+        raise_fd_limit()
         store = host_store(LOOPBACK, 0, store_timeout)
         prefix = f"nbrpc-{uuid.uuid4().hex[:12]}"
         key = secrets.token_bytes(32)

@@ -57,3 +57,26 @@ def test_bad_transport_names_the_choices():
     with pytest.raises(ValueError, match="transport must be one of 'uv', 'shm', got 'tcp'"):
         nbrpc.Cluster(1, transport="tcp")
 
+
+
+FD_DRIVER = """
+import json, resource
+import nbrpc
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # a laptop's usual soft limit
+cluster = nbrpc.start(1, progress=None)
+print(json.dumps({"pids": [w.pid for w in cluster.workers], "hard": hard,
+                  "soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}), flush=True)
+cluster.shutdown()
+"""
+
+
+def test_the_driver_raises_its_descriptor_limit(drivers):
+    # torch keeps two descriptors per departed worker for the kernel's life; 1024 would
+    # run out after a few hundred clusters.
+    driver = drivers(FD_DRIVER)
+    record = driver.expect("soft", 120)
+    driver.pids.add(*record["pids"])
+    assert record["soft"] == min(65536, record["hard"])
+    assert driver.proc.wait(timeout=30) == 0
