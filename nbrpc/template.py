@@ -221,7 +221,7 @@ def _running() -> Template:
     variables changed since it started (a library imported later set ``KMP_*``, say),
     so later workers fork from one that matches them."""
     global _template
-    from .workers import FAST_ALLOC_ENV
+    from .launchers.local import FAST_ALLOC_ENV
 
     env = {**os.environ, **FAST_ALLOC_ENV}
     if _template is None or not _template.alive() or start_env(_template.env) != start_env(env):

@@ -61,8 +61,9 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     import signal
     import tempfile
 
-    from . import addresses, rendezvous, workers
     from ._util import LOOPBACK
+    from .launchers import addresses, rendezvous
+    from .launchers.base import write_unbound_connection_file
 
     store_port = rendezvous.relay_store(address, token)
     sock, grant = rendezvous.request_join(address, token, name)
@@ -72,7 +73,7 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     os.environ["NBRPC_INTERFACE"] = addresses.interface_of(ip) or ""
     scratch = tempfile.mkdtemp(prefix=f"nbrpc-{grant['name']}-")
     connection_file = os.path.join(scratch, "kernel.json")
-    workers.write_unbound_connection_file(connection_file, ip)
+    write_unbound_connection_file(connection_file, ip)
 
     # The kernel sends this process's stdout and stderr to its clients; the terminal
     # (or the ssh session, or the batch log) still gets what this bootstrap says.

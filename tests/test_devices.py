@@ -229,7 +229,7 @@ def test_worker_settings_round_trip():
 
 
 def test_cluster_worker_env_holds_each_workers_part(cluster, monkeypatch):
-    from nbrpc.workers import Worker
+    from nbrpc.launchers.local import LocalWorker as Worker
 
     assert "NBRPC_DEVICES" not in cluster._worker_env(Worker("worker2", 2), "p")
     # The plan of a pretend machine with 2 GPUs, as a cluster there would hold it.

@@ -24,7 +24,7 @@ import pytest
 from netns import Driver, DriverError, Network, Process
 
 from nbrpc._util import pid_alive
-from nbrpc.rendezvous import LOST_AFTER, ORPHANED_AFTER
+from nbrpc.launchers.rendezvous import LOST_AFTER, ORPHANED_AFTER
 
 REASON = netns.unavailable()
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]

@@ -15,9 +15,10 @@ import pytest
 import torch.distributed.rpc as rpc
 
 import nbrpc
-from nbrpc import template, workers
+from nbrpc import template
 from nbrpc._util import pid_alive
 from nbrpc.errors import WorkerStartError
+from nbrpc.launchers import local
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +120,7 @@ def test_a_fork_that_fails_is_a_clear_error_and_leaks_nothing(tmp_path):
     before = set(_children(os.getpid()))
     log = tmp_path / "output.log"
     log.write_bytes(b"")
-    env = {**os.environ, **workers.FAST_ALLOC_ENV}
+    env = {**os.environ, **local.FAST_ALLOC_ENV}
     with pytest.raises(WorkerStartError, match=r"could not be forked.*FileNotFoundError.*no-such-folder"):
         template.launch("worker9", ["-f", str(tmp_path / "kernel.json")], env, str(tmp_path / "no-such-folder"),
                         str(log))
