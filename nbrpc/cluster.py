@@ -29,6 +29,7 @@ from .errors import (
     WorkerStartError,
 )
 from .launchers.base import Progress, Worker
+from .settings import WorkerSettings
 
 __all__ = ["Cluster", "current", "start"]
 
@@ -334,33 +335,26 @@ class Cluster:
         if self.state != "running":
             raise NoClusterError(f"the cluster is {self.state}; start one with %rpc_init or nbrpc.start()")
 
-    def admit(self, worker: Worker) -> dict[str, str]:
+    def admit(self, worker: Worker) -> WorkerSettings:
         """Give ``worker`` the next rank, list it, and return the settings it starts with
         (what every launcher calls, for the workers it starts and for later joins)."""
         with self._admitting:
             worker.rank = self._driver.take_ranks(1)[0]
             if not any(w is worker for w in self._workers):
                 self._workers.append(worker)
-        return self._worker_env(worker, self._driver.prefix)
+        return self._settings(worker)
 
     def known_workers(self) -> list[Worker]:
         """Every worker listed so far, states as they were last seen."""
         return list(self._workers)
 
-    def _worker_env(self, w: Worker, prefix: str) -> dict[str, str]:
-        """Every setting a worker reads at start (workers joining from elsewhere get
-        these too, except the ones about this machine: store, driver pid, interface)."""
-        return {
-            **self.env,
-            "NBRPC_PREFIX": prefix,
-            "NBRPC_NAME": w.name, "NBRPC_RANK": str(w.rank),
-            "NBRPC_THREADS": str(self.threads), "NBRPC_TIMEOUT": str(self.timeout),
-            "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
-            "NBRPC_TRACK": "1" if self.track else "0",
-            "NBRPC_KEY": self._driver.key.hex(),
-            "NBRPC_TRANSPORT": self.transport,
-            **devices.to_settings(self.placements.get(w.name)),
-        }
+    def _settings(self, w: Worker) -> WorkerSettings:
+        """What worker ``w`` starts with (a local launcher adds where the store is)."""
+        return WorkerSettings(
+            name=w.name, rank=w.rank, prefix=self._driver.prefix, key=self._driver.key,
+            threads=self.threads, timeout=self.timeout, track=self.track, transport=self.transport,
+            placement=self.placements.get(w.name), env=dict(self.env),
+        )
 
     def _leave_gracefully(self) -> None:
         """Each worker leaves the group in turn (torch's membership lock orders them)."""

@@ -11,17 +11,15 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
+from ..settings import check_name
 from .attach import AttachLauncher
 from .base import Admission, Launcher, Worker
 from .local import LocalLauncher
 from .ssh import SshLauncher, parse_hosts
 
 __all__ = ["Admission", "Launcher", "Worker", "choose"]
-
-_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 
 
 def choose(n: int | None, names, driver_name: str, attach: int | None, bind: str | None, port: int,
@@ -72,11 +70,7 @@ def _check_names(names: list[str], driver_name: str) -> None:
     if not names:
         raise ValueError("a cluster needs at least one worker name")
     for name in [*names, driver_name]:
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(
-                f"invalid worker name {name!r}: use letters, digits, '_', ':' or '-' "
-                "(1 to 127 characters), as torch RPC requires"
-            )
+        check_name(name)
     everyone = [*names, driver_name]
     duplicates = sorted({x for x in everyone if everyone.count(x) > 1})
     if duplicates:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import sys
 import tempfile
@@ -28,13 +27,11 @@ from dataclasses import dataclass, field
 from .. import group
 from .._util import kill_pids
 from ..errors import JoinRefusedError, WorkerStartError
+from ..settings import check_name
 from . import addresses
 from .base import Admission, Worker, close_clients, connect, mark_stopped
 from .rendezvous import LOST_AFTER, Link, Rendezvous, receive, send
 
-# Settings that describe the driver's own machine; a remote worker sets its own.
-_LOCAL_ONLY = ("NBRPC_STORE", "NBRPC_DRIVER_PID", "NBRPC_INTERFACE")
-_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 RELEASE_WAIT = 5.0
 
 
@@ -196,10 +193,9 @@ class AttachLauncher:
             w = RemoteWorker(name, 0, host=str(hello.get("host", "?")),
                              ip=peer[0], pid=hello.get("pid"), state="joining")
             w.launcher = self._claim(name)
-            env = self.cluster.admit(w)
-        settings = {k: v for k, v in env.items() if k not in _LOCAL_ONLY}
+            settings = self.cluster.admit(w)
         try:
-            send(sock, {"ok": True, "name": w.name, "rank": w.rank, "settings": settings})
+            send(sock, {"ok": True, "name": w.name, "rank": w.rank, "settings": settings.to_wire()})
             sock.settimeout(self.cluster.startup_timeout)
             kernel = receive(sock)["kernel"]
         except (OSError, ConnectionError, KeyError, TypeError):
@@ -214,10 +210,10 @@ class AttachLauncher:
     def _grant_name(self, requested) -> str:
         taken = {w.name for w in self.cluster.known_workers()} | set(group.member_names())
         if requested:
-            if not isinstance(requested, str) or not _NAME.match(requested):
-                raise JoinRefusedError(
-                    f"invalid worker name {requested!r}: use letters, digits, '_', ':' or '-' "
-                    "(1 to 127 characters)")
+            try:
+                check_name(requested)
+            except ValueError as e:
+                raise JoinRefusedError(str(e)) from None
             if requested in taken:
                 raise JoinRefusedError(
                     f"the name {requested!r} is taken in this cluster; pass another --name, "

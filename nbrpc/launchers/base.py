@@ -31,6 +31,7 @@ from .._util import LOOPBACK
 
 if TYPE_CHECKING:
     from ..group import DriverGroup
+    from ..settings import WorkerSettings
 
 Progress = Callable[[int, int, str], None]
 
@@ -71,7 +72,7 @@ class Admission(Protocol):
     state: str
     progress: Progress
 
-    def admit(self, worker: Worker) -> dict[str, str]:
+    def admit(self, worker: Worker) -> WorkerSettings:
         """Give ``worker`` the next rank, list it, and return the settings it starts with."""
 
     def known_workers(self) -> list[Worker]:

@@ -101,12 +101,13 @@ class LocalLauncher:
             template.prestart()  # it imports torch while the driver joins RPC
 
     def start(self, cluster: Admission, driver: group.DriverGroup, deadline: float) -> None:
-        envs = [(w, cluster.admit(w)) for w in self.workers]
         store = f"{LOOPBACK}:{driver.store.port}"
+        settings = [(w, cluster.admit(w).for_this_machine(store, os.getpid(), self.interface))
+                    for w in self.workers]
         total = len(self.workers)
         cluster.progress(0, total, f"starting {total} worker kernel{'s' * (total > 1)}")
-        for w, env in envs:
-            launch(w, {**env, "NBRPC_STORE": store}, os.getcwd(), warm_start=self.warm_start)
+        for w, s in settings:
+            launch(w, s.to_env(), os.getcwd(), warm_start=self.warm_start)
         self._await_joined(cluster, deadline)
 
     def close(self) -> None:
