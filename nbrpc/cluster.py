@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import torch.distributed.rpc as rpc
 
-from . import calls, devices, execution, group, launchers, rrefs, template
+from . import calls, devices, execution, group, launchers, rref_ledger, template, torch_compat
 from ._util import muted_stderr
 from .errors import (
     ClusterRunningError,
@@ -163,7 +163,8 @@ class Cluster:
         driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
                                     self.launcher.interface, self._driver_placement(), self.transport)
         self._driver, self._store = driver, driver.store
-        rrefs.install(self.track)
+        torch_compat.install(self.track)  # tracking is each cluster's choice
+        rref_ledger.reset()
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         calls.set_worker_fate(self._fate)
@@ -407,7 +408,7 @@ def _no_counts() -> dict:
 
 def _debug_counts(local: bool = False) -> dict:
     """Busy RPC threads and owned RRefs of this member, from torch's debug info."""
-    info = rpc._get_debug_info()
+    info = torch_compat.debug_info()
     busy = int(info["agent.thread_pool_size"]) - int(info["agent.num_idle_threads"])
     # Asked over RPC, one busy thread is the one answering.
     return {"busy": busy - (0 if local else 1), "owned_rrefs": int(info["num_owner_rrefs"])}

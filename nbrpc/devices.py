@@ -195,22 +195,23 @@ def install(devices: list[int], replies: dict[str, dict[int, int]]) -> None:
     - every leave (``rpc.shutdown`` of a dynamic member) sends ``[]`` and ``{}``,
       which erase every device and every reply map in the members that stay.
 
-    The agent only offers ``_update_group_membership``: a leave of a worker that
+    The agent only offers ``torch_compat.update_group_membership``: a leave of a worker that
     does not exist keeps exactly the given devices and reply-map names and erases
     the rest, and a join of this member itself (already known, so nothing else
     changes) inserts the given reply maps and devices.
     """
     import torch
     import torch.distributed.rpc as rpc
-    from torch.distributed.rpc import api
 
-    agent = api._get_current_rpc_agent()
+    from . import torch_compat
+
+    agent = torch_compat.current_agent()
     cuda = [torch.device("cuda", d) for d in devices]
     nobody = rpc.WorkerInfo("nbrpc:nobody", 32767)
-    agent._update_group_membership(nobody, cuda, {}, False)
+    torch_compat.update_group_membership(agent, nobody, cuda, {}, False)
     maps = {caller: {torch.device("cuda", a): torch.device("cuda", b) for a, b in m.items()}
             for caller, m in replies.items()}
-    agent._update_group_membership(agent.get_worker_info(), cuda, maps, True)
+    torch_compat.update_group_membership(agent, agent.get_worker_info(), cuda, maps, True)
 
 
 def check_driver(joined: Placement, needed: Placement) -> None:

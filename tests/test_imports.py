@@ -50,7 +50,8 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {"calls", "cluster", "errors", "execution", "group", "serialization", "worker",
                 "launchers", "launchers.local", "launchers.attach", "launchers.ssh", "launchers.rendezvous",
-                "launchers.addresses", "rrefs", "autograd", "lab", "lab.teacher",
+                "launchers.addresses", "rrefs", "rref_ledger", "torch_compat", "settings", "autograd", "lab",
+                "lab.teacher",
                 "definitions", "remote_errors", "schemas", "status"}
     assert expected <= set(report["runtime"])
     assert report["headless"] == []

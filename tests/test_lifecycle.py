@@ -477,15 +477,15 @@ def test_a_driver_whose_listener_stopped_says_so(drivers):
 
 
 def test_tracking_off_and_on_again(clusters, pids):
-    from nbrpc import rrefs
+    from nbrpc import rref_ledger
 
     cluster = clusters(1, track=False)
     _start(cluster, pids)
-    assert rpc.remote is rrefs._torch_remote
+    assert rpc.remote is rref_ledger._torch_remote
     held = rpc.remote("worker1", torch.ones, args=((2,),))
     with pytest.raises(RuntimeError, match="tracking is off .* track=False"):
         nbrpc.rref_snapshot()
-    assert rpc.rpc_sync("worker1", rrefs.is_tracking) is False
+    assert rpc.rpc_sync("worker1", rref_ledger.is_tracking) is False
     del held
     cluster.shutdown()
 
@@ -493,7 +493,7 @@ def test_tracking_off_and_on_again(clusters, pids):
     _start(cluster, pids)
     held = rpc.remote("worker1", torch.ones, args=((2,),))
     assert [r["summary"] for r in nbrpc.rref_snapshot()["rrefs"]] == ["Tensor[2] float32"]
-    assert rpc.rpc_sync("worker1", rrefs.is_tracking) is True
+    assert rpc.rpc_sync("worker1", rref_ledger.is_tracking) is True
     del held
 
 
