@@ -5,13 +5,12 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import time
 
 import cloudpickle
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import wait_gone
+from conftest import wait_gone, wait_until
 
 import nbrpc
 from nbrpc import rref_ledger, rrefs
@@ -53,11 +52,12 @@ def owned_counts() -> dict[str, int]:
 
 def settle(check, timeout: float = 10.0):
     """Wait until ``check()`` is true: deletes reach owners asynchronously."""
-    deadline = time.monotonic() + timeout
-    while not check() and time.monotonic() < deadline:
+
+    def collected() -> bool:
         gc.collect()
-        time.sleep(0.05)
-    return check()
+        return check()
+
+    return wait_until(collected, timeout)
 
 
 def fork_events(snapshot, ids):
