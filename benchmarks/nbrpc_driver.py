@@ -20,7 +20,7 @@ from pathlib import Path
 import commands
 import timing
 
-from nbrpc import calls, rrefs
+from nbrpc import calls, rref_ledger
 
 HERE = Path(__file__).resolve().parent
 
@@ -44,11 +44,11 @@ def _measure(op: str, count: int):
     if op == "latency_unwrapped":
         return timing.measure("worker1", "latency", count, rpc_sync=calls._torch_rpc_sync)
     if op == "remote_untracked":
-        rrefs.install(False)  # the driver's share of tracking; the worker's stays on
+        rref_ledger.hook(False)  # the driver's share of tracking; the worker's stays on
         try:
             return timing.measure("worker1", "remote", count)
         finally:
-            rrefs.install(True)
+            rref_ledger.hook(True)
     return timing.measure("worker1", op, count)
 
 

@@ -24,9 +24,8 @@ import sys
 
 import torch
 import torch.distributed.autograd as dist_autograd
-from torch.distributed.rpc import api
 
-from . import calls
+from . import calls, torch_compat
 from .errors import AutogradContextError
 from .schemas import AutogradSnapshot
 
@@ -35,7 +34,7 @@ __all__ = ["autograd_snapshot", "record_autograd"]
 RECORDINGS_KEPT = 16
 _MESSAGE_KINDS = {"SendRpcBackward": "send", "RecvRpcBackward": "recv"}
 
-_torch_backward = dist_autograd.backward
+_torch_backward = torch_compat.backward
 _recorded: collections.OrderedDict[int, dict] = collections.OrderedDict()
 
 
@@ -74,7 +73,7 @@ def record_autograd(enabled: bool = True) -> None:
     or ``last_recorded()``; the latest few contexts are kept. Each recording costs
     one snapshot (a call to every worker) per backward: turn it on to look, then off.
     """
-    dist_autograd.backward = _recording_backward if enabled else _torch_backward
+    torch_compat.patch(torch_compat.BACKWARD, _recording_backward if enabled else _torch_backward)
 
 
 def last_recorded() -> dict:
@@ -119,16 +118,16 @@ def _tensors(roots) -> list:
 def local_graph(context_id: int, roots: list | None = None) -> dict | None:
     """This member's part of a context's graph, or None if it took no part."""
     try:
-        ctx = dist_autograd._retrieve_context(context_id)
+        ctx = torch_compat.retrieve_context(context_id)
     except RuntimeError:
         return None
-    me = api._get_current_rpc_agent().get_worker_info()
+    me = torch_compat.current_agent().get_worker_info()
     walk = _Walk(me.name)
-    for message_id, fn in sorted(ctx._send_functions().items()):
+    for message_id, fn in sorted(torch_compat.send_functions(ctx).items()):
         walk.visit(fn, message_id)
     for fn in roots or []:
         walk.visit(fn)
-    for message_id, fn in sorted(ctx._recv_functions().items()):
+    for message_id, fn in sorted(torch_compat.recv_functions(ctx).items()):
         walk.visit(fn, message_id)
     grads = dist_autograd.get_gradients(context_id)
     names = _parameter_names() if walk.leaves or grads else {}
@@ -140,7 +139,7 @@ def local_graph(context_id: int, roots: list | None = None) -> dict | None:
         for t, g in grads.items()
     ]
     return dict(name=me.name, id=me.id, nodes=walk.nodes, edges=walk.edges,
-                known=sorted(ctx._known_worker_ids()),
+                known=sorted(torch_compat.known_worker_ids(ctx)),
                 gradients=sorted(gradients, key=lambda g: g["param"]))
 
 

@@ -2,7 +2,7 @@
 
 Wrappers, installed in every member by ``group.join``:
 
-- ``api._to_worker_info`` (every ``rpc_sync``, ``rpc_async`` and ``remote`` resolves
+- ``torch_compat.to_worker_info`` (every ``rpc_sync``, ``rpc_async`` and ``remote`` resolves
   its destination through it): an unknown name raises ``UnknownWorkerError``
   listing the workers that exist.
 - ``rpc.rpc_sync``: waits on the main thread in a way Ctrl-C (the notebook's stop
@@ -25,11 +25,8 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed.rpc as rpc
-from torch.distributed.rpc import api
-from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
-from torch.distributed.rpc.internal import RPCExecMode
 
-from . import interrupts, remote_errors
+from . import interrupts, remote_errors, torch_compat
 from .errors import (
     NoClusterError,
     RpcTimeoutError,
@@ -37,11 +34,12 @@ from .errors import (
     UnknownWorkerError,
     WorkerDiedError,
 )
+from .torch_compat import UNSET_RPC_TIMEOUT, RPCExecMode
 
-_torch_to_worker_info = api._to_worker_info
-_torch_rpc_sync = api.rpc_sync
-_torch_remote = api.remote
-_torch_to_here = rpc.PyRRef.to_here
+_torch_to_worker_info = torch_compat.to_worker_info
+_torch_rpc_sync = torch_compat.rpc_sync
+_torch_remote = torch_compat.remote
+_torch_to_here = torch_compat.to_here
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
@@ -72,9 +70,9 @@ def worker_fate(name: str) -> str | None:
 
 def install() -> None:
     """Put the wrappers in place (idempotent)."""
-    api._to_worker_info = _to_worker_info
-    api.rpc_sync = rpc.rpc_sync = rpc_sync
-    api.rpc_async = rpc.rpc_async = rpc_async
+    torch_compat.patch(torch_compat.TO_WORKER_INFO, _to_worker_info)
+    torch_compat.patch(torch_compat.RPC_SYNC, rpc_sync)
+    torch_compat.patch(torch_compat.RPC_ASYNC, rpc_async)
 
 
 def _to_worker_info(to):
@@ -89,13 +87,13 @@ def _to_worker_info(to):
                 f"worker {to!r} {fate}; the other workers keep running. Start a new "
                 f"cluster (%rpc_shutdown, then %rpc_init) to get {to!r} back"
             ) from e
-        known = sorted(info.name for info in api._get_current_rpc_agent().get_worker_infos())
+        known = sorted(info.name for info in torch_compat.current_agent().get_worker_infos())
         which = f"named {to!r}" if isinstance(to, str) else f"with id {to!r}"
         msg = f"no worker {which} in this RPC group; the workers are: {', '.join(known)}"
         raise UnknownWorkerError(msg) from e
 
 
-@api._require_initialized
+@torch_compat.require_initialized
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
@@ -112,13 +110,13 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
         raise _stopped(to, _label("rpc_sync", to, func), call_id) from None
 
 
-@api._require_initialized
+@torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
     fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout)
     named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id)
-    if hasattr(api._thread_local_var, "future_list"):  # inside torch's _wait_all()
-        api._thread_local_var.future_list.append(named)
+    if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
+        torch_compat.call_thread_state.future_list.append(named)
     return named
 
 
@@ -189,13 +187,13 @@ def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
     """Send the call: a Python function goes with a new call id, so that an interrupt
     can stop it. Returns torch's future and the call id (None: cannot be stopped)."""
     if not interrupts.can_stop(func):
-        return api._invoke_rpc(to, func, mode, args, kwargs, timeout), None
+        return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
     sent = interrupts.Stoppable(func, interrupts.new_call_id())
     try:
-        return api._invoke_rpc(to, sent, mode, args, kwargs, timeout), sent.call_id
+        return torch_compat.invoke_rpc(to, sent, mode, args, kwargs, timeout), sent.call_id
     except SerializationError:
         # Sent bare, the error names the function or argument that does not pickle.
-        return api._invoke_rpc(to, func, mode, args, kwargs, timeout), None
+        return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
 
 
 def _label(how: str, to, func) -> str:
@@ -287,9 +285,9 @@ def ask_members(func: Callable, args: tuple = (), timeout: float = 5.0,
     """``func(*args)`` in every member of the group, in parallel: this process first (or
     ``here()`` instead), then the others over RPC; a member that cannot answer within
     ``timeout`` (gone, stuck) is left out."""
-    if not api._is_current_rpc_agent_set():
+    if not torch_compat.has_agent():
         raise NoClusterError("no RPC group in this process; start one with %rpc_init or nbrpc.start()")
-    agent = api._get_current_rpc_agent()
+    agent = torch_compat.current_agent()
     me = agent.get_worker_info()
     futures = [rpc.rpc_async(w, func, args=args, timeout=timeout)
                for w in agent.get_worker_infos() if w.id != me.id]

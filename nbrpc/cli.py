@@ -10,6 +10,8 @@ import sys
 import tempfile
 import time
 
+from .settings import TOKEN_ENV
+
 
 def run_notebook(path: str, output: str, timeout: int = 600) -> float:
     """Execute ``path`` top to bottom in a fresh kernel, save it to ``output``.
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = commands.add_parser(
         "worker", help="join a driver's cluster as a worker kernel (%%rpc_init --attach prints the command)")
     worker.add_argument("--join", required=True, metavar="HOST:PORT", help="the driver's rendezvous address")
-    worker.add_argument("--token", default=os.environ.get("NBRPC_TOKEN", ""),
+    worker.add_argument("--token", default=os.environ.get(TOKEN_ENV, ""),
                         help="the cluster's token ('-': read it from stdin; default: $NBRPC_TOKEN)")
     worker.add_argument("--name", default=None, help="this worker's RPC name (default: one the driver picks)")
     args = parser.parse_args(argv)

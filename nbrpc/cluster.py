@@ -1,31 +1,26 @@
 """The cluster: this process as the RPC driver (rank 0) plus worker kernels.
 
-``Cluster.start`` joins RPC as the driver (once per process, see ``group``), launches
-the worker kernels in parallel and waits until each has joined RPC and answers on the
-Jupyter protocol, or fails with the worker's own output. ``run`` executes code on
+``Cluster.start`` joins RPC as the driver (once per process, see ``group``) and has its
+launcher (``launchers``: local kernels, workers that attach, SSH) start the workers;
+each one is admitted here (``admit``: its rank and settings). ``run`` executes code on
 workers, ``status`` reports on every member, ``shutdown`` ends RPC everywhere and
 every worker process. One cluster runs per process at a time (``current()``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import os
-import re
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch.distributed.rpc as rpc
-from jupyter_core.utils import ensure_event_loop
 
-from . import attach as attach_mod
-from . import calls, devices, execution, group, rrefs, template, workers
-from . import ssh as ssh_mod
-from ._util import LOOPBACK, muted_stderr
+from . import calls, devices, execution, group, launchers, rref_ledger, template, torch_compat
+from ._util import muted_stderr
 from .errors import (
     ClusterRunningError,
     NoClusterError,
@@ -33,14 +28,12 @@ from .errors import (
     WorkerDiedError,
     WorkerStartError,
 )
-from .workers import Worker
+from .launchers.base import Progress, Worker
+from .settings import WorkerSettings
 
 __all__ = ["Cluster", "current", "start"]
 
-_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 _current: Cluster | None = None
-
-Progress = Callable[[int, int, str], None]
 
 
 def current() -> Cluster | None:
@@ -132,10 +125,9 @@ class Cluster:
         # torch binds RRefs to the first agent, so the driver keeps its first name.
         self._kept_name = driver_name is None and group.driver_name() is not None
         driver_name = driver_name if driver_name is not None else group.driver_name() or "master"
-        self._remote = _remote(n, names, driver_name, attach, bind, port, hosts, ssh, python)
-        worker_names = [] if self._remote else _worker_names(n, names)
-        if not self._remote:
-            _check_names(worker_names, driver_name)
+        self.warm_start = template.enabled(warm_start)
+        self.launcher = launchers.choose(n, names, driver_name, attach, bind, port, hosts, ssh, python,
+                                         self.warm_start)
         for label, value in (("threads", threads), ("timeout", timeout),
                              ("startup_timeout", startup_timeout)):
             if not value > 0:
@@ -148,10 +140,10 @@ class Cluster:
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
         self.track = bool(track)
-        self.warm_start = template.enabled(warm_start)
         self.progress = progress or (lambda done, total, message: None)
-        self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
-        self.placements = _placements(driver_name, worker_names, self._remote, gpus, device_maps)
+        self._workers = self.launcher.planned()
+        self._admitting = threading.Lock()
+        self.placements = _placements(driver_name, self.launcher.placement_names(), gpus, device_maps)
         self.gpus = bool(gpus)
         self._driver = self._store = None
         self.state = "new"
@@ -167,24 +159,17 @@ class Cluster:
                 "shut it down first (%rpc_shutdown or cluster.shutdown())"
             )
         began = time.monotonic()
-        if self.warm_start and not self._remote:
-            template.prestart()  # it imports torch while the driver joins RPC
+        self.launcher.prepare()
         driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                    self._remote.interface if self._remote else "lo",
-                                    self._driver_placement(), self.transport)
+                                    self.launcher.interface, self._driver_placement(), self.transport)
         self._driver, self._store = driver, driver.store
-        rrefs.install(self.track)
-        for w, rank in zip(self._workers, driver.take_ranks(len(self._workers))):
-            w.rank = rank
+        torch_compat.install(self.track)  # tracking is each cluster's choice
+        rref_ledger.reset()
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         calls.set_worker_fate(self._fate)
         try:
-            if self._remote:
-                self._remote.start(self, driver, began + self.startup_timeout)
-            else:
-                self._launch_all(driver.prefix)
-                self._await_joined(began + self.startup_timeout)
+            self.launcher.start(self, driver, began + self.startup_timeout)
             self.install_devices()
         except BaseException:
             self._abort()
@@ -201,8 +186,7 @@ class Cluster:
         if self.state in ("new", "stopped"):
             return
         atexit.unregister(self.shutdown)
-        if self._remote:
-            self._remote.close()
+        self.launcher.close()
         # A frozen (stopped) worker would hold up every graceful leave until timeout.
         everyone_alive = all(w.alive() and not w.stopped() for w in self._workers) and self.state == "running"
         self.state = "stopping"  # live widgets stop refreshing now, not mid-leave
@@ -214,7 +198,7 @@ class Cluster:
                     if everyone_alive and _calls_drained(within=2.0):
                         self._leave_gracefully()
                 finally:
-                    workers.stop(self._workers)
+                    self.launcher.stop(self._workers)
                     self._forget_workers()
         finally:
             self._store = None
@@ -240,7 +224,7 @@ class Cluster:
     @property
     def join_command(self) -> str | None:
         """The command that joins a worker to this cluster (clusters with ``attach``/``hosts``)."""
-        return self._remote.command if self._remote else None
+        return self.launcher.command
 
     def worker(self, name: str) -> Worker:
         for w in self._workers:
@@ -352,81 +336,25 @@ class Cluster:
         if self.state != "running":
             raise NoClusterError(f"the cluster is {self.state}; start one with %rpc_init or nbrpc.start()")
 
-    def _launch_all(self, prefix: str) -> None:
-        host, port = LOOPBACK, self._store.port
-        total = len(self._workers)
-        self.progress(0, total, f"starting {total} worker kernel{'s' * (total > 1)}")
-        for w in self._workers:
-            workers.launch(w, {**self._worker_env(w, prefix), "NBRPC_STORE": f"{host}:{port}"}, os.getcwd(),
-                           warm_start=self.warm_start)
+    def admit(self, worker: Worker) -> WorkerSettings:
+        """Give ``worker`` the next rank, list it, and return the settings it starts with
+        (what every launcher calls, for the workers it starts and for later joins)."""
+        with self._admitting:
+            worker.rank = self._driver.take_ranks(1)[0]
+            if not any(w is worker for w in self._workers):
+                self._workers.append(worker)
+        return self._settings(worker)
 
-    def _worker_env(self, w: Worker, prefix: str) -> dict[str, str]:
-        """Every setting a worker reads at start (workers joining from elsewhere get
-        these too, except the ones about this machine: store, driver pid, interface)."""
-        return {
-            **self.env,
-            "NBRPC_PREFIX": prefix,
-            "NBRPC_NAME": w.name, "NBRPC_RANK": str(w.rank),
-            "NBRPC_THREADS": str(self.threads), "NBRPC_TIMEOUT": str(self.timeout),
-            "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
-            "NBRPC_TRACK": "1" if self.track else "0",
-            "NBRPC_KEY": self._driver.key.hex(),
-            "NBRPC_TRANSPORT": self.transport,
-            **devices.to_settings(self.placements.get(w.name)),
-        }
+    def known_workers(self) -> list[Worker]:
+        """Every worker listed so far, states as they were last seen."""
+        return list(self._workers)
 
-    def _await_joined(self, deadline: float) -> None:
-        waiting, total = list(self._workers), len(self._workers)
-        # Each kernel's readiness check (kernel_info, then IOPub) runs as soon as it
-        # joined, alongside the others, not one after another.
-        ready: dict[str, threading.Thread] = {}
-        failed: dict[str, RuntimeError] = {}
-        cancel = threading.Event()
-
-        def wait_ready(w: Worker) -> None:
-            try:
-                workers.wait_ready(w.client, max(1.0, deadline - time.monotonic()), cancel)
-            except RuntimeError as e:
-                failed[w.name] = e
-            finally:  # the event loop jupyter-client made for this thread
-                asyncio.set_event_loop(None)
-                ensure_event_loop().close()
-
-        try:
-            while waiting:
-                members = set(group.member_names())
-                for w in list(waiting):
-                    if w.name in members:
-                        waiting.remove(w)
-                        workers.connect(w)
-                        ready[w.name] = threading.Thread(target=wait_ready, args=(w,), daemon=True,
-                                                         name=f"nbrpc-ready-{w.name}")
-                        ready[w.name].start()
-                        self.progress(total - len(waiting), total, f"{w.name} joined")
-                    elif not w.alive():
-                        raise WorkerStartError(self._start_failure(w, f"exited before joining ({w.fate()})"))
-                if waiting and time.monotonic() > deadline:
-                    raise WorkerStartError(self._start_failure(
-                        waiting[0], f"did not join within startup_timeout={self.startup_timeout:g} s"))
-                time.sleep(0.02)
-        except BaseException:
-            cancel.set()  # another worker failed: do not wait out these checks
-            raise
-        finally:
-            for thread in ready.values():  # no client is in use by two threads at once
-                thread.join()
-        for w in self._workers:
-            if w.name in failed:
-                raise WorkerStartError(self._start_failure(w, f"kernel did not answer: {failed[w.name]}")) \
-                    from failed[w.name]
-            w.state = "running"
-
-    def _start_failure(self, w: Worker, what: str) -> str:
-        tail = w.log_tail().strip() or "(no output)"
-        return (
-            f"worker {w.name!r} (pid {w.pid}) {what}. Its output:\n{tail}\n"
-            "Fix the cause above (a package missing from this environment, a crash at import, "
-            "a machine out of memory), or raise startup_timeout / %rpc_init --startup-timeout."
+    def _settings(self, w: Worker) -> WorkerSettings:
+        """What worker ``w`` starts with (a local launcher adds where the store is)."""
+        return WorkerSettings(
+            name=w.name, rank=w.rank, prefix=self._driver.prefix, key=self._driver.key,
+            threads=self.threads, timeout=self.timeout, track=self.track, transport=self.transport,
+            placement=self.placements.get(w.name), env=dict(self.env),
         )
 
     def _leave_gracefully(self) -> None:
@@ -455,72 +383,13 @@ class Cluster:
         self.shutdown()
 
 
-def _remote(n, names, driver_name, attach, bind, port, hosts, ssh, python) -> attach_mod.Attach | None:
-    """The launcher for workers on other machines, or None for local workers."""
-    if attach is None and hosts is None:
-        if bind is not None or port:
-            raise ValueError("bind and port are for workers on other machines: add attach=N or hosts=...")
-        return None
-    if attach is not None and hosts is not None:
-        raise ValueError("give attach=N (workers started elsewhere) or hosts=... (started over SSH), not both")
-    if n is not None:
-        raise ValueError("n is for local workers; with attach or hosts the count comes from them")
-    if not isinstance(port, int) or not 0 <= port < 65536:
-        raise ValueError(f"port must be a number from 0 (a free one) to 65535, got {port!r}")
-    listed = [x.strip() for x in names.split(",") if x.strip()] if isinstance(names, str) else list(names or [])
-    if hosts is not None:
-        hosts = ssh_mod.parse_hosts(hosts)
-        listed = listed or [f"worker{i}" for i in range(1, len(hosts) + 1)]
-        if len(listed) != len(hosts):
-            raise ValueError(f"{len(hosts)} SSH workers but {len(listed)} names; give one name per worker")
-        attach = len(hosts)
-    elif isinstance(attach, bool) or not isinstance(attach, int) or attach < 0:
-        raise ValueError(f"attach must be the number of workers to wait for (>= 0), got {attach!r}")
-    if listed:
-        _check_names(listed, driver_name)
-    return attach_mod.Attach(attach, listed, bind, port, hosts, ssh, python)
-
-
-def _placements(driver_name, worker_names, remote, gpus, device_maps) -> dict[str, devices.Placement]:
+def _placements(driver_name, worker_names, gpus, device_maps) -> dict[str, devices.Placement]:
     """Each member's devices and maps, checked before any process starts."""
     if not gpus and not device_maps:
         return {}
-    if remote is not None and not worker_names:
-        # Workers that join from elsewhere take these names, in order, unless they
-        # ask for another with --name (that one then runs on CPU).
-        worker_names = remote.names or [f"worker{i}" for i in range(1, remote.expected + 1)]
     placements = devices.plan([driver_name, *worker_names], devices.visible_gpus(), bool(gpus), device_maps)
     group.check_placement(placements.get(driver_name))
     return placements
-
-
-def _worker_names(n: int | None, names: Iterable[str] | None) -> list[str]:
-    if names is not None:
-        if isinstance(names, str):
-            names = [x.strip() for x in names.split(",") if x.strip()]
-        names = list(names)
-        if n is not None and n != len(names):
-            raise ValueError(f"n={n} but {len(names)} names given; give one or the other")
-        return names
-    n = 2 if n is None else n
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"the number of workers must be a whole number >= 1, got {n!r}")
-    return [f"worker{i}" for i in range(1, n + 1)]
-
-
-def _check_names(names: list[str], driver_name: str) -> None:
-    if not names:
-        raise ValueError("a cluster needs at least one worker name")
-    for name in [*names, driver_name]:
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(
-                f"invalid worker name {name!r}: use letters, digits, '_', ':' or '-' "
-                "(1 to 127 characters), as torch RPC requires"
-            )
-    everyone = [*names, driver_name]
-    duplicates = sorted({x for x in everyone if everyone.count(x) > 1})
-    if duplicates:
-        raise ValueError(f"worker names must be unique; repeated: {', '.join(duplicates)}")
 
 
 def _calls_drained(within: float) -> bool:
@@ -539,7 +408,7 @@ def _no_counts() -> dict:
 
 def _debug_counts(local: bool = False) -> dict:
     """Busy RPC threads and owned RRefs of this member, from torch's debug info."""
-    info = rpc._get_debug_info()
+    info = torch_compat.debug_info()
     busy = int(info["agent.thread_pool_size"]) - int(info["agent.num_idle_threads"])
     # Asked over RPC, one busy thread is the one answering.
     return {"busy": busy - (0 if local else 1), "owned_rrefs": int(info["num_owner_rrefs"])}

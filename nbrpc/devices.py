@@ -7,9 +7,9 @@ Parts:
 - ``plan``: from the member names, the visible GPU count and the options, each
   member's ``Placement`` (its ``devices`` and its maps toward every other member),
   validated and consistent by construction: a map A -> B brings its inverse B -> A.
-- ``backend_kwargs`` / ``to_settings`` / ``from_settings``: a placement as
-  ``TensorPipeRpcBackendOptions`` arguments and as the ``NBRPC_*`` settings a
-  worker starts with.
+- ``backend_kwargs`` / ``Placement.to_json`` / ``Placement.from_json``: a placement
+  as ``TensorPipeRpcBackendOptions`` arguments and as the text a worker's settings
+  carry (see ``settings``).
 - ``reverse_maps`` / ``install``: what each member must use for its replies, put
   into its agent after joins (see ``install`` for why torch's own join is not enough).
 
@@ -42,6 +42,22 @@ class Placement:
     def label(self) -> str:
         """``cuda:0,cuda:1``, or ``cpu`` when the member uses no GPU."""
         return ",".join(f"cuda:{d}" for d in self.devices) or "cpu"
+
+    def to_json(self) -> str | None:
+        """This placement as text a worker starts with; None for a CPU worker."""
+        if not self.devices:
+            return None
+        return json.dumps({"devices": list(self.devices),
+                           "maps": {to: {str(a): b for a, b in m.items()} for to, m in self.maps.items()}})
+
+    @staticmethod
+    def from_json(text: str | None) -> Placement | None:
+        """The placement ``to_json`` wrote, or None."""
+        if not text:
+            return None
+        data = json.loads(text)
+        return Placement(tuple(data["devices"]),
+                         {to: {int(a): int(b) for a, b in m.items()} for to, m in data["maps"].items()})
 
 
 CPU = Placement()
@@ -163,25 +179,6 @@ def backend_kwargs(placement: Placement | None) -> dict:
                             for to, m in placement.maps.items()}}
 
 
-def to_settings(placement: Placement | None) -> dict[str, str]:
-    """A worker's placement as ``NBRPC_DEVICES`` (JSON); nothing for a CPU worker."""
-    if not placement or not placement.devices:
-        return {}
-    return {"NBRPC_DEVICES": json.dumps({"devices": list(placement.devices),
-                                         "maps": {to: {str(a): b for a, b in m.items()}
-                                                  for to, m in placement.maps.items()}})}
-
-
-def from_settings(env: Mapping[str, str]) -> Placement | None:
-    """The placement ``to_settings`` wrote, or None."""
-    text = env.get("NBRPC_DEVICES")
-    if not text:
-        return None
-    data = json.loads(text)
-    return Placement(tuple(data["devices"]),
-                     {to: {int(a): int(b) for a, b in m.items()} for to, m in data["maps"].items()})
-
-
 def install(devices: list[int], replies: dict[str, dict[int, int]]) -> None:
     """Set this member's agent's devices and reply maps to exactly these.
 
@@ -198,22 +195,23 @@ def install(devices: list[int], replies: dict[str, dict[int, int]]) -> None:
     - every leave (``rpc.shutdown`` of a dynamic member) sends ``[]`` and ``{}``,
       which erase every device and every reply map in the members that stay.
 
-    The agent only offers ``_update_group_membership``: a leave of a worker that
+    The agent only offers ``torch_compat.update_group_membership``: a leave of a worker that
     does not exist keeps exactly the given devices and reply-map names and erases
     the rest, and a join of this member itself (already known, so nothing else
     changes) inserts the given reply maps and devices.
     """
     import torch
     import torch.distributed.rpc as rpc
-    from torch.distributed.rpc import api
 
-    agent = api._get_current_rpc_agent()
+    from . import torch_compat
+
+    agent = torch_compat.current_agent()
     cuda = [torch.device("cuda", d) for d in devices]
     nobody = rpc.WorkerInfo("nbrpc:nobody", 32767)
-    agent._update_group_membership(nobody, cuda, {}, False)
+    torch_compat.update_group_membership(agent, nobody, cuda, {}, False)
     maps = {caller: {torch.device("cuda", a): torch.device("cuda", b) for a, b in m.items()}
             for caller, m in replies.items()}
-    agent._update_group_membership(agent.get_worker_info(), cuda, maps, True)
+    torch_compat.update_group_membership(agent, agent.get_worker_info(), cuda, maps, True)
 
 
 def check_driver(joined: Placement, needed: Placement) -> None:

@@ -13,7 +13,7 @@ from typing import Protocol
 import zmq
 
 from .errors import RemoteError
-from .workers import Worker
+from .launchers.base import Worker
 
 POLL_MS = 50
 

@@ -22,18 +22,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch.distributed as dist
-import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
-from torch.distributed.rpc import api
 
-from . import calls, devices, remote_errors, rrefs, serialization
+from . import devices, rref_ledger, serialization, torch_compat
 from ._util import LOOPBACK, listening_ports, listening_socket, muted_stderr, raise_fd_limit, silence_torch_noise
 from .errors import ClusterRunningError
 
 DRIVER_RANK = 0
 # Keys torch keeps in the group's store: the join/leave lock and the member list.
-TOKEN = "RpcGroupManagementToken"
-NAMES = "names/_ALL_WORKER_INFOS"
+TOKEN = torch_compat.STORE_LOCK_KEY
+NAMES = torch_compat.STORE_MEMBERS_KEY
 
 
 @dataclass
@@ -153,7 +151,7 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
             f"cluster) and torch cannot move that listener to {interface!r}, where workers on "
             "other machines could reach it: restart the kernel and start this cluster first"
         )
-    rpc._set_rpc_timeout(timeout)
+    torch_compat.set_rpc_timeout(timeout)
     return _driver
 
 
@@ -170,10 +168,10 @@ def driver_name() -> str | None:
 
 def drop_member(name: str) -> None:
     """Forget worker ``name`` in this process's agent (it died or was ended)."""
-    agent = api._get_current_rpc_agent()
+    agent = torch_compat.current_agent()
     for info in agent.get_worker_infos():
         if info.name == name:
-            agent._update_group_membership(info, [], {}, False)
+            torch_compat.update_group_membership(agent, info, [], {}, False)
 
 
 def host_store(bind: str, port: int, timeout: float) -> dist.TCPStore:
@@ -211,7 +209,7 @@ def backend_options(threads: int, timeout: float, placement: devices.Placement |
     chosen = TRANSPORTS[transport]
     return rpc.TensorPipeRpcBackendOptions(
         num_worker_threads=threads, rpc_timeout=timeout,
-        **({} if chosen is None else {"_transports": chosen}),
+        **({} if chosen is None else {torch_compat.TRANSPORTS_OPTION: chosen}),
         **devices.backend_kwargs(placement),
     )
 
@@ -230,8 +228,9 @@ def join(
     interface: str | None = "lo",
     track: bool = True,
 ) -> None:
-    """Initialize RPC in this process as ``name``/``rank`` of the group in ``store``;
-    ``track`` turns RRef tracking on (see ``rrefs``)."""
+    """Initialize RPC in this process as ``name``/``rank`` of the group in ``store``, with
+    every nbrpc patch of torch in place first; ``track`` turns RRef tracking on (see
+    ``rref_ledger``)."""
     if interface:
         # TensorPipe's TCP transport listens on this interface (read at agent start).
         os.environ["TP_SOCKET_IFNAME"] = interface
@@ -241,12 +240,10 @@ def join(
         import torch
 
         torch.cuda.init()
-    serialization.install()
-    calls.install()
-    remote_errors.install()
+    torch_compat.install(track)
     silence_torch_noise()
-    dist_autograd._init(rank)
-    rpc._init_rpc_backend(
+    torch_compat.init_dist_autograd(rank)
+    torch_compat.init_rpc_backend(
         rpc.BackendType.TENSORPIPE,
         dist.PrefixStore(prefix, store),
         name,
@@ -254,7 +251,7 @@ def join(
         None,
         options,
     )
-    rrefs.install(track)
+    rref_ledger.reset()
 
 
 def leave(graceful: bool, timeout: float) -> None:
@@ -274,17 +271,17 @@ def _leave_at_exit() -> None:
 
 def is_member() -> bool:
     """True while this process has an RPC agent."""
-    return api._is_current_rpc_agent_set()
+    return torch_compat.has_agent()
 
 
 def calls_in_flight() -> int:
     """How many RPCs this process sent and still awaits (0 outside a group)."""
     if not is_member():
         return 0
-    info = api._get_current_rpc_agent().get_debug_info()
+    info = torch_compat.current_agent().get_debug_info()
     return int(info.get("agent.client_active_calls", 0))
 
 
 def member_names() -> list[str]:
     """Names this process's agent knows, itself included."""
-    return [info.name for info in api._get_current_rpc_agent().get_worker_infos()]
+    return [info.name for info in torch_compat.current_agent().get_worker_infos()]

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from . import torch_compat
+
 _lock = threading.Lock()
 # call id -> id of the thread running it, in this process (as a worker).
 _running: dict[str, int] = {}
@@ -42,9 +44,9 @@ def can_stop(func: Callable) -> bool:
     """True for a Python function torch sends as such (not a builtin operator, a
     TorchScript function or an ``@async_execution`` function, which it runs differently)."""
     return (
-        torch.jit._builtins._find_builtin(func) is None
+        torch_compat.find_builtin(func) is None
         and not isinstance(func, torch.jit.ScriptFunction)
-        and not hasattr(func, "_wrapped_async_rpc_function")
+        and not hasattr(func, torch_compat.ASYNC_EXECUTION_MARK)
     )
 
 
@@ -103,11 +105,8 @@ def stop(call_id: str) -> bool:
 
 def send_stop(to, call_id: str) -> None:
     """Ask worker ``to`` to stop call ``call_id``; does not wait for the answer."""
-    from torch.distributed.rpc import api
-    from torch.distributed.rpc.internal import RPCExecMode
-
     try:
-        api._invoke_rpc(to, stop, RPCExecMode.ASYNC, (call_id,), None, 10.0)
+        torch_compat.invoke_rpc(to, stop, torch_compat.RPCExecMode.ASYNC, (call_id,), None, 10.0)
     except (RuntimeError, ValueError):  # the worker is gone (or unknown): nothing runs there
         pass
 

@@ -1,6 +1,6 @@
 """Remote exceptions keep their class: ``except NotebookError:`` works across RPC.
 
-torch re-creates a remote exception on the caller (``internal._handle_exception``) but
+torch re-creates a remote exception on the caller (``torch_compat.handle_exception``) but
 does so inside a C++ callback, which turns any class but a few builtins into a
 ``RuntimeError`` holding its text. The wrapper below keeps each re-created exception
 for a moment; ``original`` finds it again from the ``RuntimeError``'s text, so the
@@ -13,9 +13,9 @@ from __future__ import annotations
 import collections
 import threading
 
-from torch.distributed.rpc import internal
+from . import torch_compat
 
-_torch_handle_exception = internal._handle_exception
+_torch_handle_exception = torch_compat.handle_exception
 _KEPT = 256  # exceptions re-created but not yet claimed by a waiting call
 _kept: collections.OrderedDict = collections.OrderedDict()
 _lock = threading.Lock()
@@ -23,14 +23,14 @@ _lock = threading.Lock()
 
 def install() -> None:
     """Wrap torch's handler; must run before this process's first RPC (idempotent)."""
-    internal._handle_exception = _handle_exception
+    torch_compat.patch(torch_compat.HANDLE_EXCEPTION, _handle_exception)
 
 
 def _handle_exception(result):
     try:
         _torch_handle_exception(result)
     except BaseException as e:
-        if isinstance(result, internal.RemoteException) and type(e).__module__ != "builtins":
+        if isinstance(result, torch_compat.RemoteException) and type(e).__module__ != "builtins":
             with _lock:
                 _kept[str(e)] = e
                 while len(_kept) > _KEPT:

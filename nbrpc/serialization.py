@@ -1,6 +1,6 @@
 """Ship notebook definitions over torch RPC by value.
 
-torch pickles RPC calls and results with ``pickle.Pickler`` (``rpc.internal._pickler``),
+torch pickles RPC calls and results with ``pickle.Pickler`` (``torch_compat.torch_pickler``),
 which stores functions and classes by reference: a worker has no notebook
 ``__main__``, so it fails with "Can't get attribute ... on <module '__main__'>", and
 lambdas fail outright. ``RpcPickler`` is a cloudpickle pickler (everything importable
@@ -31,9 +31,8 @@ import weakref
 import cloudpickle
 import torch
 import torch.distributed.rpc as rpc
-from torch.distributed.rpc import internal
 
-from . import definitions, rrefs
+from . import definitions, rref_ledger, torch_compat
 from .errors import SerializationError
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
@@ -85,7 +84,7 @@ class RpcPickler(cloudpickle.Pickler):
 
     def _flat_table(self, table) -> dict:
         global _flat
-        key = (type(self), table, len(table), rrefs.is_tracking(), len(copyreg.dispatch_table))
+        key = (type(self), table, len(table), rref_ledger.is_tracking(), len(copyreg.dispatch_table))
         if _flat is None or _flat[0] != key:
             maps = (self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table)
             _flat = (key, dict(collections.ChainMap(*maps)))
@@ -93,7 +92,7 @@ class RpcPickler(cloudpickle.Pickler):
 
     def _rref_reducers(self) -> dict:
         # In front of torch's: the receiver of an RRef records the fork.
-        return rrefs.reducer_table()
+        return rref_ledger.reducer_table()
 
     def reducer_override(self, obj):
         # cloudpickle reduces only functions and classes itself; every other object
@@ -143,7 +142,7 @@ def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
 
 def _explain(obj, error: Exception) -> str:
     """Name the argument or value that failed to pickle, and what to do instead."""
-    if isinstance(obj, internal.PythonUDF):
+    if isinstance(obj, torch_compat.PythonUDF):
         func_name = getattr(obj.func, "__qualname__", type(obj.func).__name__)
         named = [(f"the function {func_name}", obj.func)]
         named += [(f"argument {i}", v) for i, v in enumerate(obj.args or ())]
@@ -191,5 +190,5 @@ def _stub(_):
 
 def install() -> None:
     """Make torch RPC in this process use ``RpcPickler`` and ``rpc_unpickler`` (idempotent)."""
-    internal._pickler = RpcPickler
-    internal._unpickler = rpc_unpickler
+    torch_compat.patch(torch_compat.PICKLER, RpcPickler)
+    torch_compat.patch(torch_compat.UNPICKLER, rpc_unpickler)

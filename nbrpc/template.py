@@ -40,8 +40,8 @@ import time
 
 from ._util import kill_pids, pid_alive
 from .errors import WorkerStartError
+from .settings import TEMPLATE_ROOM_ENV, WARM_START_ENV
 
-WARM_START_ENV = "NBRPC_WARM_START"
 READY_TIMEOUT = 60.0
 REPLY_TIMEOUT = 30.0
 WATCH_INTERVAL = 0.5
@@ -105,7 +105,7 @@ class Template:
         self.env = env
         # numpy's OpenBLAS starts its thread pool as it loads; the workers get theirs back.
         spawn_env = {**env, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1"),
-                     "NBRPC_TEMPLATE_ROOM": "." * _ENV_ROOM}
+                     TEMPLATE_ROOM_ENV: "." * _ENV_ROOM}
         self.env_room = _environ_size(spawn_env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nbrpc.template", str(theirs.fileno()), " " * _ARGV_ROOM],
@@ -221,7 +221,7 @@ def _running() -> Template:
     variables changed since it started (a library imported later set ``KMP_*``, say),
     so later workers fork from one that matches them."""
     global _template
-    from .workers import FAST_ALLOC_ENV
+    from .launchers.local import FAST_ALLOC_ENV
 
     env = {**os.environ, **FAST_ALLOC_ENV}
     if _template is None or not _template.alive() or start_env(_template.env) != start_env(env):

@@ -1,7 +1,7 @@
 """Worker bootstrap: a real ipykernel that is also a member of the driver's RPC group.
 
 The driver launches ``python -m nbrpc.worker -f CONNECTION_FILE`` with the group's
-coordinates in ``NBRPC_*`` environment variables. The kernel binds its ZMQ ports,
+coordinates in its environment (``settings.WorkerSettings``). The kernel binds its ZMQ ports,
 joins RPC, then serves execute requests (``%%rpc_on``) on its main thread while
 TensorPipe threads serve RPCs. A watchdog ends the process when the driver is gone.
 
@@ -19,32 +19,30 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import devices, group, serialization
+from . import group, serialization
 from ._util import pid_alive
+from .settings import WorkerSettings
 
 WATCH_INTERVAL = 0.5
 
 
 def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> None:
-    env = os.environ
-    if "NBRPC_DRIVER_PID" in env:  # a worker joined from elsewhere has its lifeline instead
-        _watch_driver(int(env["NBRPC_DRIVER_PID"]), _scratch(argv or []))
+    settings = WorkerSettings.from_env(os.environ)
+    if settings.driver_pid is not None:  # a worker joined from elsewhere has its lifeline instead
+        _watch_driver(settings.driver_pid, _scratch(argv or []))
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
     app.initialize(argv)
     if on_kernel is not None:
         on_kernel(app)
-    host, port = env["NBRPC_STORE"].rsplit(":", 1)
-    timeout = float(env["NBRPC_TIMEOUT"])
-    serialization.set_key(bytes.fromhex(env["NBRPC_KEY"]))
-    store = group.connect_store(host, int(port), timeout)
-    options = group.backend_options(int(env["NBRPC_THREADS"]), timeout, devices.from_settings(env),
-                                    env.get("NBRPC_TRANSPORT", "uv"))
-    group.join(
-        store, env["NBRPC_PREFIX"], env["NBRPC_NAME"], int(env["NBRPC_RANK"]),
-        options, env.get("NBRPC_INTERFACE") or None, env.get("NBRPC_TRACK", "1") == "1",
-    )
+    host, port = settings.store.rsplit(":", 1)
+    serialization.set_key(settings.key)
+    store = group.connect_store(host, int(port), settings.timeout)
+    options = group.backend_options(settings.threads, settings.timeout, settings.placement,
+                                    settings.transport)
+    group.join(store, settings.prefix, settings.name, settings.rank, options, settings.interface,
+               settings.track)
     app.start()
 
 
@@ -61,18 +59,19 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     import signal
     import tempfile
 
-    from . import addresses, rendezvous, workers
     from ._util import LOOPBACK
+    from .launchers import addresses, rendezvous
+    from .launchers.base import write_unbound_connection_file
 
     store_port = rendezvous.relay_store(address, token)
     sock, grant = rendezvous.request_join(address, token, name)
     ip = sock.getsockname()[0]
-    os.environ.update(grant["settings"])
-    os.environ["NBRPC_STORE"] = f"{LOOPBACK}:{store_port}"
-    os.environ["NBRPC_INTERFACE"] = addresses.interface_of(ip) or ""
+    settings = WorkerSettings.from_wire(grant["settings"], f"{LOOPBACK}:{store_port}",
+                                        addresses.interface_of(ip))
+    os.environ.update(settings.to_env())  # what main reads, as a local worker's
     scratch = tempfile.mkdtemp(prefix=f"nbrpc-{grant['name']}-")
     connection_file = os.path.join(scratch, "kernel.json")
-    workers.write_unbound_connection_file(connection_file, ip)
+    write_unbound_connection_file(connection_file, ip)
 
     # The kernel sends this process's stdout and stderr to its clients; the terminal
     # (or the ssh session, or the batch log) still gets what this bootstrap says.

@@ -1,7 +1,9 @@
-"""Shared fixtures: one real cluster per module, and a check that no worker survives."""
+"""Shared fixtures and helpers: one real cluster per module, IPython's shell, polling,
+process bookkeeping, and a check that no worker survives."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -47,14 +49,44 @@ def worker_pids() -> set[int]:
     return pids
 
 
+def wait_until(check, timeout: float = 10.0, interval: float = 0.05):
+    """Call ``check()`` until it returns something true or ``timeout`` s have passed;
+    return its last value (assert on it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
 def wait_gone(pids, timeout: float = 10.0) -> set[int]:
     """Wait until ``pids`` have ended; return those still alive after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    alive = {p for p in pids if pid_alive(p)}
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = {p for p in alive if pid_alive(p)}
-    return alive
+    pids = set(pids)
+
+    def alive() -> set[int]:
+        return {p for p in pids if pid_alive(p)}
+
+    wait_until(lambda: not alive(), timeout)
+    return alive()
+
+
+def run(shell, code: str):
+    """Run ``code`` as a cell; raise what it raised, return its last expression's value."""
+    result = shell.run_cell(code, store_history=False)
+    result.raise_error()
+    return result.result
+
+
+@contextlib.contextmanager
+def as_main(shell):
+    """The shell's namespace is ``__main__`` inside, as in a kernel (IPython's test
+    app puts pytest's back)."""
+    saved, sys.modules["__main__"] = sys.modules["__main__"], shell.user_module
+    try:
+        yield shell
+    finally:
+        sys.modules["__main__"] = saved
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,6 +112,17 @@ def no_leftover_workers():
     survivors = wait_gone(worker_pids() - before)
     kill_pids(sorted(survivors))
     assert not survivors, f"worker processes survived the tests: {sorted(survivors)}"
+
+
+@pytest.fixture(scope="module")
+def ip():
+    """IPython's test shell (a terminal, not a kernel) with nbrpc's extension loaded."""
+    from IPython.testing import globalipapp
+
+    globalipapp.start_ipython()
+    shell = globalipapp.get_ipython()
+    shell.run_line_magic("load_ext", "nbrpc")
+    return shell
 
 
 @pytest.fixture(scope="module")

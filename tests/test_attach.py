@@ -15,9 +15,9 @@ import time
 import pytest
 
 import nbrpc
-from nbrpc import addresses, rendezvous, ssh
 from nbrpc.errors import JoinRefusedError
-from nbrpc.rendezvous import Link, Rendezvous, receive, request_join, send
+from nbrpc.launchers import addresses, rendezvous, ssh
+from nbrpc.launchers.rendezvous import Link, Rendezvous, receive, request_join, send
 
 TOKEN = "the-right-token"
 

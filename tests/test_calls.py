@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch.distributed.rpc as rpc
+from conftest import wait_until
 
 import nbrpc
 
@@ -129,9 +130,11 @@ def test_interrupted_to_here_stops_the_waiting(cluster, stop_button):
 
 def _wait_for_ended(entry: tuple, timeout: float = 10.0) -> list:
     """worker1's record of ended runs, once it has ``entry``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ended = [tuple(x) for x in rpc.rpc_sync("worker1", _ended)]
-        if entry in ended or time.monotonic() > deadline:
-            return ended
-        time.sleep(0.1)
+    ended = []
+
+    def has_entry() -> bool:
+        ended[:] = [tuple(x) for x in rpc.rpc_sync("worker1", _ended)]
+        return entry in ended
+
+    wait_until(has_entry, timeout, interval=0.1)
+    return ended

@@ -7,32 +7,20 @@ cluster; the last tests paste PyTorch's parameter-server example into a real ker
 from __future__ import annotations
 
 import os
-import sys
 
 import nbformat
 import pytest
-from IPython.testing import globalipapp
+from conftest import as_main, run
 from nbclient import NotebookClient
 
 from nbrpc.errors import SerializationError
 
 
-def run(shell, code: str):
-    """Run ``code`` as a cell; raise what it raised, return its last expression's value."""
-    result = shell.run_cell(code, store_history=False)
-    result.raise_error()
-    return result.result
-
-
 @pytest.fixture(scope="module")
-def ip(cluster):
-    globalipapp.start_ipython()
-    shell = globalipapp.get_ipython()
-    # As in a kernel, the shell's namespace is __main__ (the test app puts pytest's back).
-    saved, sys.modules["__main__"] = sys.modules["__main__"], shell.user_module
-    run(shell, "import os, threading\nimport torch\nimport torch.distributed.rpc as rpc")
-    yield shell
-    sys.modules["__main__"] = saved
+def ip(ip, cluster):
+    with as_main(ip):
+        run(ip, "import os, threading\nimport torch\nimport torch.distributed.rpc as rpc")
+        yield ip
 
 
 def on_worker(cluster, name: str, expression: str):

@@ -223,19 +223,19 @@ def test_backend_options_carry_devices_and_maps():
 def test_worker_settings_round_trip():
     plan = devices.plan(MEMBERS, 4, gpus=True, device_maps="worker1->worker2=1:3")
     for name in MEMBERS:
-        settings = devices.to_settings(plan[name])
-        assert devices.from_settings(settings) == plan[name]
-    assert devices.to_settings(devices.CPU) == {} and devices.from_settings({}) is None
+        assert Placement.from_json(plan[name].to_json()) == plan[name]
+    assert devices.CPU.to_json() is None and Placement.from_json(None) is None
 
 
 def test_cluster_worker_env_holds_each_workers_part(cluster, monkeypatch):
-    from nbrpc.workers import Worker
+    from nbrpc.launchers.local import LocalWorker as Worker
+    from nbrpc.settings import WorkerSettings
 
-    assert "NBRPC_DEVICES" not in cluster._worker_env(Worker("worker2", 2), "p")
+    assert "NBRPC_DEVICES" not in cluster._settings(Worker("worker2", 2)).to_env()
     # The plan of a pretend machine with 2 GPUs, as a cluster there would hold it.
     monkeypatch.setattr(cluster, "placements", devices.plan(MEMBERS, 2, gpus=True))
-    env = cluster._worker_env(Worker("worker2", 2), "prefix")
-    assert devices.from_settings(env) == cluster.placements["worker2"]
+    env = cluster._settings(Worker("worker2", 2)).to_env()
+    assert WorkerSettings.from_env(env).placement == cluster.placements["worker2"]
 
 
 # -- this machine (no CUDA): refused before any process starts ---------------------

@@ -15,19 +15,12 @@ import time
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import run
 from IPython.core.error import UsageError
-from IPython.testing import globalipapp
 
 import nbrpc
 from nbrpc import group
 from nbrpc._util import listening_socket
-
-
-def run(shell, code: str):
-    """Run ``code`` as a cell; raise what it raised, return its last expression's value."""
-    result = shell.run_cell(code, store_history=False)
-    result.raise_error()
-    return result.result
 
 
 def worker_children() -> set[int]:
@@ -47,12 +40,9 @@ def worker_children() -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def ip(cluster):
-    globalipapp.start_ipython()
-    shell = globalipapp.get_ipython()
-    shell.run_line_magic("load_ext", "nbrpc")
-    run(shell, "import time\nimport torch\nimport torch.distributed.rpc as rpc")
-    return shell
+def ip(ip, cluster):
+    run(ip, "import time\nimport torch\nimport torch.distributed.rpc as rpc")
+    return ip
 
 
 @pytest.fixture(autouse=True)

@@ -21,10 +21,12 @@ import nbrpc
 def loaded():
     return sorted(m for m in sys.modules if m.split(".")[0] in {FRONT_END!r})
 
-# Every module but the front ends (magics, widgets), the lab checker's modules too
-# (iter_modules, not walk_packages: walking imports the packages it walks).
-import nbrpc.lab
-runtime = sorted(prefix + m.name for package, prefix in ((nbrpc, ""), (nbrpc.lab, "lab."))
+# Every module but the front ends (magics, widgets), the lab checker's and the
+# launchers' modules too (iter_modules, not walk_packages: walking imports the
+# packages it walks).
+import nbrpc.lab, nbrpc.launchers
+runtime = sorted(prefix + m.name for package, prefix in ((nbrpc, ""), (nbrpc.lab, "lab."),
+                                                         (nbrpc.launchers, "launchers."))
                  for m in pkgutil.iter_modules(package.__path__)
                  if m.name not in ("kernel_ext", "widgets", "__main__"))
 for name in runtime:
@@ -47,7 +49,9 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {"calls", "cluster", "errors", "execution", "group", "serialization", "worker",
-                "workers", "rrefs", "autograd", "rendezvous", "attach", "ssh", "lab", "lab.teacher",
+                "launchers", "launchers.local", "launchers.attach", "launchers.ssh", "launchers.rendezvous",
+                "launchers.addresses", "rrefs", "rref_ledger", "torch_compat", "settings", "autograd", "lab",
+                "lab.teacher",
                 "definitions", "remote_errors", "schemas", "status"}
     assert expected <= set(report["runtime"])
     assert report["headless"] == []

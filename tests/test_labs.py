@@ -22,11 +22,11 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import wait_gone
 from torch.distributed.optim import DistributedOptimizer
 
 import nbrpc
 from nbrpc import lab
-from nbrpc._util import pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -136,13 +136,6 @@ def test_lab_as_handed_out_reports_every_exercise_not_done(name, capsys):
 # -- the checker, in this process ------------------------------------------------------
 
 
-def stopped(pids, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(pid_alive(p) for p in pids)
-
-
 def test_check_without_a_cluster_says_how_to_start_one(capsys):
     if nbrpc.current() is not None:
         pytest.skip("another test module left a cluster running")
@@ -232,7 +225,7 @@ def ps_cluster():
     pids = [w.pid for w in cluster.workers]
     yield cluster
     cluster.shutdown()
-    assert stopped(pids)
+    assert not wait_gone(pids)
 
 
 @pytest.mark.usefixtures("ps_cluster")

@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import Pids, wait_gone
+from conftest import Pids, wait_gone, wait_until
 from jupyter_client import KernelManager
 
 import nbrpc
@@ -123,16 +123,6 @@ def _listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@pytest.fixture(scope="module")
-def ip():
-    """IPython's test shell with the extension loaded (a terminal, not a kernel)."""
-    from IPython.testing import globalipapp
-
-    shell = globalipapp.start_ipython() or globalipapp.get_ipython()
-    shell.run_line_magic("load_ext", "nbrpc")
-    return shell
 
 
 @pytest.fixture
@@ -477,15 +467,15 @@ def test_a_driver_whose_listener_stopped_says_so(drivers):
 
 
 def test_tracking_off_and_on_again(clusters, pids):
-    from nbrpc import rrefs
+    from nbrpc import rref_ledger
 
     cluster = clusters(1, track=False)
     _start(cluster, pids)
-    assert rpc.remote is rrefs._torch_remote
+    assert rpc.remote is rref_ledger._torch_remote
     held = rpc.remote("worker1", torch.ones, args=((2,),))
     with pytest.raises(RuntimeError, match="tracking is off .* track=False"):
         nbrpc.rref_snapshot()
-    assert rpc.rpc_sync("worker1", rrefs.is_tracking) is False
+    assert rpc.rpc_sync("worker1", rref_ledger.is_tracking) is False
     del held
     cluster.shutdown()
 
@@ -493,7 +483,7 @@ def test_tracking_off_and_on_again(clusters, pids):
     _start(cluster, pids)
     held = rpc.remote("worker1", torch.ones, args=((2,),))
     assert [r["summary"] for r in nbrpc.rref_snapshot()["rrefs"]] == ["Tensor[2] float32"]
-    assert rpc.rpc_sync("worker1", rrefs.is_tracking) is True
+    assert rpc.rpc_sync("worker1", rref_ledger.is_tracking) is True
     del held
 
 
@@ -508,10 +498,8 @@ def test_frozen_worker_at_shutdown_leaves_the_group_usable(clusters, pids):
     # frozen worker2: it is killed holding the lock.
     cluster.worker("worker1").client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True)
     members = torch.distributed.PrefixStore(cluster._driver.prefix, cluster._driver.store)
-    deadline = time.monotonic() + 30
-    while not (members.check([nbrpc.group.TOKEN]) and members.get(nbrpc.group.TOKEN)):
-        assert time.monotonic() < deadline, "worker1 never took the membership lock"
-        time.sleep(0.05)
+    assert wait_until(lambda: members.check([nbrpc.group.TOKEN]) and members.get(nbrpc.group.TOKEN), 30), \
+        "worker1 never took the membership lock"
     assert members.get(nbrpc.group.TOKEN) == b"Token_for_worker1_leave"
 
     began = time.monotonic()

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from IPython.testing import globalipapp
+from conftest import run, wait_gone, wait_until
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
@@ -24,20 +24,6 @@ import nbrpc
 from nbrpc import group
 from nbrpc._util import pid_alive
 from nbrpc.kernel_ext.magics import RpcMagics
-
-
-def run(shell, code: str):
-    """Run ``code`` as a cell; raise what it raised, return its last expression's value."""
-    result = shell.run_cell(code, store_history=False)
-    result.raise_error()
-    return result.result
-
-
-def wait_gone(pids, timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if pid_alive(p)]
 
 
 class Recorder(io.StringIO):
@@ -53,14 +39,6 @@ class Recorder(io.StringIO):
 
     def arrival(self, needle: str) -> float:
         return next(t for t, text in self.writes if needle in text)
-
-
-@pytest.fixture(scope="module")
-def ip():
-    globalipapp.start_ipython()
-    shell = globalipapp.get_ipython()
-    shell.run_line_magic("load_ext", "nbrpc")
-    return shell
 
 
 @pytest.fixture(scope="module")
@@ -296,10 +274,7 @@ def test_rrefs_work_in_a_later_cluster(ip):
         assert rref.owner().name == "ps"
         assert rref.owner_name() == "ps"
         del rref  # the owner hears of it and drops its value
-        deadline = time.monotonic() + 5
-        while owned() != before and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert owned() == before
+        assert wait_until(lambda: owned() == before, 5)
     finally:
         pids = [w.pid for w in cluster.workers]
         ip.run_line_magic("rpc_shutdown", "")

@@ -21,10 +21,10 @@ import time
 
 import netns
 import pytest
+from conftest import wait_gone
 from netns import Driver, DriverError, Network, Process
 
-from nbrpc._util import pid_alive
-from nbrpc.rendezvous import LOST_AFTER, ORPHANED_AFTER
+from nbrpc.launchers.rendezvous import LOST_AFTER, ORPHANED_AFTER
 
 REASON = netns.unavailable()
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -103,13 +103,6 @@ def _listeners(pid: int) -> list[tuple[str, int]]:
     from test_imports import proc_listeners
 
     return proc_listeners([pid])[pid]
-
-
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if pid_alive(p)]
 
 
 # -- attach: join, refuse, RPC, RRefs, %%rpc_on, late joins, listeners ------------
@@ -310,7 +303,7 @@ def test_driver_killed_remote_workers_exit(hosts):
         workers["w1"].pid, workers["w2"].pid]
     os.kill(driver.pid, signal.SIGKILL)
     killed = time.monotonic()
-    left = _wait_gone([w.pid for w in workers.values()], DRIVER_DEATH_EXIT)
+    left = wait_gone([w.pid for w in workers.values()], DRIVER_DEATH_EXIT)
     took = time.monotonic() - killed
     assert not left, f"workers outlived the killed driver by {DRIVER_DEATH_EXIT} s"
     print(f"remote workers exited {took:.2f} s after the driver was killed")
@@ -390,7 +383,7 @@ def test_ssh_hosts(hosts, sshd, pids):
     began = time.monotonic()
     driver.run("ip.run_line_magic('rpc_shutdown', '')")
     assert time.monotonic() - began < SHUTDOWN_LIMIT
-    assert not _wait_gone(remote + local_ssh, 10), "workers or ssh processes survived shutdown"
+    assert not wait_gone(remote + local_ssh, 10), "workers or ssh processes survived shutdown"
 
 
 # -- launchers of other people: torchrun ------------------------------------------------

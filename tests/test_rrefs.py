@@ -5,16 +5,15 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import time
 
 import cloudpickle
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import wait_gone
+from conftest import wait_gone, wait_until
 
 import nbrpc
-from nbrpc import rrefs
+from nbrpc import rref_ledger, rrefs
 
 # Workers cannot import this file: its functions travel by value, like a notebook's.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -53,11 +52,12 @@ def owned_counts() -> dict[str, int]:
 
 def settle(check, timeout: float = 10.0):
     """Wait until ``check()`` is true: deletes reach owners asynchronously."""
-    deadline = time.monotonic() + timeout
-    while not check() and time.monotonic() < deadline:
+
+    def collected() -> bool:
         gc.collect()
-        time.sleep(0.05)
-    return check()
+        return check()
+
+    return wait_until(collected, timeout)
 
 
 def fork_events(snapshot, ids):
@@ -73,7 +73,7 @@ def test_worked_example(ring):
     assert torch.equal(rd.to_here(), torch.full((2, 3), 6.0))
     assert settle(lambda: len(nbrpc.rref_snapshot()["rrefs"]) == 4)
     snap = nbrpc.rref_snapshot()
-    ids = [rrefs.rref_id(r) for r in (ra, rb, rc, rd)]
+    ids = [rref_ledger.rref_id(r) for r in (ra, rb, rc, rd)]
     table = {r["id"]: r for r in snap["rrefs"]}
     assert sorted(table) == sorted(ids)
     for rid, owner in zip(ids, ["p1", "p2", "p3", "p4"]):
@@ -114,7 +114,7 @@ def test_owner_counts_match_torch(ring):
 
 def test_rref_returned_from_a_call_is_a_fork_from_its_owner(ring):
     got = rpc.rpc_sync("p2", make_local, args=(5,))
-    rid = rrefs.rref_id(got)
+    rid = rref_ledger.rref_id(got)
     snap = nbrpc.rref_snapshot()
     row = next(r for r in snap["rrefs"] if r["id"] == rid)
     assert (row["owner"], row["creator"], row["holders"]) == ("p2", "p2", ["master"])
@@ -131,10 +131,10 @@ def test_local_rref_and_module_summaries(ring):
     local = rpc.RRef(torch.ones(3, dtype=torch.float64))
     model = rpc.remote("p3", torch.nn.Linear, args=(3, 4))
     snap = {r["id"]: r for r in nbrpc.rref_snapshot()["rrefs"]}
-    mine = snap[rrefs.rref_id(local)]
+    mine = snap[rref_ledger.rref_id(local)]
     assert (mine["owner"], mine["creator"], mine["holders"]) == ("master", "master", ["master"])
     assert (mine["summary"], mine["size"], mine["confirmed"]) == ("Tensor[3] float64", 24, True)
-    remote_model = snap[rrefs.rref_id(model)]
+    remote_model = snap[rref_ledger.rref_id(model)]
     assert (remote_model["type"], remote_model["summary"]) == ("Linear", "Linear (16 parameters)")
     assert remote_model["size"] == 16 * 4
     del local, model
@@ -160,8 +160,8 @@ def test_memory_stays_bounded_over_100k_rrefs(ring):
     for _ in range(100_000):
         rpc.RRef(value)
     grown = rss_mb() - before
-    assert not rrefs._ledger.held
-    assert len(rrefs._ledger.events) == rrefs.EVENTS_KEPT
+    assert not rref_ledger._ledger.held
+    assert len(rref_ledger._ledger.events) == rref_ledger.EVENTS_KEPT
     assert grown < 20, f"resident memory grew {grown:.1f} MB over 100,000 RRefs"
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch.distributed.rpc as rpc
+from conftest import wait_until
 
 import nbrpc
-from nbrpc import template, workers
+from nbrpc import template
 from nbrpc._util import pid_alive
 from nbrpc.errors import WorkerStartError
+from nbrpc.launchers import local
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,9 +79,7 @@ def test_a_killed_forked_worker_says_how_it_ended(one_worker):
     cluster = one_worker()
     w = cluster.workers[0]
     os.kill(w.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while w.alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not w.alive())
     assert w.fate() == f"(pid {w.pid}) was killed by signal 9"
 
 
@@ -87,9 +87,7 @@ def test_template_dies_the_next_cluster_starts_a_new_one(one_worker):
     cluster = one_worker()
     old = template.current()
     os.kill(old.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while pid_alive(old.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not pid_alive(old.pid))
     # Its workers are the driver's children: they outlive it.
     assert rpc.rpc_sync("worker1", os.getpid, timeout=10) == cluster.workers[0].pid
     cluster.shutdown()
@@ -119,7 +117,7 @@ def test_a_fork_that_fails_is_a_clear_error_and_leaks_nothing(tmp_path):
     before = set(_children(os.getpid()))
     log = tmp_path / "output.log"
     log.write_bytes(b"")
-    env = {**os.environ, **workers.FAST_ALLOC_ENV}
+    env = {**os.environ, **local.FAST_ALLOC_ENV}
     with pytest.raises(WorkerStartError, match=r"could not be forked.*FileNotFoundError.*no-such-folder"):
         template.launch("worker9", ["-f", str(tmp_path / "kernel.json")], env, str(tmp_path / "no-such-folder"),
                         str(log))

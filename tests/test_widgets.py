@@ -7,7 +7,6 @@ checks what a person sees.
 from __future__ import annotations
 
 import copy
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from _snapshots import AUTOGRAD, RREF, synthetic
+from conftest import wait_until
 
 import nbrpc
 from nbrpc.widgets import AutogradGraph, RRefGraph, describe, layout, svg
@@ -249,12 +249,7 @@ def test_widgets_need_a_cluster_when_not_given_a_snapshot():
 
 
 def wait_for(check, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    assert wait_until(check, timeout), f"timed out waiting for {what}"
 
 
 def test_live_graph_follows_rrefs_and_stops_with_the_cluster():

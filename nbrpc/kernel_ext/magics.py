@@ -50,9 +50,10 @@ class RpcMagics(Magics):
     @argument("--names", default=None, help="comma-separated worker names, e.g. ps,trainer1,trainer2")
     @argument("--driver-name", default=None,
               help="RPC name of this kernel (rank 0); default: the name it already has, else master")
-    @argument("--threads", type=int, default=16, help="TensorPipe worker threads per member")
-    @argument("--timeout", type=float, default=60.0, help="default RPC timeout in seconds")
-    @argument("--startup-timeout", type=float, default=60.0, help="seconds to wait for workers to join")
+    @argument("--threads", type=int, default=None, help="TensorPipe worker threads per member (default 16)")
+    @argument("--timeout", type=float, default=None, help="default RPC timeout in seconds (default 60)")
+    @argument("--startup-timeout", type=float, default=None,
+              help="seconds to wait for workers to join (default 60)")
     @argument("--transport", choices=("uv", "shm"), default=None,
               help="TensorPipe's transport in every member: uv (TCP, the default: no CPU at rest) "
                    "or shm (torch's default: shared memory, a little faster per small call, but "
@@ -63,8 +64,9 @@ class RpcMagics(Magics):
               help="wait for N workers started elsewhere with the printed 'nbrpc worker --join' command")
     @argument("--hosts", default=None, help="start workers over SSH: hostA,hostB:2 (two on hostB)")
     @argument("--bind", default=None, help="address or interface that reaches the workers (--attach, --hosts)")
-    @argument("--port", type=int, default=0, help="port the driver listens on for joining workers (default: free)")
-    @argument("--ssh", default="ssh", help='ssh command for --hosts, e.g. "ssh -F my_config"')
+    @argument("--port", type=int, default=None,
+              help="port the driver listens on for joining workers (default: free)")
+    @argument("--ssh", default=None, help='ssh command for --hosts (default ssh), e.g. "ssh -F my_config"')
     @argument("--gpus", action="store_true",
               help="one GPU per worker (round-robin, this kernel on cuda:0), device maps between all pairs")
     @argument("--device-map", action="append", default=None, metavar="MAP",
@@ -77,13 +79,16 @@ class RpcMagics(Magics):
         In the cell form the body runs on every worker, then here, once RPC is up.
         """
         args = _parse(self.rpc_init, line)
+        given = dict(threads=args.threads, timeout=args.timeout, startup_timeout=args.startup_timeout,
+                     port=args.port, ssh=_unquoted(args.ssh) if args.ssh is not None else None)
         try:
             cluster = cluster_mod.Cluster(
-                args.n, names=args.names, driver_name=args.driver_name, threads=args.threads,
-                timeout=args.timeout, startup_timeout=args.startup_timeout,
+                args.n, names=args.names, driver_name=args.driver_name,
                 progress=start_progress(), track=not args.no_track,
-                attach=args.attach, hosts=args.hosts, bind=args.bind, port=args.port, ssh=_unquoted(args.ssh),
+                attach=args.attach, hosts=args.hosts, bind=args.bind,
                 gpus=args.gpus, device_maps=_device_maps(args.device_map), transport=args.transport,
+                # Options left out take the Cluster's defaults.
+                **{option: value for option, value in given.items() if value is not None},
             )
         except ValueError as e:
             raise UsageError(f"%rpc_init: {e}") from e

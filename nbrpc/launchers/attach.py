@@ -1,40 +1,37 @@
-"""Workers on other machines, joining the driver through its rendezvous service.
+"""Workers started by anything else, joining the driver through its rendezvous service.
 
 Parts:
 
 - ``RemoteWorker``: a ``Worker`` the driver knows through its lifeline (see
   ``rendezvous.Link``) instead of a local pid: alive while the link is, told to
   exit over the link, interrupted over the link.
-- ``Attach``: the driver's side of a cluster whose workers are started elsewhere
-  (``nbrpc worker --join`` from a terminal, Slurm, torchrun, Kubernetes, or
-  ``ssh``). It opens the rendezvous, admits each joiner with a fresh rank and a
-  unique name before it reaches torch, hands it the cluster's settings, connects
-  a kernel client to it, waits for the expected number, and forgets in torch any
-  worker it loses, so later joins never wait on a member that is gone.
+- ``AttachLauncher``: the driver's side of a cluster whose workers are started
+  elsewhere (``nbrpc worker --join`` from a terminal, Slurm, torchrun, Kubernetes;
+  ``ssh`` builds on it). It opens the rendezvous, admits each joiner with a unique
+  name before it reaches torch (the cluster gives it a rank and the settings),
+  connects a kernel client to it, waits for the expected number, and forgets in
+  torch any worker it loses, so later joins never wait on a member that is gone.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
 
-from . import addresses, group, ssh, workers
-from ._util import kill_pids
-from .errors import JoinRefusedError, WorkerStartError
+from .. import group
+from .._util import kill_pids
+from ..errors import JoinRefusedError, WorkerStartError
+from ..settings import check_name
+from . import addresses
+from .base import Admission, Worker, close_clients, connect, mark_stopped
 from .rendezvous import LOST_AFTER, Link, Rendezvous, receive, send
-from .workers import Worker
 
-# Settings that describe the driver's own machine; a remote worker sets its own.
-_LOCAL_ONLY = ("NBRPC_STORE", "NBRPC_DRIVER_PID", "NBRPC_INTERFACE")
-_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 RELEASE_WAIT = 5.0
 
 
@@ -42,15 +39,11 @@ RELEASE_WAIT = 5.0
 class RemoteWorker(Worker):
     """A worker kernel on another machine (or started by something else)."""
 
-    remote: ClassVar[bool] = True
     link: Link | None = field(default=None, repr=False)
     launcher: object = field(default=None, repr=False)  # the local ssh process, if any
 
     def alive(self) -> bool:
         return self.link is not None and self.link.lost is None and self.state != "stopped"
-
-    def exit_code(self) -> int | None:
-        return None
 
     def fate(self) -> str | None:
         if self.alive():
@@ -74,7 +67,7 @@ class RemoteWorker(Worker):
             self.launcher.wait(timeout=5)
 
 
-class Attach:
+class AttachLauncher:
     """Admit workers that join with ``nbrpc worker --join ADDR:PORT --token TOKEN``.
 
     Parameters
@@ -85,25 +78,18 @@ class Attach:
         Names for workers that join without ``--name``, in order (then worker1, ...).
     bind
         The address (or interface name) to listen on; by default the one that
-        routes toward the first SSH host, or the default route.
+        routes toward ``toward`` (a worker host), or the default route.
     port
         The rendezvous port (0: a free one).
-    hosts
-        SSH hosts, one entry per worker to start there.
     """
 
     def __init__(self, expected: int, names: list[str] | None = None, bind: str | None = None,
-                 port: int = 0, hosts: list[str] | None = None, ssh_command: str = "ssh",
-                 python: str | None = None):
+                 port: int = 0, toward: str | None = None):
         self.expected, self.names, self.port = expected, list(names or []), int(port)
-        self.hosts, self.ssh_command = list(hosts or []), ssh_command
-        self.python = python or sys.executable
-        toward = ssh.hostname(self.hosts[0], ssh_command) if self.hosts and not bind else None
         self.address, self.interface = addresses.resolve_bind(bind, toward)
         self.token = secrets.token_urlsafe(24)
         self.server: Rendezvous | None = None
         self.closing = False
-        self._launchers: dict[str, object] = {}
         self._lock = threading.Lock()
 
     @property
@@ -112,50 +98,72 @@ class Attach:
         port = self.server.port if self.server else self.port
         return f"nbrpc worker --join {self.address}:{port} --token {self.token}"
 
-    def start(self, cluster, driver: group.DriverGroup, deadline: float) -> None:
-        """Open the rendezvous, start SSH workers if any, wait for ``expected`` workers."""
+    def planned(self) -> list[Worker]:
+        return []  # workers are listed as they are admitted
+
+    def placement_names(self) -> list[str]:
+        # Workers that join take these names, in order, unless they ask for another
+        # with --name (that one then runs on CPU).
+        return self.names or [f"worker{i}" for i in range(1, self.expected + 1)]
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self, cluster: Admission, driver: group.DriverGroup, deadline: float) -> None:
+        """Open the rendezvous, have the workers started, wait for ``expected`` of them."""
         self.cluster, self.driver = cluster, driver
         self.server = Rendezvous(self.address, self.port, self.token, driver.store.port,
                                  self._admit, self._say)
-        if self.hosts:
-            self._launch_ssh()
-        else:
-            print(f"nbrpc: waiting for {self.expected} worker{'s' * (self.expected != 1)}; "
-                  f"on each worker machine run:\n    {self.command}", flush=True)
+        self._launch()
         self._wait(deadline)
 
     def close(self) -> None:
-        """Refuse new joins; end SSH processes whose worker never joined."""
+        """Refuse new joins."""
         self.closing = True
         if self.server is not None:
             self.server.close()
-        with self._lock:
-            launchers, self._launchers = list(self._launchers.values()), {}
-        kill_pids([p.pid for p in launchers])
-        for p in launchers:
-            p.wait(timeout=5)
+
+    def stop(self, workers: list[Worker]) -> None:
+        """Tell every worker to exit over its lifeline (its pid is on another machine)."""
+        close_clients(workers)
+        for worker in workers:
+            worker.release()
+        mark_stopped(workers)
+
+    # -- what the ssh launcher changes ---------------------------------------------
+
+    def _launch(self) -> None:
+        """Say what to run: the workers are started by someone else."""
+        print(f"nbrpc: waiting for {self.expected} worker{'s' * (self.expected != 1)}; "
+              f"on each worker machine run:\n    {self.command}", flush=True)
+
+    def _check_launched(self) -> None:
+        """Raise ``WorkerStartError`` if a worker this launcher started cannot join any more."""
+
+    def _not_joined(self) -> list[str]:
+        """Lines naming workers this launcher started that have not joined yet."""
+        return []
+
+    def _reserved(self) -> set[str]:
+        """Names kept for workers this launcher started, until they join."""
+        return set()
+
+    def _claim(self, name: str) -> object:
+        """The local process that started worker ``name``, if this launcher started it."""
+        return None
 
     # -- start-up ------------------------------------------------------------------
-
-    def _launch_ssh(self) -> None:
-        address = f"{self.address}:{self.server.port}"
-        for host, name in zip(self.hosts, self.names):
-            self._launchers[name] = ssh.launch(host, name, address, self.token, self.ssh_command, self.python)
 
     def _wait(self, deadline: float) -> None:
         reported = 0
         while True:
-            running = [w for w in self.cluster._workers if w.state == "running"]
+            running = [w for w in self.cluster.known_workers() if w.state == "running"]
             for w in running[reported:]:
                 self.cluster.progress(len(running), self.expected, f"{w.name} joined from {w.host} ({w.ip})")
             reported = len(running)
             if len(running) >= self.expected:
                 return
-            for name, launcher in list(self._launchers.items()):
-                if launcher.poll() is not None:
-                    raise WorkerStartError(self._failure(
-                        f"the ssh command for {name!r} on {launcher.nbrpc_host} exited with code "
-                        f"{launcher.returncode} before its worker joined. Its output:\n{ssh.output(launcher)}"))
+            self._check_launched()
             if time.monotonic() > deadline:
                 raise WorkerStartError(self._failure(
                     f"{len(running)} of {self.expected} workers joined within "
@@ -165,13 +173,10 @@ class Attach:
     def _failure(self, what: str) -> str:
         def listing(state):
             return ", ".join(f"{w.name} (pid {w.pid} on {w.host}, {w.ip})"
-                             for w in self.cluster._workers if w.state == state) or "none"
+                             for w in self.cluster.known_workers() if w.state == state) or "none"
         lines = [f"{what}.", f"Joined: {listing('running')}.",
-                 f"Admitted, not in RPC yet: {listing('joining')}.", f"Lost: {listing('lost')}."]
-        missing = [n for n in self._launchers]
-        if missing:
-            lines.append("Not joined: " + ", ".join(
-                f"{n} on {self._launchers[n].nbrpc_host}" for n in missing) + ".")
+                 f"Admitted, not in RPC yet: {listing('joining')}.", f"Lost: {listing('lost')}.",
+                 *self._not_joined()]
         if self.server.refused:
             lines.append("Refused: " + "; ".join(self.server.refused) + ".")
         lines.append(f"Start the missing workers with:\n    {self.command}\n"
@@ -185,14 +190,12 @@ class Attach:
             if self.closing:
                 raise JoinRefusedError("the cluster is shutting down")
             name = self._grant_name(hello.get("name"))
-            w = RemoteWorker(name, self.driver.take_ranks(1)[0], host=str(hello.get("host", "?")),
+            w = RemoteWorker(name, 0, host=str(hello.get("host", "?")),
                              ip=peer[0], pid=hello.get("pid"), state="joining")
-            w.launcher = self._launchers.pop(name, None)
-            self.cluster._workers.append(w)
-        settings = {k: v for k, v in self.cluster._worker_env(w, self.driver.prefix).items()
-                    if k not in _LOCAL_ONLY}
+            w.launcher = self._claim(name)
+            settings = self.cluster.admit(w)
         try:
-            send(sock, {"ok": True, "name": w.name, "rank": w.rank, "settings": settings})
+            send(sock, {"ok": True, "name": w.name, "rank": w.rank, "settings": settings.to_wire()})
             sock.settimeout(self.cluster.startup_timeout)
             kernel = receive(sock)["kernel"]
         except (OSError, ConnectionError, KeyError, TypeError):
@@ -205,19 +208,20 @@ class Attach:
         self._await_member(w)
 
     def _grant_name(self, requested) -> str:
-        taken = {w.name for w in self.cluster._workers} | set(group.member_names())
+        taken = {w.name for w in self.cluster.known_workers()} | set(group.member_names())
         if requested:
-            if not isinstance(requested, str) or not _NAME.match(requested):
-                raise JoinRefusedError(
-                    f"invalid worker name {requested!r}: use letters, digits, '_', ':' or '-' "
-                    "(1 to 127 characters)")
+            try:
+                check_name(requested)
+            except ValueError as e:
+                raise JoinRefusedError(str(e)) from None
             if requested in taken:
                 raise JoinRefusedError(
                     f"the name {requested!r} is taken in this cluster; pass another --name, "
                     "or none to be given one")
             return requested
+        reserved = self._reserved()
         for name in self.names:
-            if name not in taken and name not in self._launchers:
+            if name not in taken and name not in reserved:
                 return name
         i = 1
         while f"worker{i}" in taken or f"worker{i}" in self.names:
@@ -233,7 +237,7 @@ class Attach:
         else:
             return
         try:
-            workers.connect(w)
+            connect(w)
             w.client.wait_for_ready(timeout=self.cluster.startup_timeout)
         except RuntimeError as e:
             return self._lost(w, f"joined RPC but its kernel did not answer ({e})")

@@ -12,7 +12,7 @@ import ipaddress
 import socket
 import struct
 
-from ._util import LOOPBACK
+from .._util import LOOPBACK
 
 _SIOCGIFADDR = 0x8915
 # Any routable address works: connecting a UDP socket sends nothing, it only asks

@@ -1,0 +1,194 @@
+"""Every private part of torch that nbrpc uses, and every patch it makes to torch.
+
+torch RPC's public API has no driver that joins once while workers come and go, no
+pickles that carry notebook definitions, no waits Ctrl-C can interrupt, no RRef
+ledger; nbrpc reaches into torch's internals for them, here and nowhere else. Each
+name says what nbrpc uses it for and the torch version it is known to work with;
+``tests/test_torch_compat.py`` reads every one (and ``check`` the private methods of
+torch's C++ classes), so a torch upgrade that moves one fails there, in one place.
+
+Parts:
+
+- Names: functions, classes and constants, taken from torch when this module loads.
+- Methods of torch's C++ objects, called through small functions
+  (``update_group_membership``, ``fork_data``, ``send_functions`` ...).
+- Patch points: where nbrpc puts its functions in place of torch's. ``patch``
+  replaces one and remembers torch's; ``install(track)`` puts every patch of a
+  member in place (before its agent starts: torch's C++ side looks some of them up
+  once), ``uninstall()`` puts torch's own back.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+from torch._C._distributed_autograd import DistAutogradContext
+from torch._C._distributed_rpc import PyRRef, TensorPipeAgent
+from torch.distributed.rpc import api, internal
+from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT  # noqa: F401 (re-exported)
+from torch.distributed.rpc.internal import PythonUDF, RemoteException, RPCExecMode  # noqa: F401
+
+# -- joining and leaving ---------------------------------------------------------
+
+# Starts this process's agent with nbrpc's store, prefix and rank, and no world size
+# (dynamic membership); known to work with torch 2.13.
+init_rpc_backend = rpc._init_rpc_backend
+# Distributed autograd's per-process state, set up before the agent starts (what
+# init_rpc does); known to work with torch 2.13.
+init_dist_autograd = dist_autograd._init
+# This process's agent: its members, its own info, its debug counters; known to work with torch 2.13.
+current_agent = api._get_current_rpc_agent
+# Whether this process has an agent (is a member); known to work with torch 2.13.
+has_agent = api._is_current_rpc_agent_set
+# The default timeout of an agent that joined for an earlier cluster; known to work with torch 2.13.
+set_rpc_timeout = rpc._set_rpc_timeout
+# Busy threads and owned RRefs of this member (%rpc_status); known to work with torch 2.13.
+debug_info = rpc._get_debug_info
+# This member's RRef counters (owned RRefs in the ledger's report); known to work with torch 2.13.
+rref_debug_info = rpc._rref_context_get_debug_info
+# The store key of torch's join/leave lock, freed for a worker that died holding it;
+# known to work with torch 2.13.
+STORE_LOCK_KEY = "RpcGroupManagementToken"
+# The store key of the member list ("NAME-RANK," each), cleaned of workers that died;
+# known to work with torch 2.13.
+STORE_MEMBERS_KEY = "names/_ALL_WORKER_INFOS"
+# The keyword of TensorPipeRpcBackendOptions that picks its transports (uv, shm);
+# known to work with torch 2.13.
+TRANSPORTS_OPTION = "_transports"
+
+
+def update_group_membership(agent, info, devices: list, maps: dict, joined: bool) -> None:
+    """``TensorPipeAgent._update_group_membership``: forget a member that died, set this
+    member's devices and reply maps; known to work with torch 2.13."""
+    agent._update_group_membership(info, devices, maps, joined)
+
+
+# -- calls -------------------------------------------------------------------------
+
+# Resolves every call's destination (unknown names get nbrpc's error); known to work with torch 2.13.
+to_worker_info = api._to_worker_info
+# Sends one call with an explicit exec mode (rpc_sync/rpc_async without torch's
+# wrappers, so a call can carry a call id); known to work with torch 2.13.
+invoke_rpc = api._invoke_rpc
+# The decorator torch puts on its calls ("RPC has not been initialized"); known to work with torch 2.13.
+require_initialized = api._require_initialized
+# Per-thread state where torch's _wait_all collects the futures of rpc_async;
+# known to work with torch 2.13.
+call_thread_state = api._thread_local_var
+# torch's own rpc_sync, rpc_async and remote, which nbrpc's wrappers call;
+# public names, kept here before nbrpc replaces them.
+rpc_sync = api.rpc_sync
+rpc_async = api.rpc_async
+remote = api.remote
+# Tells a Python function torch sends as such from a builtin operator (which it
+# sends differently, so no call id); known to work with torch 2.13.
+find_builtin = torch.jit._builtins._find_builtin
+# The attribute @rpc.functions.async_execution marks a function with; known to work with torch 2.13.
+ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
+# internal.PythonUDF (the function and arguments of a call being pickled, named in
+# pickling errors), internal.RPCExecMode (SYNC, ASYNC) and constants.UNSET_RPC_TIMEOUT
+# are imported above; known to work with torch 2.13.
+
+# -- pickling and remote errors ----------------------------------------------------
+
+# The pickler and unpickler classes torch's RPC pickles with; known to work with torch 2.13.
+torch_pickler = internal._pickler
+torch_unpickler = internal._unpickler
+# Re-creates a remote exception on the caller (internal.RemoteException, imported
+# above, is what it gets); known to work with torch 2.13.
+handle_exception = internal._handle_exception
+
+# -- RRefs -------------------------------------------------------------------------
+
+# torch._C._distributed_rpc.PyRRef (imported above) is the RRef class the ledger hooks;
+# its constructor and to_here, kept before nbrpc replaces them.
+rref_init = PyRRef.__init__
+to_here = PyRRef.to_here
+# Rebuilds an RRef from its fork data on the receiver; known to work with torch 2.13.
+rref_from_fork_data = PyRRef._deserialize
+
+
+def fork_data(rref) -> tuple:
+    """``PyRRef._serialize``: an RRef's fork as torch pickles it (owner, created_on,
+    local_id, fork id, parent, type); registers the fork. Known to work with torch 2.13."""
+    return rref._serialize()
+
+
+# -- distributed autograd ----------------------------------------------------------
+
+# A live distributed autograd context by id; known to work with torch 2.13.
+retrieve_context = dist_autograd._retrieve_context
+# torch's own backward, kept before recording replaces it.
+backward = dist_autograd.backward
+
+
+def send_functions(context) -> dict:
+    """``DistAutogradContext._send_functions``: message id -> SendRpcBackward; known to work with torch 2.13."""
+    return context._send_functions()
+
+
+def recv_functions(context) -> dict:
+    """``DistAutogradContext._recv_functions``: message id -> RecvRpcBackward; known to work with torch 2.13."""
+    return context._recv_functions()
+
+
+def known_worker_ids(context) -> set:
+    """``DistAutogradContext._known_worker_ids``: workers the context reached; known to work with torch 2.13."""
+    return context._known_worker_ids()
+
+
+# The private methods above, checked to exist by ``check``.
+METHODS = ((TensorPipeAgent, "_update_group_membership"), (PyRRef, "_serialize"),
+           (DistAutogradContext, "_send_functions"), (DistAutogradContext, "_recv_functions"),
+           (DistAutogradContext, "_known_worker_ids"))
+
+
+def check() -> None:
+    """Raise ``AttributeError`` naming any private method torch no longer has."""
+    missing = [f"{cls.__name__}.{name}" for cls, name in METHODS if not hasattr(cls, name)]
+    if missing:
+        raise AttributeError(f"this torch ({torch.__version__}) lacks {', '.join(missing)}, which "
+                             "nbrpc needs (known to work with torch 2.13)")
+
+
+# -- patches -----------------------------------------------------------------------
+
+# Where nbrpc puts its own functions in place of torch's: (owner, attribute) pairs.
+PICKLER = ((internal, "_pickler"),)
+UNPICKLER = ((internal, "_unpickler"),)
+HANDLE_EXCEPTION = ((internal, "_handle_exception"),)
+TO_WORKER_INFO = ((api, "_to_worker_info"),)
+RPC_SYNC = ((api, "rpc_sync"), (rpc, "rpc_sync"))
+RPC_ASYNC = ((api, "rpc_async"), (rpc, "rpc_async"))
+REMOTE = ((api, "remote"), (rpc, "remote"))
+RREF_INIT = ((PyRRef, "__init__"),)
+RREF_TO_HERE = ((PyRRef, "to_here"),)
+BACKWARD = ((dist_autograd, "backward"),)
+
+_originals: dict[tuple, object] = {}
+
+
+def patch(point: tuple, value) -> None:
+    """Put ``value`` at every place of ``point``; ``uninstall`` puts torch's back."""
+    for owner, name in point:
+        _originals.setdefault((owner, name), getattr(owner, name))
+        setattr(owner, name, value)
+
+
+def install(track: bool = True) -> None:
+    """Every patch of a member: nbrpc's pickler, call wrappers, remote errors, and the
+    RRef ledger's hooks when ``track`` (else only the calls' named failures). Idempotent."""
+    from . import calls, remote_errors, rref_ledger, serialization
+
+    serialization.install()
+    calls.install()
+    remote_errors.install()
+    rref_ledger.hook(track)
+
+
+def uninstall() -> None:
+    """Put torch's own functions back everywhere nbrpc patched them."""
+    for (owner, name), original in _originals.items():
+        setattr(owner, name, original)
+    _originals.clear()
