@@ -357,6 +357,26 @@ def test_real_kernel_shows_worker_output_rich_output_and_errors(kernel):
     assert not wait_gone([pid])
 
 
+def test_load_ext_warms_the_template_for_the_first_cluster(kernel):
+    def value(expression: str):
+        _, reply = execute(kernel, "", user_expressions={"v": expression})
+        return eval(reply["user_expressions"]["v"]["data"]["text/plain"])
+
+    template = "__import__('nbrpc.template', fromlist=['current']).current()"
+    for code in ("import os\nos.environ['NBRPC_WARM_START'] = '0'", "%load_ext nbrpc"):
+        assert execute(kernel, code)[1]["status"] == "ok"
+    assert value(f"{template} is None")  # turned off: nothing started
+    for code in ("del os.environ['NBRPC_WARM_START']", "%reload_ext nbrpc"):
+        assert execute(kernel, code)[1]["status"] == "ok"
+    assert value(f"{template}.wait_ready(60)")
+    pid = value(f"{template}.pid")
+    assert execute(kernel, "%rpc_init -n 1")[1]["status"] == "ok"
+    assert value(f"{template}.pid") == pid  # the cluster forked from the warmed one
+    worker = value("__import__('nbrpc').current().workers[0].pid")
+    assert execute(kernel, "%rpc_shutdown")[1]["status"] == "ok"
+    assert not wait_gone([worker])
+
+
 # -- a real notebook ---------------------------------------------------------------
 
 

@@ -2,9 +2,14 @@
 
 
 def load_ipython_extension(ipython):
+    from .. import template
     from .magics import RpcMagics
 
     ipython.register_magics(RpcMagics)
+    if template.enabled():
+        # A notebook that loads nbrpc runs %rpc_init next: the warm template imports
+        # torch and ipykernel while the person types, and the first cluster forks from it.
+        template.prestart()
 
 
 def unload_ipython_extension(ipython):
