@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import torch.distributed.rpc as rpc
 
-from . import calls, devices, execution, group, launchers, rref_ledger, template, torch_compat
+from . import calls, devices, execution, group, launchers, rref_ledger, template, torch_compat, tracing
 from ._util import muted_stderr
 from .errors import (
     ClusterRunningError,
@@ -74,6 +74,10 @@ class Cluster:
     track
         Record RRef creation, forks, fetches and deletes in every member, for
         ``nbrpc.rref_snapshot()`` and the RRef graph (a few microseconds per RRef).
+    trace
+        Record every RPC in every member (bounded per member), for
+        ``nbrpc.trace_snapshot()`` and the timeline; without it, record blocks with
+        ``with nbrpc.trace() as t:``.
     attach
         Wait for this many workers started elsewhere with ``nbrpc worker --join``
         (the command, with its token, is printed and in ``join_command``); more
@@ -111,6 +115,7 @@ class Cluster:
         env: dict[str, str] | None = None,
         progress: Progress | None = text_progress,
         track: bool = True,
+        trace: bool = False,
         attach: int | None = None,
         bind: str | None = None,
         port: int = 0,
@@ -140,6 +145,7 @@ class Cluster:
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
         self.track = bool(track)
+        self.trace = bool(trace)
         self.progress = progress or (lambda done, total, message: None)
         self._workers = self.launcher.planned()
         self._admitting = threading.Lock()
@@ -165,6 +171,7 @@ class Cluster:
         self._driver, self._store = driver, driver.store
         torch_compat.install(self.track)  # tracking is each cluster's choice
         rref_ledger.reset()
+        tracing.install(self.trace)
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         calls.set_worker_fate(self._fate)
@@ -353,8 +360,8 @@ class Cluster:
         """What worker ``w`` starts with (a local launcher adds where the store is)."""
         return WorkerSettings(
             name=w.name, rank=w.rank, prefix=self._driver.prefix, key=self._driver.key,
-            threads=self.threads, timeout=self.timeout, track=self.track, transport=self.transport,
-            placement=self.placements.get(w.name), env=dict(self.env),
+            threads=self.threads, timeout=self.timeout, track=self.track, trace=self.trace,
+            transport=self.transport, placement=self.placements.get(w.name), env=dict(self.env),
         )
 
     def _leave_gracefully(self) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
-from . import devices, rref_ledger, serialization, torch_compat
+from . import devices, rref_ledger, serialization, torch_compat, tracing
 from ._util import LOOPBACK, listening_ports, listening_socket, muted_stderr, raise_fd_limit, silence_torch_noise
 from .errors import ClusterRunningError
 
@@ -227,10 +227,11 @@ def join(
     options: rpc.TensorPipeRpcBackendOptions,
     interface: str | None = "lo",
     track: bool = True,
+    trace: bool = False,
 ) -> None:
     """Initialize RPC in this process as ``name``/``rank`` of the group in ``store``, with
     every nbrpc patch of torch in place first; ``track`` turns RRef tracking on (see
-    ``rref_ledger``)."""
+    ``rref_ledger``), ``trace`` call recording (see ``tracing``)."""
     if interface:
         # TensorPipe's TCP transport listens on this interface (read at agent start).
         os.environ["TP_SOCKET_IFNAME"] = interface
@@ -252,6 +253,7 @@ def join(
         options,
     )
     rref_ledger.reset()
+    tracing.install(trace)
 
 
 def leave(graceful: bool, timeout: float) -> None:

@@ -32,7 +32,7 @@ import cloudpickle
 import torch
 import torch.distributed.rpc as rpc
 
-from . import definitions, rref_ledger, torch_compat
+from . import definitions, rref_ledger, torch_compat, tracing
 from .errors import SerializationError
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
@@ -125,6 +125,8 @@ class RpcPickler(cloudpickle.Pickler):
         if _key is not None:
             self._out.write(_SIGNED + _mac(body))
         self._out.write(body)
+        if tracing.armed:
+            tracing.count(obj, self._out.tell())
 
 
 def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
@@ -137,6 +139,8 @@ def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
             raise pickle.UnpicklingError(
                 "nbrpc refused an RPC message not signed with this cluster's key: it "
                 "comes from a process outside the cluster")
+    if tracing.armed:
+        tracing.received(len(file.getbuffer()))
     return pickle.Unpickler(file, **kwargs)
 
 

@@ -3,7 +3,7 @@
 Parts:
 
 - ``WorkerSettings``: one frozen record (name, rank, the group's store and key
-  prefix, threads, timeout, transport, devices, tracking, the signing key, ...).
+  prefix, threads, timeout, transport, devices, tracking, call recording, the signing key, ...).
   A local worker gets it in its environment (``to_env``, read back by
   ``from_env`` in the worker bootstrap); a worker that joins from elsewhere gets
   it in its grant over the rendezvous (``to_wire`` / ``from_wire``: the same
@@ -36,6 +36,7 @@ _KEY = "NBRPC_KEY"
 _THREADS = "NBRPC_THREADS"
 _TIMEOUT = "NBRPC_TIMEOUT"
 _TRACK = "NBRPC_TRACK"
+_TRACE = "NBRPC_TRACE"
 _TRANSPORT = "NBRPC_TRANSPORT"
 _DEVICES = "NBRPC_DEVICES"
 # About the driver's machine: a worker that joins from elsewhere sets its own.
@@ -67,6 +68,7 @@ class WorkerSettings:
     threads: int  # TensorPipe worker threads
     timeout: float  # default RPC timeout, s
     track: bool = True  # RRef tracking (see ``rref_ledger``)
+    trace: bool = False  # every RPC recorded (see ``tracing``)
     transport: str = "uv"  # TensorPipe's transport (see ``group.TRANSPORTS``)
     placement: Placement | None = None  # devices and maps; None on CPU
     store: str = ""  # HOST:PORT of the group's store, as this worker reaches it
@@ -78,8 +80,8 @@ class WorkerSettings:
         """The environment variables a worker process starts with."""
         env = {**self.env, _PREFIX: self.prefix, _NAME: self.name, _RANK: str(self.rank),
                _THREADS: str(self.threads), _TIMEOUT: str(self.timeout),
-               _TRACK: "1" if self.track else "0", _KEY: self.key.hex(), _TRANSPORT: self.transport,
-               _INTERFACE: self.interface or ""}
+               _TRACK: "1" if self.track else "0", _TRACE: "1" if self.trace else "0",
+               _KEY: self.key.hex(), _TRANSPORT: self.transport, _INTERFACE: self.interface or ""}
         devices = self.placement.to_json() if self.placement else None
         for variable, value in ((_DEVICES, devices), (_STORE, self.store or None),
                                 (_DRIVER_PID, self.driver_pid)):
@@ -93,6 +95,7 @@ class WorkerSettings:
         return cls(
             name=env[_NAME], rank=int(env[_RANK]), prefix=env[_PREFIX], key=bytes.fromhex(env[_KEY]),
             threads=int(env[_THREADS]), timeout=float(env[_TIMEOUT]), track=env.get(_TRACK, "1") == "1",
+            trace=env.get(_TRACE, "0") == "1",
             transport=env.get(_TRANSPORT, "uv"), placement=Placement.from_json(env.get(_DEVICES)),
             store=env.get(_STORE, ""),
             driver_pid=int(env[_DRIVER_PID]) if env.get(_DRIVER_PID) else None,

@@ -25,7 +25,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch._C._distributed_autograd import DistAutogradContext
 from torch._C._distributed_rpc import PyRRef, TensorPipeAgent
-from torch.distributed.rpc import api, internal
+from torch.distributed.rpc import api, internal, rref_proxy
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT  # noqa: F401 (re-exported)
 from torch.distributed.rpc.internal import PythonUDF, RemoteException, RPCExecMode  # noqa: F401
 
@@ -107,6 +107,9 @@ rref_init = PyRRef.__init__
 to_here = PyRRef.to_here
 # Rebuilds an RRef from its fork data on the receiver; known to work with torch 2.13.
 rref_from_fork_data = PyRRef._deserialize
+# The functions an RRef helper (``rref.rpc_sync().method(...)``) runs on the owner,
+# named by the method in the timeline; known to work with torch 2.13.
+RREF_HELPERS = (rref_proxy._local_invoke, rref_proxy._local_invoke_async_execution)
 
 
 def fork_data(rref) -> tuple:
@@ -115,12 +118,38 @@ def fork_data(rref) -> tuple:
     return rref._serialize()
 
 
+def creation_future(rref) -> torch.futures.Future:
+    """``PyRRef._get_future``: done when the owner confirmed an RRef ``remote`` made
+    (the timeline's reply); known to work with torch 2.13. Not for a forked RRef."""
+    return rref._get_future()
+
+
+def rref_type(rref) -> type:
+    """``PyRRef._get_type``: the class of an RRef's value (asks the owner once);
+    known to work with torch 2.13."""
+    return rref._get_type(blocking=True)
+
+
 # -- distributed autograd ----------------------------------------------------------
 
 # A live distributed autograd context by id; known to work with torch 2.13.
 retrieve_context = dist_autograd._retrieve_context
 # torch's own backward, kept before recording replaces it.
 backward = dist_autograd.backward
+
+
+def current_context_id() -> int:
+    """The id of this thread's distributed autograd context (``RuntimeError``: none);
+    known to work with torch 2.13."""
+    return dist_autograd._current_context()._context_id()
+
+
+def optimizer_step_point() -> tuple:
+    """The patch point of ``DistributedOptimizer.step``, imported on first use (the
+    import takes most of a second)."""
+    from torch.distributed.optim import DistributedOptimizer
+
+    return ((DistributedOptimizer, "step"),)
 
 
 def send_functions(context) -> dict:
@@ -140,6 +169,7 @@ def known_worker_ids(context) -> set:
 
 # The private methods above, checked to exist by ``check``.
 METHODS = ((TensorPipeAgent, "_update_group_membership"), (PyRRef, "_serialize"),
+           (PyRRef, "_get_future"), (PyRRef, "_get_type"), (DistAutogradContext, "_context_id"),
            (DistAutogradContext, "_send_functions"), (DistAutogradContext, "_recv_functions"),
            (DistAutogradContext, "_known_worker_ids"))
 
@@ -150,6 +180,13 @@ def check() -> None:
     if missing:
         raise AttributeError(f"this torch ({torch.__version__}) lacks {', '.join(missing)}, which "
                              "nbrpc needs (known to work with torch 2.13)")
+
+
+# -- pickled bytes ---------------------------------------------------------------
+
+# Per-thread tables of the tensors a message carries beside its pickle
+# (``send_tables``, ``recv_tables``), counted by the timeline; known to work with torch 2.13.
+tensor_tables = internal._thread_local_tensor_tables
 
 
 # -- patches -----------------------------------------------------------------------
@@ -177,13 +214,15 @@ def patch(point: tuple, value) -> None:
 
 
 def install(track: bool = True) -> None:
-    """Every patch of a member: nbrpc's pickler, call wrappers, remote errors, and the
-    RRef ledger's hooks when ``track`` (else only the calls' named failures). Idempotent."""
-    from . import calls, remote_errors, rref_ledger, serialization
+    """Every patch of a member: nbrpc's pickler, call wrappers, remote errors, the
+    backward that autograd recordings and the timeline watch, and the RRef ledger's
+    hooks when ``track`` (else only the calls' named failures). Idempotent."""
+    from . import autograd, calls, remote_errors, rref_ledger, serialization
 
     serialization.install()
     calls.install()
     remote_errors.install()
+    autograd.install()
     rref_ledger.hook(track)
 
 

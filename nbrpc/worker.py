@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
     options = group.backend_options(settings.threads, settings.timeout, settings.placement,
                                     settings.transport)
     group.join(store, settings.prefix, settings.name, settings.rank, options, settings.interface,
-               settings.track)
+               settings.track, settings.trace)
     app.start()
 
 

@@ -232,6 +232,48 @@ def _check_forged_message(driver: Driver, folder) -> None:
 # -- failures across the network ----------------------------------------------------
 
 
+def test_timeline_clocks_across_hosts(hosts):
+    """Recorded calls between hosts, on one clock: worker "a" runs 3.5 s ahead
+    (NBRPC_CLOCK_SKEW), so its offset is measured over the network; after the
+    correction every callee's run lies within its caller's send-to-reply interval."""
+    driver = hosts.driver()
+    driver.send(SETUP + f"cluster = nbrpc.Cluster(attach=2, bind={hosts.net.address['drv']!r}, "
+                f"timeout={RPC_TIMEOUT}, startup_timeout={START}, progress=None, trace=True)\n"
+                "cluster.start()")
+    address, token = _join_address(driver)
+    workers = [hosts.worker("w1", "--join", address, "--token", token, "--name", "a",
+                            env={"NBRPC_CLOCK_SKEW": "3.5"}),
+               hosts.worker("w2", "--join", address, "--token", token, "--name", "b")]
+    driver.reply(START)
+    snap = driver.run(
+        "def add(x):\n    return x + 1\n"
+        "def relay(x):\n    return rpc.rpc_sync('b', add, args=(x,))\n"
+        "with nbrpc.trace() as t:\n"
+        "    for _ in range(3):\n        rpc.rpc_sync('a', relay, args=(torch.ones(250),))\n"
+        "        rpc.rpc_sync('b', add, args=(torch.ones(250),))\n"
+        "result = t.snapshot()")
+    clocks = {c["worker"]: c for c in snap["clocks"]}
+    assert clocks["a"]["offset"] == pytest.approx(-3.5, abs=clocks["a"]["bound"] + 0.002)
+    assert 0 < clocks["a"]["bound"] < 0.05
+    # b's machine is the driver's in all but network: one boot, one CLOCK_MONOTONIC
+    assert (clocks["b"]["offset"], clocks["b"]["bound"]) == (0.0, 0.0)
+    shape = [(c["caller"], c["callee"], c["name"]) for c in snap["calls"]]
+    assert shape == [("master", "a", "relay"), ("a", "b", "add"), ("master", "b", "add")] * 3
+    for c in snap["calls"]:
+        slack = clocks[c["caller"]]["bound"] + clocks[c["callee"]]["bound"]
+        assert c["sent"] - slack <= c["began"] <= c["ended"] <= c["replied"] + slack, c
+        assert c["request"]["tensor"] == 1000 and c["reply"]["tensor"] == 1000
+    inner = [c for c in snap["calls"] if c["caller"] == "a"]
+    outer = {c["id"]: c for c in snap["calls"] if c["name"] == "relay"}
+    for c in inner:  # nested, and within its parent's run once corrected
+        parent = outer[c["parent"]]
+        slack = clocks["a"]["bound"]
+        assert parent["began"] - slack <= c["sent"] and c["replied"] <= parent["ended"] + slack
+    assert driver.run("cluster.shutdown()\nresult = nbrpc.group.member_names()") == ["master"]
+    for process in workers:
+        assert process.proc.wait(timeout=10) == 0
+
+
 def test_link_cut(hosts):
     net = hosts.net
     driver = hosts.driver()

@@ -12,7 +12,7 @@ from nbrpc.settings import WorkerSettings, check_name
 
 SETTINGS = WorkerSettings(
     name="worker1", rank=3, prefix="nbrpc-abc", key=b"\x01" * 32, threads=8, timeout=12.5,
-    track=False, transport="shm", placement=Placement((1,), {"master": {1: 0}}),
+    track=False, trace=True, transport="shm", placement=Placement((1,), {"master": {1: 0}}),
     store="127.0.0.1:4000", driver_pid=1234, interface="lo", env={"EXTRA": "yes"},
 )
 
@@ -28,8 +28,8 @@ def test_grant_leaves_out_the_drivers_machine():
     assert not {"NBRPC_STORE", "NBRPC_DRIVER_PID", "NBRPC_INTERFACE"} & set(wire)
     got = WorkerSettings.from_wire(wire, "127.0.0.1:5000", None)
     assert (got.store, got.interface, got.driver_pid) == ("127.0.0.1:5000", None, None)
-    assert (got.name, got.rank, got.key, got.placement, got.track) == (
-        "worker1", 3, SETTINGS.key, SETTINGS.placement, False)
+    assert (got.name, got.rank, got.key, got.placement, got.track, got.trace) == (
+        "worker1", 3, SETTINGS.key, SETTINGS.placement, False, True)
     assert got.env == {"EXTRA": "yes"}
 
 

@@ -20,7 +20,8 @@ NAMES = (
     "RPCExecMode", "UNSET_RPC_TIMEOUT", "PythonUDF", "RemoteException", "torch_pickler",
     "torch_unpickler", "handle_exception", "PyRRef", "rref_init", "to_here", "rref_from_fork_data",
     "fork_data", "retrieve_context", "backward", "send_functions", "recv_functions",
-    "known_worker_ids",
+    "known_worker_ids", "RREF_HELPERS", "creation_future", "rref_type", "current_context_id",
+    "tensor_tables",
 )
 
 
@@ -36,6 +37,8 @@ def test_the_patch_points_exist_in_torch():
                  "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD"):
         for owner, attribute in getattr(torch_compat, name):
             assert hasattr(owner, attribute), (name, owner, attribute)
+    (owner, attribute), = torch_compat.optimizer_step_point()
+    assert callable(getattr(owner, attribute))
 
 
 INSTALL_AND_UNINSTALL = """
