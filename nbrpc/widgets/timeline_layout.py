@@ -48,10 +48,11 @@ AGG_BIN = 3.0  # an aggregated view's bin width (px)
 
 
 def colour(name: str) -> str:
-    """A function name's fill: hue and lightness from its hash (MD5, not Python's salted
-    ``hash``), so every view and process agrees; similar names get unrelated colours."""
+    """A function name's fill: one of 12 hues, 30 degrees apart, in one of two lightnesses,
+    picked by its hash (MD5, not Python's salted ``hash``), so every view and process
+    agrees and two names get clearly different colours or exactly the same one."""
     code = int.from_bytes(hashlib.md5(str(name).encode()).digest()[:4], "big")
-    hue, light = (code % 360) / 360, (0.42, 0.54, 0.66)[(code >> 9) % 3]
+    hue, light = (code % 12) / 12, (0.45, 0.62)[(code // 12) % 2]
     r, g, b = colorsys.hls_to_rgb(hue, light, 0.6)
     return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 

@@ -6,7 +6,8 @@ shows, that static viewers keep and that ``write_report`` puts in its page. As i
 per-process id. The plot is a nested ``<svg class="nbrpc-tl-plot">`` whose viewport
 clips the bars; the front end zooms by changing its ``viewBox`` (lines keep their
 width through ``vector-effect``) and redraws the axis (``nbrpc-tl-axis``) from the
-root's ``data-t0``, ``data-t1`` and ``data-origin``. Interactive items carry:
+root's ``data-t0`` and ``data-t1`` (seconds from ``data-origin``, the snapshot's
+start). Interactive items carry:
 
 - ``data-id`` on each call's bar (the call id, the keys of ``call_details``) or busy
   interval (``busy:<lane>:<k>``), and ``data-call`` on a call's lines;
@@ -161,7 +162,8 @@ def draw(snapshot: dict, place: tl.TimelineLayout, titles: bool = True) -> str:
     w, h = place.width, place.height
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="nbrpc-svg nbrpc-timeline" data-kind="timeline" '
              f'width="{num(w)}" height="{num(h)}" viewBox="0 0 {num(w)} {num(h)}" {FONT} '
-             f'data-t0="{place.t0 - place.origin:.6f}" data-t1="{place.t1 - place.origin:.6f}" '
+             f'data-origin="{place.origin:.6f}" data-t0="{place.t0 - place.origin:.6f}" '
+             f'data-t1="{place.t1 - place.origin:.6f}" '
              f'data-plot-x="{num(place.plot_x)}" data-plot-y="{num(place.plot_y)}" '
              f'data-plot-w="{num(place.plot_w)}" data-plot-h="{num(place.plot_h)}">',
              f'<text class="nbrpc-tl-title" x="{tl.MARGIN}" y="{tl.MARGIN + 12}" fill="{INK}">'
