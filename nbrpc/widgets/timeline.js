@@ -64,14 +64,10 @@ function tickStep(length, target = 8) {
  * @param {number} step seconds
  */
 function tickLabel(t, step) {
-  for (const [unit, scale] of [["s", 1], ["ms", 1e3], ["\u00b5s", 1e6]]) {
-    if (step * Number(scale) >= 1 || unit === "\u00b5s") {
-      const digits = Math.max(0, -Math.floor(Math.log10(step * Number(scale)) + 1e-9));
-      const text = (t * Number(scale)).toFixed(digits);
-      return `${Number(text) === 0 ? "0" : text} ${unit}`;
-    }
-  }
-  return String(t);
+  const [unit, scale] = step >= 0.1 ? ["s", 1] : step >= 1e-4 ? ["ms", 1e3] : ["\u00b5s", 1e6];
+  const digits = Math.max(0, -Math.floor(Math.log10(step * scale) + 1e-9));
+  const text = (t * scale).toFixed(digits);
+  return `${Number(text) === 0 ? "0" : text} ${unit}`;
 }
 
 /**
@@ -146,6 +142,7 @@ function render({ model, el }) {
     const axis = svg.querySelector(".nbrpc-tl-axis");
     if (!axis) return;
     const { a, b } = shown();
+    if (!(b > a)) return;
     const [x0, y0, w, h] = ["data-plot-x", "data-plot-y", "data-plot-w", "data-plot-h"].map(num);
     const bottom = y0 + h;
     const nodes = [svgNode("line", { x1: x0, y1: bottom, x2: x0 + w, y2: bottom, stroke: "#777777", "stroke-width": 0.8 })];

@@ -169,14 +169,12 @@ def tick_step(length: float, target: int = 8) -> float:
 
 
 def tick_label(t: float, step: float) -> str:
-    """``t`` seconds in the unit of ``step``: µs, ms or s, no more digits than it needs."""
-    for unit, scale in (("s", 1.0), ("ms", 1e3), ("\u00b5s", 1e6)):
-        if step * scale >= 1 or unit == "\u00b5s":
-            value = t * scale
-            digits = max(0, -math.floor(math.log10(step * scale) + 1e-9))
-            text = f"{value:.{digits}f}"
-            return f"{'0' if float(text) == 0 else text} {unit}"
-    raise AssertionError("unreachable")
+    """``t`` seconds in the unit that suits ``step`` (s from 0.1 s, ms from 0.1 ms, else µs),
+    with the digits the step needs."""
+    unit, scale = ("s", 1.0) if step >= 0.1 else ("ms", 1e3) if step >= 1e-4 else ("\u00b5s", 1e6)
+    digits = max(0, -math.floor(math.log10(step * scale) + 1e-9))
+    text = f"{t * scale:.{digits}f}"
+    return f"{'0' if float(text) == 0 else text} {unit}"
 
 
 def ticks(a: float, b: float, target: int = 8) -> list[tuple[float, str]]:
