@@ -24,6 +24,7 @@ from .errors import (  # noqa: E402
     WorkerStartError,
 )
 from .rrefs import rref_snapshot  # noqa: E402
+from .tracing import Trace, trace, trace_snapshot  # noqa: E402
 
 __all__ = [
     "AutogradContextError",
@@ -38,6 +39,7 @@ __all__ = [
     "RpcTimeoutError",
     "SerializationError",
     "Timeline",
+    "Trace",
     "UnknownWorkerError",
     "WorkerDiedError",
     "WorkerStartError",
@@ -47,6 +49,8 @@ __all__ = [
     "record_autograd",
     "rref_snapshot",
     "start",
+    "trace",
+    "trace_snapshot",
 ]
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed.autograd as dist_autograd
 from torch.distributed.rpc import api
 
-from . import calls
+from . import calls, tracing
 from .errors import AutogradContextError
 from .schemas import AutogradSnapshot
 
@@ -37,6 +37,7 @@ _MESSAGE_KINDS = {"SendRpcBackward": "send", "RecvRpcBackward": "recv"}
 
 _torch_backward = dist_autograd.backward
 _recorded: collections.OrderedDict[int, dict] = collections.OrderedDict()
+_recording = False
 
 
 def autograd_snapshot(context_id: int, roots=None, timeout: float = 10.0) -> AutogradSnapshot:
@@ -74,7 +75,23 @@ def record_autograd(enabled: bool = True) -> None:
     or ``last_recorded()``; the latest few contexts are kept. Each recording costs
     one snapshot (a call to every worker) per backward: turn it on to look, then off.
     """
-    dist_autograd.backward = _recording_backward if enabled else _torch_backward
+    global _recording
+    _recording = bool(enabled)
+    install()
+
+
+def install() -> None:
+    """Wrap ``dist_autograd.backward`` for recordings and call tracing (idempotent)."""
+    dist_autograd.backward = _backward
+
+
+def _backward(context_id: int, roots, retain_graph: bool = False) -> None:
+    if tracing.recording:  # the hooks that stand for the gradients' messages
+        tracing.before_backward(context_id)
+    if _recording:
+        _recording_backward(context_id, roots, retain_graph)
+    else:
+        _torch_backward(context_id, roots, retain_graph=retain_graph)
 
 
 def last_recorded() -> dict:

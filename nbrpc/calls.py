@@ -29,7 +29,7 @@ from torch.distributed.rpc import api
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 from torch.distributed.rpc.internal import RPCExecMode
 
-from . import interrupts, remote_errors
+from . import interrupts, remote_errors, tracing
 from .errors import (
     NoClusterError,
     RpcTimeoutError,
@@ -101,24 +101,37 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout)
+    half = tracing.outgoing("rpc_sync", to, func, args) if tracing.recording else None
+    fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
     try:
         _wait(fut, to)
-        return fut.wait()
+        value = fut.wait()
     except RuntimeError as e:
         named = _named(e, to, _label("rpc_sync", to, func), timeout)
+        if half is not None:
+            tracing.answered(half, named)
         if named is e:
             raise
         raise named from e
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if half is not None:
+            tracing.failed(half, e)
         raise _stopped(to, _label("rpc_sync", to, func), call_id) from None
+    except Exception as e:  # a remote exception of its own class (see remote_errors)
+        if half is not None:
+            tracing.answered(half, e)
+        raise
+    if half is not None:
+        tracing.answered(half)
+    return value
 
 
 @api._require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout)
-    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id)
+    half = tracing.outgoing("rpc_async", to, func, args) if tracing.recording else None
+    fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
+    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half)
     if hasattr(api._thread_local_var, "future_list"):  # inside torch's _wait_all()
         api._thread_local_var.future_list.append(named)
     return named
@@ -131,16 +144,24 @@ class NamedFuture(torch.futures.Future):
     Futures made from it (``then``) and ``value()`` keep torch's own errors.
     """
 
-    def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None):
+    def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
+                 half: dict | None = None):
         super().__init__()
         self._call = (to, label, timeout, call_id)
+        self._half = half
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         try:
-            self.set_result(fut.value())
+            value = fut.value()
         except Exception as e:
+            if self._half is not None:
+                tracing.answered(self._half, remote_errors.original(e) or e)
             self.set_exception(e)
+        else:
+            if self._half is not None:
+                tracing.answered(self._half)
+            self.set_result(value)
 
     def wait(self):
         to, label, timeout, call_id = self._call
@@ -158,6 +179,9 @@ class NamedFuture(torch.futures.Future):
 
 def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.remote`` with named failures."""
+    half = tracing.outgoing("remote", to, func, args) if tracing.recording else None
+    if half is not None:
+        return _traced_remote(to, func, args, kwargs, timeout, half)
     try:
         return _torch_remote(to, func, args, kwargs, timeout)
     except RuntimeError as e:
@@ -167,32 +191,91 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
         raise named from e
 
 
+def _traced_remote(to, func, args, kwargs, timeout: float, half: dict):
+    """``remote`` recorded: the function goes with the call's id (no reply is pickled:
+    the value stays with its owner), the reply is the owner's ack of the RRef."""
+    sent = func
+    if interrupts.can_stop(func):
+        sent = interrupts.Stoppable(func, interrupts.new_call_id(), (half["key"], False))
+    tracing.sending(half)
+    try:
+        rref = _torch_remote(to, sent, args, kwargs, timeout)
+    except RuntimeError as e:
+        named = _named(e, to, _label("remote", to, func), timeout)
+        tracing.failed(half, named)
+        if named is e:
+            raise
+        raise named from e
+    except BaseException as e:
+        tracing.failed(half, e)
+        raise
+    finally:
+        tracing.sending(None)
+    half["rref"] = tracing._rref_id(rref)
+    rref._get_future().add_done_callback(lambda fut: tracing.answered_future(half, fut))
+    return rref
+
+
 def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     """``PyRRef.to_here`` with named failures; on the main thread it can be interrupted."""
     if rref.is_owner():
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
+    half = tracing.outgoing("to_here", owner, rref=rref) if tracing.recording else None
     try:
         if threading.current_thread() is threading.main_thread():
-            return _in_background(lambda: _torch_to_here(rref, timeout), owner)
-        return _torch_to_here(rref, timeout)
+            value = _in_background(lambda: _fetch(rref, timeout, half), owner)
+        else:
+            value = _fetch(rref, timeout, half)
     except RuntimeError as e:
         named = _named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout)
+        if half is not None:
+            tracing.answered(half, named)
         if named is e:
             raise
         raise named from e
     except KeyboardInterrupt:
+        if half is not None:
+            tracing.failed(half, KeyboardInterrupt("interrupted"))
         raise KeyboardInterrupt(
             f"to_here() of an RRef owned by {owner!r} was interrupted; only the waiting "
             "stopped (the fetch ends in the background)") from None
+    if half is not None:
+        tracing.answered(half)
+    return value
 
 
-def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
+def _fetch(rref, timeout: float, half: dict | None):
+    """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled."""
+    if half is None:
+        return _torch_to_here(rref, timeout)
+    tracing.fetching(half)
+    try:
+        return _torch_to_here(rref, timeout)
+    finally:
+        tracing.fetching(None)
+
+
+def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: dict | None = None):
     """Send the call: a Python function goes with a new call id, so that an interrupt
-    can stop it. Returns torch's future and the call id (None: cannot be stopped)."""
+    can stop it. Returns torch's future and the call id (None: cannot be stopped).
+    ``half``: the caller's record of a recorded call (see ``tracing``)."""
+    if half is None:
+        return _send(to, func, mode, args, kwargs, timeout, None)
+    tracing.sending(half)
+    try:
+        return _send(to, func, mode, args, kwargs, timeout, (half["key"], True))
+    except BaseException as e:
+        tracing.failed(half, e)
+        raise
+    finally:
+        tracing.sending(None)
+
+
+def _send(to, func, mode: RPCExecMode, args, kwargs, timeout: float, trace: tuple | None):
     if not interrupts.can_stop(func):
         return api._invoke_rpc(to, func, mode, args, kwargs, timeout), None
-    sent = interrupts.Stoppable(func, interrupts.new_call_id())
+    sent = interrupts.Stoppable(func, interrupts.new_call_id(), trace)
     try:
         return api._invoke_rpc(to, sent, mode, args, kwargs, timeout), sent.call_id
     except SerializationError:
@@ -301,8 +384,9 @@ def ask_members(func: Callable, args: tuple = (), timeout: float = 5.0,
         raise NoClusterError("no RPC group in this process; start one with %rpc_init or nbrpc.start()")
     agent = api._get_current_rpc_agent()
     me = agent.get_worker_info()
-    futures = [rpc.rpc_async(w, func, args=args, timeout=timeout)
-               for w in agent.get_worker_infos() if w.id != me.id]
+    with tracing.quiet():  # nbrpc's own calls are not the user's to see
+        futures = [rpc.rpc_async(w, func, args=args, timeout=timeout)
+                   for w in agent.get_worker_infos() if w.id != me.id]
     answers = [here() if here else func(*args)]
     for fut in futures:
         try:

@@ -23,7 +23,7 @@ import torch.distributed.rpc as rpc
 from jupyter_core.utils import ensure_event_loop
 
 from . import attach as attach_mod
-from . import calls, devices, execution, group, rrefs, template, workers
+from . import calls, devices, execution, group, rrefs, template, tracing, workers
 from . import ssh as ssh_mod
 from ._util import LOOPBACK, muted_stderr
 from .errors import (
@@ -81,6 +81,10 @@ class Cluster:
     track
         Record RRef creation, forks, fetches and deletes in every member, for
         ``nbrpc.rref_snapshot()`` and the RRef graph (a few microseconds per RRef).
+    trace
+        Record every RPC in every member (bounded per member), for
+        ``nbrpc.trace_snapshot()`` and the timeline; without it, record blocks with
+        ``with nbrpc.trace() as t:``.
     attach
         Wait for this many workers started elsewhere with ``nbrpc worker --join``
         (the command, with its token, is printed and in ``join_command``); more
@@ -118,6 +122,7 @@ class Cluster:
         env: dict[str, str] | None = None,
         progress: Progress | None = text_progress,
         track: bool = True,
+        trace: bool = False,
         attach: int | None = None,
         bind: str | None = None,
         port: int = 0,
@@ -148,6 +153,7 @@ class Cluster:
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
         self.track = bool(track)
+        self.trace = bool(trace)
         self.warm_start = template.enabled(warm_start)
         self.progress = progress or (lambda done, total, message: None)
         self._workers = [Worker(name, rank) for rank, name in enumerate(worker_names, 1)]
@@ -174,6 +180,7 @@ class Cluster:
                                     self._driver_placement(), self.transport)
         self._driver, self._store = driver, driver.store
         rrefs.install(self.track)
+        tracing.install(self.trace)
         for w, rank in zip(self._workers, driver.take_ranks(len(self._workers))):
             w.rank = rank
         _current, self.state = self, "starting"
@@ -370,6 +377,7 @@ class Cluster:
             "NBRPC_THREADS": str(self.threads), "NBRPC_TIMEOUT": str(self.timeout),
             "NBRPC_DRIVER_PID": str(os.getpid()), "NBRPC_INTERFACE": "lo",
             "NBRPC_TRACK": "1" if self.track else "0",
+            "NBRPC_TRACE": "1" if self.trace else "0",
             "NBRPC_KEY": self._driver.key.hex(),
             "NBRPC_TRANSPORT": self.transport,
             **devices.to_settings(self.placements.get(w.name)),

@@ -26,7 +26,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
 
-from . import calls, devices, remote_errors, rrefs, serialization
+from . import autograd, calls, devices, remote_errors, rrefs, serialization, tracing
 from ._util import LOOPBACK, listening_ports, listening_socket, muted_stderr, silence_torch_noise
 from .errors import ClusterRunningError
 
@@ -228,9 +228,11 @@ def join(
     options: rpc.TensorPipeRpcBackendOptions,
     interface: str | None = "lo",
     track: bool = True,
+    trace: bool = False,
 ) -> None:
     """Initialize RPC in this process as ``name``/``rank`` of the group in ``store``;
-    ``track`` turns RRef tracking on (see ``rrefs``)."""
+    ``track`` turns RRef tracking on (see ``rrefs``), ``trace`` call recording (see
+    ``tracing``)."""
     if interface:
         # TensorPipe's TCP transport listens on this interface (read at agent start).
         os.environ["TP_SOCKET_IFNAME"] = interface
@@ -243,6 +245,7 @@ def join(
     serialization.install()
     calls.install()
     remote_errors.install()
+    autograd.install()
     silence_torch_noise()
     dist_autograd._init(rank)
     rpc._init_rpc_backend(
@@ -254,6 +257,7 @@ def join(
         options,
     )
     rrefs.install(track)
+    tracing.install(trace)
 
 
 def leave(graceful: bool, timeout: float) -> None:

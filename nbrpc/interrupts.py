@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from . import tracing
+
 _lock = threading.Lock()
 # call id -> id of the thread running it, in this process (as a worker).
 _running: dict[str, int] = {}
@@ -51,12 +53,30 @@ def can_stop(func: Callable) -> bool:
 class Stoppable:
     """``func`` sent with a call id, so that ``stop(call_id)`` can reach its thread."""
 
-    def __init__(self, func: Callable, call_id: str):
+    # (call id, whether a reply is pickled) of a recorded call: see ``tracing``.
+    trace: tuple | None = None
+
+    def __init__(self, func: Callable, call_id: str, trace: tuple | None = None):
         self.func, self.call_id = func, call_id
         # torch's RPC profiler names the call by the function it is given.
         self.__qualname__ = _what(func)
+        if trace is not None:
+            self.trace = trace
 
     def __call__(self, *args, **kwargs):
+        if self.trace is None:
+            return self._run(args, kwargs)
+        half = tracing.started(self.trace, self.func, args)
+        error = None
+        try:
+            return self._run(args, kwargs)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            tracing.finished(half, self.trace, error)
+
+    def _run(self, args, kwargs):
         me = threading.get_ident()
         try:
             with _lock:

@@ -30,7 +30,7 @@ import torch
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import internal
 
-from . import definitions, rrefs
+from . import definitions, rrefs, tracing
 from .errors import SerializationError
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
@@ -109,6 +109,8 @@ class RpcPickler(cloudpickle.Pickler):
         if _key is not None:
             self._out.write(_SIGNED + hmac.digest(_key, body, "sha256"))
         self._out.write(body)
+        if tracing.armed:
+            tracing.count(obj, self._out.tell())
 
 
 class RpcUnpickler(pickle.Unpickler):
@@ -128,6 +130,8 @@ class RpcUnpickler(pickle.Unpickler):
                 raise pickle.UnpicklingError(
                     "nbrpc refused an RPC message not signed with this cluster's key: it "
                     "comes from a process outside the cluster")
+        if tracing.armed:
+            tracing.received(len(self._in.getbuffer()))
         return super().load()
 
 

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
     group.join(
         store, env["NBRPC_PREFIX"], env["NBRPC_NAME"], int(env["NBRPC_RANK"]),
         options, env.get("NBRPC_INTERFACE") or None, env.get("NBRPC_TRACK", "1") == "1",
+        env.get("NBRPC_TRACE", "0") == "1",
     )
     app.start()
 

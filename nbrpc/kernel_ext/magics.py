@@ -59,6 +59,8 @@ class RpcMagics(Magics):
                    "a polling thread keeps a core busy in every member, idle or not); fixed by "
                    "the first cluster of a kernel")
     @argument("--no-track", action="store_true", help="do not record RRefs (no %%rref_graph, no snapshots)")
+    @argument("--trace", action="store_true",
+              help="record every RPC on every member (nbrpc.trace_snapshot(), the timeline)")
     @argument("--attach", type=int, default=None, metavar="N",
               help="wait for N workers started elsewhere with the printed 'nbrpc worker --join' command")
     @argument("--hosts", default=None, help="start workers over SSH: hostA,hostB:2 (two on hostB)")
@@ -81,7 +83,7 @@ class RpcMagics(Magics):
             cluster = cluster_mod.Cluster(
                 args.n, names=args.names, driver_name=args.driver_name, threads=args.threads,
                 timeout=args.timeout, startup_timeout=args.startup_timeout,
-                progress=start_progress(), track=not args.no_track,
+                progress=start_progress(), track=not args.no_track, trace=args.trace,
                 attach=args.attach, hosts=args.hosts, bind=args.bind, port=args.port, ssh=_unquoted(args.ssh),
                 gpus=args.gpus, device_maps=_device_maps(args.device_map), transport=args.transport,
             )
