@@ -5,7 +5,9 @@
 Besides the shared measurements it takes ``latency_unwrapped``: the same calls
 through torch's own ``rpc_sync`` inside the nbrpc cluster, which splits nbrpc's
 overhead into its ``rpc_sync`` wrapper's share and the rest; and ``remote_untracked``:
-``rpc.remote`` with the driver's RRef tracking off, for tracking's share.
+``rpc.remote`` with the driver's RRef tracking off, for tracking's share; and
+``latency_traced``: the same small calls with call recording on in every member
+(``nbrpc.trace``), for recording's cost.
 """
 
 # nbrpc first, as in a notebook: it sets THP_MEM_ALLOC_ENABLE before torch loads.
@@ -20,7 +22,7 @@ from pathlib import Path
 import commands
 import timing
 
-from nbrpc import calls, rrefs
+from nbrpc import calls, rrefs, tracing
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,6 +51,13 @@ def _measure(op: str, count: int):
             return timing.measure("worker1", "remote", count)
         finally:
             rrefs.install(True)
+    if op == "latency_traced":
+        # What ``with nbrpc.trace():`` turns on, without the snapshot at its end.
+        calls.ask_members(tracing.enable, (True,))
+        try:
+            return timing.measure("worker1", "latency", count)
+        finally:
+            calls.ask_members(tracing.enable, (False,))
     return timing.measure("worker1", op, count)
 
 

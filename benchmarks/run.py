@@ -1,4 +1,5 @@
-"""nbrpc next to raw torch RPC, side by side in one run (``make bench``).
+"""nbrpc next to raw torch RPC, side by side in one run (``make bench``;
+``python benchmarks/run.py --recording``: call recording's cost alone).
 
 Calls: idle CPU per member, small ``rpc_sync`` latency, ``rpc.remote`` latency (RRef
 tracking on), ``rpc_async`` throughput and a 100 MB tensor round trip, through an
@@ -48,6 +49,9 @@ _BEGAN = time.perf_counter()
 
 def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if "--recording" in sys.argv[1:]:  # only call recording's cost: a minute, not the whole run
+        print(render([recording_overhead()]))
+        return 0
     calls = compare_calls()
     rows = summarize(calls)
     breakdown = latency_breakdown(calls)
@@ -124,6 +128,7 @@ def compare_calls() -> dict:
         progress(f"rpc_sync latency, {LATENCY_ROUNDS} rounds")
         latency = _take_turns({"nbrpc": (nbrpc_uv, "latency"),
                                "nbrpc_unwrapped": (nbrpc_uv, "latency_unwrapped"),
+                               "nbrpc_traced": (nbrpc_uv, "latency_traced"),
                                "raw": (raw_uv, "latency"), "nbrpc_shm": (nbrpc_shm, "latency"),
                                "raw_shm": (raw_shm, "latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
         progress(f"rpc.remote latency, {LATENCY_ROUNDS} rounds")
@@ -141,6 +146,23 @@ def compare_calls() -> dict:
         progress("stopping the RPC groups")
     return {"idle": idle, "latency": latency, "remote": remote, "local_rref": local_rref,
             "throughput": throughput, "tensor": tensor}
+
+
+def recording_overhead() -> dict:
+    """Small ``rpc_sync`` latency with call recording on and off, in one nbrpc cluster,
+    taking turns (``python run.py --recording``; the full run has this row too)."""
+    progress("starting an nbrpc cluster")
+    with processes.nbrpc_cluster(threads=THREADS, timeout=TIMEOUT) as cluster:
+        cluster.wait_ready()
+        _measure(cluster, "latency", 200)
+        progress(f"rpc_sync latency, recording on and off, {LATENCY_ROUNDS} rounds")
+        latency = _take_turns({"nbrpc": (cluster, "latency"), "nbrpc_traced": (cluster, "latency_traced")},
+                              LATENCY_ROUNDS, LATENCY_CALLS)
+    on, off = (_pooled_median(latency[side]) * 1e3 for side in ("nbrpc_traced", "nbrpc"))
+    print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return _row(f"rpc_sync latency, call recording on vs off (nbrpc.trace), median of "
+                f"{_count(latency['nbrpc']):,} (ms)", on, off, "nbrpc/raw", "<=", 1.03,
+                columns=("recording on", "off"))
 
 
 def idle_cpu(group: processes.Group) -> float:
@@ -211,6 +233,9 @@ def summarize(calls: dict) -> list[dict]:
              idle["nbrpc_shm"], idle["raw_shm"], "nbrpc/raw", "<=", None),
         _row(f"rpc_sync latency, median of {calls_counted:,} (ms)",
              latency["nbrpc"], latency["raw"], "nbrpc/raw", "<=", 1.05),
+        _row(f"rpc_sync latency, call recording on vs off (nbrpc.trace), median of {calls_counted:,} (ms)",
+             latency["nbrpc_traced"], latency["nbrpc"], "nbrpc/raw", "<=", 1.03,
+             columns=("recording on", "off")),
         _row(f"rpc_sync latency, --transport shm vs raw shm, median of {calls_counted:,} (ms)",
              latency["nbrpc_shm"], latency["raw_shm"], "nbrpc/raw", "<=", 1.05),
         _row(f"rpc.remote + to_here, tracking on, median of {_count(calls['remote']['nbrpc']):,} (ms)",
@@ -236,10 +261,13 @@ def _limit_row(metric: str, ours: float, theirs: float, limit: float) -> dict:
 
 
 def _row(metric: str, ours: float, theirs: float, ratio_of: str, sense: str,
-         bound: float | None) -> dict:
+         bound: float | None, columns: tuple[str, str] | None = None) -> dict:
     """``ratio_of`` orders the ratio so that it reads as a cost ratio or a speed-up;
-    a row without ``bound`` is there to explain the others."""
+    a row without ``bound`` is there to explain the others. ``columns`` names what the
+    two values are when they are not nbrpc and raw torch (the target reads ``on/off``)."""
     ratio = ours / theirs if ratio_of.startswith("nbrpc/") else theirs / ours
+    if columns:
+        ratio_of = "/".join(c.split()[-1] for c in columns)
     if bound is None:
         return {"metric": metric, "nbrpc": ours, "raw": theirs, "ratio": ratio,
                 "target": "(no target)", "pass": None}
@@ -273,6 +301,9 @@ def render_breakdown(medians: dict) -> str:
         f"\n  {wrapper:+.3f} nbrpc's interruptible rpc_sync wrapper"
         f"\n  {rest:+.3f} the rest: pickler, group set-up, kernel processes (torch's own"
         f" rpc_sync in the nbrpc cluster: {sync['nbrpc_unwrapped']:.3f})"
+        f"\n  {sync['nbrpc_traced'] - sync['nbrpc']:+.3f} call recording, when on "
+        f"(nbrpc.trace; off by default): {sync['nbrpc_traced']:.3f}"
+        f"\n  load average during the run: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
         f"\nrpc.remote + to_here median (ms): nbrpc {remote['nbrpc']:.3f}, raw torch {remote['raw']:.3f}"
         f"\n  {tracking:+.3f} the driver's RRef tracking (off: {remote['nbrpc_untracked']:.3f})"
     )

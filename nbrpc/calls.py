@@ -211,7 +211,8 @@ def _traced_remote(to, func, args, kwargs, timeout: float, half: dict):
         raise
     finally:
         tracing.sending(None)
-    half["rref"] = tracing._rref_id(rref)
+    if half["kind"] != "rref_helper":  # a helper's record names the RRef it used
+        half["rref"] = tracing._rref_id(rref)
     rref._get_future().add_done_callback(lambda fut: tracing.answered_future(half, fut))
     return rref
 

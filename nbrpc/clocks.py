@@ -6,9 +6,9 @@ measures its offset from the driver with round trips (the driver's clock before 
 after, the member's in between), keeps the sample with the lowest delay and bounds
 its error by half of that round trip: ``driver = member + offset``, within ``bound``.
 
-``NBRPC_CLOCK_SKEW`` (seconds, read at import) adds a fixed amount to this
-process's clock and marks it as another machine's, so tests can check the
-estimate against a known offset on one host.
+``set_skew`` (or ``NBRPC_CLOCK_SKEW``, seconds, read when the member joins) adds a
+fixed amount to this process's clock and marks it as another machine's, so tests
+can check the estimate against a known offset on one host.
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from torch.distributed.rpc.internal import RPCExecMode
 
 ROUNDS = 16
 
-_skew = float(os.environ.get("NBRPC_CLOCK_SKEW", "0") or 0)
+_skew = 0.0
+
+
+def set_skew(seconds: float | None = None) -> None:
+    """Shift this process's clock by ``seconds`` (default: ``NBRPC_CLOCK_SKEW``, else 0)."""
+    global _skew
+    _skew = float(os.environ.get("NBRPC_CLOCK_SKEW", "0") or 0) if seconds is None else float(seconds)
 
 
 def now() -> float:

@@ -246,6 +246,8 @@ def join(
     calls.install()
     remote_errors.install()
     autograd.install()
+    # torch's C++ side looks rpc.remote up once (for rref.remote()), at the agent's start.
+    rrefs.install_remote()
     silence_torch_noise()
     dist_autograd._init(rank)
     rpc._init_rpc_backend(

@@ -150,6 +150,12 @@ def install(enabled: bool = True) -> None:
     _tracking = enabled
 
 
+def install_remote() -> None:
+    """Put nbrpc's ``rpc.remote`` in place before the agent starts (it records only
+    while tracking is on), so that the RRef helper ``rref.remote()`` goes through it."""
+    api.remote = rpc.remote = remote
+
+
 def is_tracking() -> bool:
     return _tracking
 

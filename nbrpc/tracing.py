@@ -69,7 +69,10 @@ _replies: dict[int, dict] = {}
 
 
 class Ring:
-    """The last ``capacity`` halves of this member, and when the evicted ones happened."""
+    """The last ``capacity`` halves of this member, and how many were evicted when:
+    ``evicted`` holds ``[time, count]`` per ``BUCKET`` seconds (bounded too)."""
+
+    BUCKET = 0.01
 
     def __init__(self, capacity: int = CAPACITY):
         self.halves: collections.deque = collections.deque(maxlen=capacity)
@@ -78,14 +81,19 @@ class Ring:
     def add(self, half: dict) -> None:
         halves = self.halves
         if len(halves) == halves.maxlen:
-            self.evicted.append(halves[0]["t"])
+            t = halves[0]["t"]
+            evicted = self.evicted
+            if evicted and t - evicted[-1][0] < self.BUCKET:
+                evicted[-1][1] += 1
+            else:
+                evicted.append([t, 1])
         halves.append(half)
 
     def since(self, start: float | None) -> list[dict]:
         return [dict(h) for h in list(self.halves) if start is None or h["t"] >= start]
 
     def dropped(self, start: float, end: float) -> int:
-        return sum(start <= t <= end for t in list(self.evicted))
+        return sum(n for t, n in list(self.evicted) if start <= t <= end)
 
 
 _ring = Ring()
@@ -99,6 +107,7 @@ def install(always: bool = False) -> None:
     ``trace=True``), else only inside ``trace()`` blocks; after joining."""
     global _always, _me
     _me = api._get_current_rpc_agent().get_worker_info().name
+    clocks.set_skew()
     _always = bool(always)
     _update()
 
@@ -154,20 +163,32 @@ def outgoing(kind: str, to, func=None, args=None, rref=None) -> dict | None:
     special = getattr(_local, "special", None)
     if special is not None:  # inside DistributedOptimizer.step
         kind, context = special
-    if context is None:
-        context = _context()
     if rref is not None:
         rref_arg = rref
         name = FETCH
+    request = [0, 0]
+    if func is not None and not interrupts_can_stop(func):
+        # torch pickles a builtin's or TorchScript function's arguments itself: count
+        # the tensors among them, and look for the context as ``count`` would.
+        tensors = [a for a in args or () if isinstance(a, torch.Tensor)]
+        request[0] = _size(tensors)
+        if context is None and any(a.requires_grad for a in tensors):
+            context = _context()
     t = clocks.now()
     half = dict(
         side="caller", key=f"{_me}:{next(_ids)}", t=t, caller=_me, callee=_name(to),
-        kind=kind, name=name, sent=t, replied=None, request=[0, 0], reply=None,
+        kind=kind, name=name, sent=t, replied=None, request=request, reply=None,
         parent=getattr(_local, "running", None), context=context,
         rref=_rref_id(rref_arg) if rref_arg is not None else None, error=None,
     )
     _ring.add(half)
     return half
+
+
+def interrupts_can_stop(func) -> bool:
+    from .interrupts import can_stop
+
+    return can_stop(func)
 
 
 def sending(half: dict | None) -> None:
@@ -215,9 +236,15 @@ def _describe(func, args) -> tuple[str, object, str | None]:
         return builtin, rref, None
     if func in _HELPERS and args:
         return _helper_name(args[0], args[1]), args[0], "rref_helper"
-    name = getattr(func, "qualified_name", None) or getattr(func, "__qualname__", None) or repr(func)
-    module = getattr(func, "__module__", None) or ""
-    return name, rref, "internal" if module.startswith("torch.distributed") else None
+    if isinstance(func, torch.jit.ScriptFunction):  # "__torch__.module.name"
+        return func.qualified_name.removeprefix("__torch__."), rref, _internal(func.qualified_name)
+    name = getattr(func, "__qualname__", None) or repr(func)
+    return name, rref, _internal(getattr(func, "__module__", None) or "")
+
+
+def _internal(module: str) -> str | None:
+    """torch's own functions (``_rref_typeof_on_owner``...) make internal calls."""
+    return "internal" if module.removeprefix("__torch__.").startswith("torch.distributed") else None
 
 
 def _helper_name(rref, method: str) -> str:
@@ -309,7 +336,12 @@ def count(obj, pickled: int) -> None:
     half = getattr(_local, "sending", None)
     if half is not None:
         _local.sending = None
-        half["request"] = [_tensor_bytes("send_tables"), pickled]
+        tensors = getattr(internal._thread_local_tensor_tables, "send_tables", None) or ()
+        half["request"] = [_size(tensors), pickled]
+        # As torch does: a message joins the autograd context only with a tensor that
+        # requires grad (and finding the context costs an exception when there is none).
+        if half["context"] is None and any(t.requires_grad for t in tensors):
+            half["context"] = _context()
         return
     half = _replies.pop(threading.get_ident(), None) if _replies else None
     if half is not None:
@@ -325,7 +357,10 @@ def received(pickled: int) -> None:
 
 
 def _tensor_bytes(table: str) -> int:
-    tensors = getattr(internal._thread_local_tensor_tables, table, None) or ()
+    return _size(getattr(internal._thread_local_tensor_tables, table, None) or ())
+
+
+def _size(tensors) -> int:
     return sum(t.element_size() * t.nelement() for t in tensors)
 
 
@@ -441,7 +476,7 @@ def report(since: float | None = None, offsets: dict | None = None) -> dict:
     local_since = None if since is None else since - offset - 1.0
     return dict(name=info.name, id=info.id, host=socket.gethostname(), pid=os.getpid(),
                 clock=clocks.clock_id(), recording=recording, halves=_ring.since(local_since),
-                evicted=[t for t in list(_ring.evicted) if local_since is None or t >= local_since])
+                evicted=[(t, n) for t, n in list(_ring.evicted) if local_since is None or t >= local_since])
 
 
 def gather(start: float | None, clocks_found: dict, timeout: float = 10.0) -> list[dict]:
@@ -489,7 +524,7 @@ def merge(reports: list[dict], clocks_found: dict, start: float, end: float) -> 
         for half in r["halves"]:
             half = _shifted(half, offset)
             (callers if half["side"] == "caller" else callees)[half["key"]] = half
-        dropped += sum(start <= t + offset <= end for t in r["evicted"])
+        dropped += sum(n for t, n in r["evicted"] if start <= t + offset <= end)
     calls: list[CallRecord] = []
     for key, c in callers.items():
         if not start <= c["sent"] <= end:
