@@ -336,3 +336,16 @@ def test_rpc_timeline_magic_usage():
     if nbrpc.current() is None:
         with pytest.raises(nbrpc.NoClusterError):
             shell.run_line_magic("rpc_timeline", "")
+
+
+def test_time_waiting_on_own_calls_is_marked_and_left_out_of_work():
+    place = tl.timeline_layout(TRACE)
+    bar = {b.id: b for b in place.bars}["master:3"]  # w2 runs it, and fetches from w1 inside
+    ((x, width),) = bar.waits
+    assert x == pytest.approx(place.x(100.071)) and width == pytest.approx(0.004 * place.plot_w / 0.25)
+    assert not {b.id: b for b in place.bars}["master:1"].waits
+    assert len(classed(ET.fromstring(ts.timeline_svg(TRACE)), "nbrpc-tl-waiting")[0]) == 1
+    assert dict(ts.call_details(TRACE)["master:3"]["rows"])["waited on its own calls"] == "4.0 ms"
+    worked = tl.busy_intervals(TRACE, "w2", waits=False)
+    assert flat(worked) == pytest.approx([100.07, 100.071, 100.075, 100.15])
+    assert tl.busy_time(worked) == pytest.approx(0.08 - 0.004)

@@ -8,7 +8,8 @@ them, and unit tests check them directly.
 - ``timeline_layout``: one lane per member (per member and callee thread with
   ``threads``), a bar per call where it ran (the callee's began..ended), stacked in
   rows when calls overlap in a lane; a line from the caller at ``sent`` to the bar and
-  back to the caller at ``replied``; the call in flight along the caller's lane. Above
+  back to the caller at ``replied``; the call in flight along the caller's lane; pale
+  parts of a bar spent waiting on calls it made itself (``nested_waits``). Above
   ``aggregate_above`` calls, each lane's busy share over time instead (``busy_bars``).
 - ``busy_intervals``, ``busy_time``, ``overlap``: when members ran calls, as merged
   intervals, for measuring (the pipeline's overlap, a server's load).
@@ -102,10 +103,38 @@ def merge(intervals, gap: float = 0.0) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-def busy_intervals(snapshot: dict, member: str, names=None) -> list[tuple[float, float]]:
-    """When ``member`` ran calls (of functions in ``names``, if given), merged."""
-    return merge((c["began"], c["ended"]) for c in snapshot.get("calls", [])
-                 if c.get("callee") == member and ran(c) and (names is None or c.get("name") in names))
+def busy_intervals(snapshot: dict, member: str, names=None, waits: bool = True) -> list[tuple[float, float]]:
+    """When ``member`` ran calls (of functions in ``names``, if given), merged.
+
+    With ``waits=False`` the time a call spent waiting on calls it made itself (an
+    ``rref.to_here()`` inside it, from sent to replied) is left out: what remains is the
+    time it worked (the "self time" of a profiler).
+    """
+    calls = [c for c in snapshot.get("calls", [])
+             if c.get("callee") == member and ran(c) and (names is None or c.get("name") in names)]
+    if waits:
+        return merge((c["began"], c["ended"]) for c in calls)
+    nested = nested_waits(snapshot.get("calls", []))
+    worked = []
+    for c in calls:
+        at = c["began"]
+        for a, b in nested.get(c["id"], []):
+            if a > at:
+                worked.append((at, min(a, c["ended"])))
+            at = max(at, b)
+        if at < c["ended"]:
+            worked.append((at, c["ended"]))
+    return merge(w for w in worked if w[1] > w[0])
+
+
+def nested_waits(calls: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """Per call id, the merged times it waited on calls it made itself (sent to replied)."""
+    nested: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    callee_of = {c["id"]: c.get("callee") for c in calls}
+    for c in calls:
+        if c.get("parent") is not None and callee_of.get(c["parent"]) == c.get("caller"):
+            nested[c["parent"]].append((c["sent"], c["replied"] if c.get("replied") is not None else math.inf))
+    return {k: merge(v) for k, v in nested.items()}
 
 
 def busy_time(intervals) -> float:
@@ -228,6 +257,7 @@ class Bar:
     count: int = 1  # aggregated: the calls that ran in it
     height: float = ROW_H
     share: float = 1.0  # aggregated: the fraction of its time the lane was busy
+    waits: tuple[tuple[float, float], ...] = ()  # (x, width): waiting on calls it made itself
 
 
 @dataclass(frozen=True)
@@ -353,6 +383,7 @@ def timeline_layout(snapshot: dict, threads: bool = False, aggregate_above: int 
         place.bars = busy_bars(calls, place, threads)
         return place
     by_id = {c["id"]: c for c in calls}
+    nested = nested_waits(calls)
     by_name = collections.Counter()
     for c in calls:
         caller_key = _caller_lane(c, by_id, lanes, threads)
@@ -362,8 +393,10 @@ def timeline_layout(snapshot: dict, threads: bool = False, aggregate_above: int 
             by_name[c.get("name") or "?"] += c["ended"] - c["began"]
             width = max(MIN_BAR_W, (c["ended"] - c["began"]) * scale)
             name = c.get("name") or "?"
+            waits = tuple((place.x(max(a, c["began"])), (min(b, c["ended"]) - max(a, c["began"])) * scale)
+                          for a, b in nested.get(c["id"], []) if min(b, c["ended"]) > max(a, c["began"]))
             place.bars.append(Bar(c["id"], key, place.x(c["began"]), width, top, name, colour(name),
-                                  bool(c.get("error"))))
+                                  bool(c.get("error")), waits=waits))
             if caller_key is not None and caller_key != key:
                 mid = top + ROW_H / 2
                 cy = lanes[caller_key].wait_y

@@ -11,7 +11,9 @@ start). Interactive items carry:
 
 - ``data-id`` on each call's bar (the call id, the keys of ``call_details``) or busy
   interval (``busy:<lane>:<k>``), and ``data-call`` on a call's lines;
-- ``data-lane`` on each lane, ``data-workers`` on bars (the caller and callee).
+- ``data-lane`` on each lane, ``data-workers`` on bars (the caller and callee);
+- class ``nbrpc-tl-waiting``: pale marks over the parts of bars spent waiting on
+  calls they made themselves (an ``rref.to_here()`` inside a call).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def call_details(snapshot: dict) -> dict[str, dict]:
         return "-" if t is None else f"+{duration(t - origin)}"
 
     details = {}
+    nested = tl.nested_waits(snapshot.get("calls", []))
     for c in snapshot.get("calls", []):
         began, ended, sent, replied = c.get("began"), c.get("ended"), c["sent"], c.get("replied")
         rows = [
@@ -61,6 +64,10 @@ def call_details(snapshot: dict) -> dict[str, dict]:
             ["sent", at(sent)], ["began", at(began)], ["ended", at(ended)], ["replied", at(replied)],
             ["ran for", duration(ended - began) if began is not None and ended is not None else "-"],
             ["queueing delay", duration(began - sent) if began is not None else "-"],
+            ["waited on its own calls", duration(sum(min(b, ended) - max(a, began) for a, b in nested[c["id"]]
+                                                      if began is not None and ended is not None
+                                                      and min(b, ended) > max(a, began)))
+             if c["id"] in nested else "-"],
             ["round trip", duration(replied - sent) if replied is not None else "-"],
             ["request", _bytes_text(c.get("request"))],
             ["reply", _bytes_text(c.get("reply"))],
@@ -199,7 +206,14 @@ def draw(snapshot: dict, place: tl.TimelineLayout, titles: bool = True) -> str:
         parts.append(f'<rect class="nbrpc-tl-bar" data-id="{esc(bar.id)}" data-workers="{esc(related)}" '
                      f'x="{bar.x:.2f}" y="{num(bar.y - py)}" width="{bar.width:.2f}" height="{num(bar.height)}" '
                      f'fill="{bar.fill}"{stroke}>{title(details.get(bar.id))}</rect>')
-    parts.append("</g></svg>")
+    parts.append("</g>")
+    waits = [f'<rect x="{x:.2f}" y="{num(bar.y - py + 2)}" width="{w:.2f}" height="{tl.ROW_H - 4}"/>'
+             for bar in place.bars for x, w in bar.waits]
+    if waits:
+        # A call's own calls (a to_here inside it): it waited there, it did not work.
+        parts.append(f'<g class="nbrpc-tl-waiting" fill="#ffffff" fill-opacity="0.65" '
+                     f'pointer-events="none">{"".join(waits)}</g>')
+    parts.append("</svg>")
     parts.append(_legend(place))
     parts.append("</svg>")
     return "".join(parts)
