@@ -194,9 +194,12 @@ def draw(snapshot: dict, place: tl.TimelineLayout, titles: bool = True) -> str:
     for s in place.segments:
         lines[s.kind].append(f'<line data-call="{esc(s.id)}" x1="{num(s.x1)}" y1="{num(s.y1 - py)}" '
                              f'x2="{num(s.x2)}" y2="{num(s.y2 - py)}"/>')
+    # Hundreds of lines are a grey fog: the more calls, the fainter each line.
+    faint = num(max(0.2, min(1.0, 60 / max(len(lines["send"]), 1))))
     for kind, stroke, width in (("wait", WAIT, 1.5), ("send", SEND, 0.8), ("reply", REPLY, 0.8)):
         if lines[kind]:
-            parts.append(f'<g class="nbrpc-tl-{kind}" stroke="{stroke}" stroke-width="{width}" '
+            opacity = "" if kind == "wait" or faint == "1" else f' stroke-opacity="{faint}"'
+            parts.append(f'<g class="nbrpc-tl-{kind}" stroke="{stroke}" stroke-width="{width}"{opacity} '
                          f'vector-effect="non-scaling-stroke">{"".join(lines[kind])}</g>')
     parts.append('<g class="nbrpc-tl-bars" stroke="#ffffff" stroke-width="0.5">')
     for bar in place.bars:
