@@ -11,9 +11,11 @@ import json
 import random
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import cloudpickle
 import pytest
 from _snapshots import TRACE, trace_synthetic
 
@@ -22,6 +24,9 @@ from nbrpc.widgets import timeline_layout as tl
 from nbrpc.widgets import timeline_svg as ts
 
 SVG = "{http://www.w3.org/2000/svg}"
+
+# spin, below, goes to the workers by value, like notebook code.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def classed(root: ET.Element, cls: str) -> list[ET.Element]:
@@ -349,3 +354,78 @@ def test_time_waiting_on_own_calls_is_marked_and_left_out_of_work():
     worked = tl.busy_intervals(TRACE, "w2", waits=False)
     assert flat(worked) == pytest.approx([100.07, 100.071, 100.075, 100.15])
     assert tl.busy_time(worked) == pytest.approx(0.08 - 0.004)
+
+
+# -- on a real, traced cluster -------------------------------------------------------------
+
+
+def spin(seconds: float) -> float:
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        pass
+    return seconds
+
+
+@pytest.fixture(scope="module")
+def traced():
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(2, trace=True, progress=None, timeout=30)
+    yield cluster
+    cluster.shutdown()
+
+
+def test_timeline_of_the_running_clusters_recording(traced, tmp_path):
+    import torch.distributed.rpc as rpc
+    from IPython.testing import globalipapp
+
+    [f.wait() for f in [rpc.rpc_async(w, spin, args=(0.05,)) for w in ("worker1", "worker2")]]
+    widget = nbrpc.Timeline()
+    try:
+        spins = [c for c in widget.snapshot["calls"] if c["name"].endswith("spin")]
+        assert sorted(c["callee"] for c in spins) == ["worker1", "worker2"]
+        assert all(c["ended"] - c["began"] >= 0.05 for c in spins)
+        assert {b.id for b in widget.place.bars} >= {c["id"] for c in spins}
+        ET.fromstring(widget.svg)
+        # live: a new call shows up by itself, and a shutdown would stop it
+        widget.start(interval=0.2)
+        assert widget.live and widget.follow
+        rpc.rpc_sync("worker1", spin, args=(0.01,))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(
+                [c for c in widget.snapshot["calls"] if c["name"].endswith("spin")]) < 3:
+            time.sleep(0.1)
+        assert len([c for c in widget.snapshot["calls"] if c["name"].endswith("spin")]) == 3
+        assert widget.status.startswith("live, every 0.2 s")
+        widget.stop()
+        assert not widget.live and widget.status.startswith("stopped at")
+    finally:
+        widget.close()
+    time.sleep(0.3)
+    recent = nbrpc.Timeline(last=0.25)
+    assert all(c["sent"] >= recent.snapshot["end"] - 0.25 for c in recent.snapshot["calls"])
+    recent.close()
+
+    globalipapp.start_ipython()
+    shell = globalipapp.get_ipython()
+    shell.run_line_magic("load_ext", "nbrpc")
+    static = shell.run_line_magic("rpc_timeline", "--static --threads")
+    assert "RPC timeline" in static._repr_mimebundle_()["text/plain"]
+    assert 'data-lane="worker1/' in static.svg
+    shown = shell.run_line_magic("rpc_timeline", "--last 60")
+    assert isinstance(shown, nbrpc.Timeline) and not shown.live
+    shown.close()
+
+
+def test_a_traced_block_saved_as_a_report(traced, tmp_path):
+    import torch.distributed.rpc as rpc
+
+    with nbrpc.trace() as t:
+        rpc.rpc_sync("worker2", spin, args=(0.01,))
+    page = t.save(tmp_path / "block.html").read_text()
+    assert "function render(" in page and "spin" in page
+    widget = nbrpc.Timeline(t)
+    try:
+        assert [c["callee"] for c in widget.snapshot["calls"] if c["name"].endswith("spin")] == ["worker2"]
+    finally:
+        widget.close()
