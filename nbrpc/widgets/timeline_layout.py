@@ -357,7 +357,6 @@ def timeline_layout(snapshot: dict, threads: bool = False, aggregate_above: int 
     aggregated = aggregate_above is not None and len(calls) > aggregate_above
     t0, t1 = span(snapshot)
     keys = lane_keys(snapshot, threads)
-    scale = plot_w / (t1 - t0)
     # Rows per lane, from the intervals drawn there (aggregated: two rows' height).
     drawn: dict[str, list[tuple[str, float, float]]] = collections.defaultdict(list)
     for c in calls:
@@ -376,40 +375,42 @@ def timeline_layout(snapshot: dict, threads: bool = False, aggregate_above: int 
                            plot_w, plot_h, 2 * MARGIN + LABEL_W + plot_w + RIGHT_PAD,
                            y + AXIS_H + LEGEND_H + MARGIN, aggregated, len(calls))
 
-    def row_y(key: str, item: str) -> float:
-        return lanes[key].y + LANE_PAD + rows_of[key][item] * (ROW_H + ROW_GAP)
-
     if aggregated:
         place.bars = busy_bars(calls, place, threads)
-        return place
+    else:
+        call_marks(calls, place, rows_of, threads)
+    return place
+
+
+def call_marks(calls: list[dict], place: TimelineLayout, rows_of: dict[str, dict[str, int]],
+               threads: bool) -> None:
+    """Fill ``place`` with a bar per call that ran (in its row of its lane), its lines to
+    and from the caller, the call in flight along the caller's lane, and the legend's names."""
+    lanes, scale = place.lanes, place.plot_w / (place.t1 - place.t0)
     by_id = {c["id"]: c for c in calls}
     nested = nested_waits(calls)
-    by_name = collections.Counter()
+    by_name: collections.Counter = collections.Counter()
     for c in calls:
         caller_key = _caller_lane(c, by_id, lanes, threads)
         if ran(c):
-            key = _callee_lane(c, threads)
-            top = row_y(key, c["id"])
-            by_name[c.get("name") or "?"] += c["ended"] - c["began"]
-            width = max(MIN_BAR_W, (c["ended"] - c["began"]) * scale)
-            name = c.get("name") or "?"
+            key, name = _callee_lane(c, threads), c.get("name") or "?"
+            top = lanes[key].y + LANE_PAD + rows_of[key][c["id"]] * (ROW_H + ROW_GAP)
+            by_name[name] += c["ended"] - c["began"]
             waits = tuple((place.x(max(a, c["began"])), (min(b, c["ended"]) - max(a, c["began"])) * scale)
                           for a, b in nested.get(c["id"], []) if min(b, c["ended"]) > max(a, c["began"]))
-            place.bars.append(Bar(c["id"], key, place.x(c["began"]), width, top, name, colour(name),
+            place.bars.append(Bar(c["id"], key, place.x(c["began"]),
+                                  max(MIN_BAR_W, (c["ended"] - c["began"]) * scale), top, name, colour(name),
                                   bool(c.get("error")), waits=waits))
-            if caller_key is not None and caller_key != key:
-                mid = top + ROW_H / 2
-                cy = lanes[caller_key].wait_y
+            if caller_key != key:
+                mid, cy = top + ROW_H / 2, lanes[caller_key].wait_y
                 place.segments.append(Segment(c["id"], "send", place.x(c["sent"]), cy, place.x(c["began"]), mid))
                 if c.get("replied") is not None:
                     place.segments.append(Segment(c["id"], "reply", place.x(c["ended"]), mid,
                                                   place.x(c["replied"]), cy))
-        if caller_key is not None:
-            end = c.get("replied") if c.get("replied") is not None else t1
-            wy = lanes[caller_key].wait_y
-            place.segments.append(Segment(c["id"], "wait", place.x(c["sent"]), wy, place.x(end), wy))
+        end = c.get("replied") if c.get("replied") is not None else place.t1
+        wy = lanes[caller_key].wait_y
+        place.segments.append(Segment(c["id"], "wait", place.x(c["sent"]), wy, place.x(end), wy))
     place.names = sorted(by_name, key=lambda n: (-by_name[n], natural_key(n)))
-    return place
 
 
 def busy_bars(calls: list[dict], place: TimelineLayout, threads: bool) -> list[Bar]:

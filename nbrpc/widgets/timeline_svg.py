@@ -184,11 +184,15 @@ def draw(snapshot: dict, place: tl.TimelineLayout, titles: bool = True) -> str:
                      f'stroke-width="0.5"/>'
                      f'<text x="{tl.MARGIN + 6}" y="{num(lane.y + lane.height / 2 + 4)}" fill="{INK}"'
                      f'{bold}>{esc(clip(lane.label, 24))}</text></g>')
-    parts.append("</g>")
-    parts.append(_axis(place))
-    parts.append(f'<svg class="nbrpc-tl-plot" x="{num(place.plot_x)}" y="{num(place.plot_y)}" '
-                 f'width="{num(place.plot_w)}" height="{num(place.plot_h)}" '
-                 f'viewBox="0 0 {num(place.plot_w)} {num(place.plot_h)}" preserveAspectRatio="none">')
+    parts += ["</g>", _axis(place), *_plot(place, calls, details), _legend(place), "</svg>"]
+    return "".join(parts)
+
+
+def _plot(place: tl.TimelineLayout, calls: dict, details: dict) -> list[str]:
+    """The nested SVG that clips and zooms: lines, bars, the pale marks of waits."""
+    parts = [f'<svg class="nbrpc-tl-plot" x="{num(place.plot_x)}" y="{num(place.plot_y)}" '
+             f'width="{num(place.plot_w)}" height="{num(place.plot_h)}" '
+             f'viewBox="0 0 {num(place.plot_w)} {num(place.plot_h)}" preserveAspectRatio="none">']
     py = place.plot_y
     lines = {"wait": [], "send": [], "reply": []}
     for s in place.segments:
@@ -217,9 +221,7 @@ def draw(snapshot: dict, place: tl.TimelineLayout, titles: bool = True) -> str:
         parts.append(f'<g class="nbrpc-tl-waiting" fill="#ffffff" fill-opacity="0.65" '
                      f'pointer-events="none">{"".join(waits)}</g>')
     parts.append("</svg>")
-    parts.append(_legend(place))
-    parts.append("</svg>")
-    return "".join(parts)
+    return parts
 
 
 def _axis(place: tl.TimelineLayout) -> str:
