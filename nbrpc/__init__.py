@@ -38,6 +38,7 @@ __all__ = [
     "RemoteError",
     "RpcTimeoutError",
     "SerializationError",
+    "Timeline",
     "Trace",
     "UnknownWorkerError",
     "WorkerDiedError",
@@ -69,7 +70,8 @@ def start(n=None, **options) -> Cluster:
 # The widgets import ipywidgets, which a script driving a cluster must not pay for:
 # ``nbrpc.RRefGraph`` and the others are the classes of ``nbrpc.widgets``, imported
 # on first use.
-_WIDGETS = {"AutogradGraph": "autograd_graph", "ClusterStatus": "status", "RRefGraph": "rref_graph"}
+_WIDGETS = {"AutogradGraph": "autograd_graph", "ClusterStatus": "status", "RRefGraph": "rref_graph",
+            "Timeline": "timeline"}
 
 
 def __getattr__(name: str):

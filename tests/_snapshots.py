@@ -72,3 +72,50 @@ def synthetic(rrefs: int = 1000, workers: int = 8) -> dict:
             snapshot["events"].append({"t": 1763856000 + k / 100 + 0.001, "kind": "fork", "rref": rid,
                                        "from": "master", "to": holders[1]})
     return snapshot
+
+
+def _call(n, caller, callee, name, sent, began, ended, replied, *, kind="rpc_sync", thread="t1",
+          parent=None, error=None, tensor=0):
+    return {"id": f"{caller}:{n}", "caller": caller, "callee": callee, "kind": kind, "name": name,
+            "sent": sent, "began": began, "ended": ended, "replied": replied, "thread": thread,
+            "request": {"tensor": tensor, "pickle": 100}, "reply": {"tensor": tensor, "pickle": 50},
+            "parent": parent, "context": None, "rref": None, "error": error}
+
+
+# A pipeline's trace, times in seconds from 100.0 on the driver's clock: master sends
+# two micro-batches to stage1 (w1) then stage2 (w2); stage2's first call overlaps
+# stage1's second one by 0.02 s; w2 fetches from w1 inside a call (nesting); one call
+# fails; one call's callee part is missing.
+TRACE = {
+    "workers": [{"name": "master", "id": 0, "host": "127.0.0.1", "pid": 4242},
+                {"name": "w1", "id": 1, "host": "127.0.0.1", "pid": 4243},
+                {"name": "w2", "id": 2, "host": "127.0.0.1", "pid": 4244}],
+    "calls": [
+        _call(1, "master", "w1", "stage1", 100.00, 100.01, 100.05, 100.06, kind="rpc_async", tensor=4096),
+        _call(2, "master", "w1", "stage1", 100.01, 100.05, 100.09, 100.10, kind="rpc_async", thread="t2",
+              tensor=4096),
+        _call(3, "master", "w2", "stage2", 100.06, 100.07, 100.11, 100.12, kind="rpc_async"),
+        _call(1, "w2", "w1", "fetch", 100.071, 100.072, 100.074, 100.075, kind="to_here", thread="t3",
+              parent="master:3"),
+        _call(4, "master", "w2", "stage2", 100.10, 100.11, 100.15, 100.16, kind="rpc_async", thread="t2"),
+        _call(5, "master", "w1", "boom", 100.17, 100.18, 100.19, 100.20, error="ValueError: no"),
+        _call(6, "master", "w2", "lost", 100.18, None, None, None),
+    ],
+    "clocks": [{"worker": "master", "offset": 0.0, "bound": 0.0},
+               {"worker": "w1", "offset": 0.0, "bound": 0.0},
+               {"worker": "w2", "offset": 0.0, "bound": 0.0}],
+    "start": 100.0, "end": 100.25, "dropped": 0,
+}
+
+
+def trace_synthetic(calls: int = 3000, workers: int = 4) -> dict:
+    """``calls`` short calls from the driver to ``workers`` workers, 1 ms apart."""
+    names = [f"w{i}" for i in range(1, workers + 1)]
+    rows = []
+    for k in range(calls):
+        t = 10.0 + k * 0.001
+        rows.append(_call(k, "master", names[k % workers], f"f{k % 3}", t, t + 0.0001, t + 0.0008,
+                          t + 0.0009, thread=f"t{k % 2}"))
+    return {"workers": [{"name": "master", "id": 0, "host": "127.0.0.1", "pid": 1}]
+            + [{"name": n, "id": i + 1, "host": "127.0.0.1", "pid": i + 2} for i, n in enumerate(names)],
+            "calls": rows, "clocks": [], "start": 10.0, "end": 10.0 + calls * 0.001, "dropped": 0}

@@ -6,7 +6,9 @@ cluster and shows ``%rref_graph``. The test checks the nodes, hover details,
 click-to-pin (read back from the kernel), the fork toggle, the worker filter and a
 live update that arrives while a cell is still running, and saves screenshots under
 build/browser/. Jupyter Notebook 7, which loads the same extensions, shows the live
-graph too: its nodes, click-to-pin and a live update. It also measures the first paint of
+graph too: its nodes, click-to-pin and a live update. The RPC timeline of a traced
+cluster gets the same: bars, hover details, wheel zoom with its axis, pin, and calls of
+a still running cell appearing live. It also measures the first paint of
 1,000 RRefs over 8 workers, and (no browser needed) ``nbrpc.rref_snapshot()`` of 1,000 RRefs on 8 worker kernels;
 both print their numbers and add them to build/browser/perf.json.
 
@@ -462,6 +464,97 @@ def test_autograd_graph_in_jupyterlab(page):
     assert cell.locator('.nbrpc-host [data-id="w1:0"]').is_visible()
     cell.locator(".nbrpc-filter").select_option("")
     cell.locator(".nbrpc-graph").screenshot(path=str(ARTIFACTS / "autograd_graph.png"))
+
+
+TIMELINE_CELL = """%load_ext nbrpc
+import time
+import nbrpc
+import torch.distributed.rpc as rpc
+if nbrpc.current() is not None:  # the RRef graph's cluster records nothing
+    nbrpc.current().shutdown()
+%rpc_init --names p1,p2 --trace
+
+def spin(seconds):
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        pass
+    return seconds
+
+[f.wait() for f in [rpc.rpc_async(w, spin, args=(0.05,)) for w in ('p1', 'p2', 'p1')]]
+tl = %rpc_timeline --live
+tl"""
+
+
+def ticks(cell) -> list[str]:
+    return cell.locator(".nbrpc-host .nbrpc-tl-tick").all_inner_texts()
+
+
+def shown_share(cell) -> float:
+    """The share of the timeline's window in view: the plot's viewBox width over its own."""
+    plot = cell.locator(".nbrpc-host .nbrpc-tl-plot")
+    return round(float(plot.get_attribute("viewBox").split()[2]) / float(plot.get_attribute("width")), 3)
+
+
+def test_timeline_in_jupyterlab(page):
+    """A traced cluster's calls on the timeline: bars, hover, zoom, pin, a live update."""
+    page.evaluate("""(source) => {
+        const app = window.jupyterapp;
+        const notebook = app.shell.currentWidget.content;
+        notebook.model.sharedModel.insertCell(notebook.widgets.length, {cell_type: 'code', source});
+        notebook.activeCellIndex = notebook.widgets.length - 1;
+        app.commands.execute('notebook:run-cell');
+    }""", TIMELINE_CELL)
+    cell = page.locator(".jp-Cell").last
+    cell.locator(".nbrpc-timeline-view .nbrpc-host [data-id]").first.wait_for(timeout=180_000)
+    spins = evaluate(page, "sorted(c['id'] for c in tl.snapshot['calls'] if c['name'].endswith('spin'))")
+    assert len(spins) == 3
+    for call_id in spins:
+        assert cell.locator(f'.nbrpc-host [data-id="{call_id}"]').count() == 1
+    lanes = cell.locator(".nbrpc-host [data-lane]").evaluate_all("ns => ns.map(n => n.dataset.lane)")
+    assert lanes == ["master", "p1", "p2"]
+    assert "live, every 1 s" in cell.locator(".nbrpc-status").inner_text()
+    assert "spin" in cell.locator(".nbrpc-tl-summary").inner_text()
+
+    # hover: the call's details
+    bar = cell.locator(f'.nbrpc-host [data-id="{spins[0]}"]')
+    bar.hover()
+    tip = cell.locator(".nbrpc-tip")
+    tip.wait_for(state="visible")
+    for expected in ("spin on p", "queueing delay", "master \u2192 p", "rpc_async", "ran for"):
+        assert expected in tip.inner_text(), (expected, tip.inner_text())
+
+    # zoom with the wheel: the axis changes; "show all" brings it back
+    before = ticks(cell)
+    plot = cell.locator(".nbrpc-host .nbrpc-tl-plot").bounding_box()
+    page.mouse.move(plot["x"] + plot["width"] / 2, plot["y"] + 5)
+    for _ in range(4):
+        page.mouse.wheel(0, -300)
+        page.wait_for_timeout(50)
+    wait_until(lambda: ticks(cell) != before, timeout=5, what="the axis to follow the zoom")
+    assert 0 < shown_share(cell) < 0.5  # four wheel steps in: under half the window shows
+    cell.locator(".nbrpc-tl-reset").click()
+    wait_until(lambda: shown_share(cell) == 1, timeout=5, what="show all")
+
+    # click to pin: the kernel hears of it
+    bar.click()
+    wait_until(lambda: evaluate(page, "tl.selected") == spins[0], what="tl.selected in the kernel")
+    cell.locator(".nbrpc-pin").wait_for(state="visible")
+    cell.locator(".nbrpc-timeline-view").screenshot(path=str(ARTIFACTS / "timeline.png"))
+
+    # live: calls made by a cell that is still running appear
+    start_execute(page, "futs = [rpc.rpc_async('p2', spin, args=(0.2,)) for _ in range(2)]\n"
+                        "[f.wait() for f in futs]\ntime.sleep(8)")
+    began = time.monotonic()
+    wait_until(lambda: cell.locator(".nbrpc-host .nbrpc-tl-bar").count() >= len(spins) + 2, timeout=8,
+               what="the new calls while the cell runs")
+    seen_after = time.monotonic() - began
+    assert evaluate_busy(page), "the cell had already finished: the update did not come while busy"
+    assert wait_executed(page)["status"] == "ok"
+    assert cell.locator(".nbrpc-pin").is_visible()  # the pin survives refreshes
+    report(f"timeline: live update seen {seen_after:.2f} s after the busy cell started")
+    page.mouse.move(0, 0)
+    cell.locator(".nbrpc-timeline-view").screenshot(path=str(ARTIFACTS / "timeline_live.png"))
+    evaluate(page, "tl.stop() or 0")
 
 
 def test_snapshot_time_1000_rrefs_over_8_workers():

@@ -216,6 +216,23 @@ def one_trainer_at_a_time(trainers, epochs):
     return [[t.rpc_sync().train_epoch() for t in trainers] for _ in range(epochs)]
 
 
+def busiest_by_sum(snapshot):
+    """Adds up call durations: a worker running three calls at once counts three times."""
+    total = {}
+    for call in snapshot["calls"]:
+        if call["began"] is not None:
+            total[call["callee"]] = total.get(call["callee"], 0.0) + call["ended"] - call["began"]
+    worker = max(total, key=total.get)
+    return worker, total[worker] / (snapshot["end"] - snapshot["start"])
+
+
+def busiest_with_missing_parts(snapshot):
+    total = {}
+    for call in snapshot["calls"]:
+        total[call["callee"]] = total.get(call["callee"], 0.0) + call["ended"] - call["began"]
+    return max(total, key=total.get), 0.0
+
+
 @pytest.fixture(scope="class")
 def ps_cluster():
     """Lab 3's cluster, ps + trainer1 + trainer2, for the tests of one class."""
@@ -262,6 +279,15 @@ class TestParameterServerMistakes:
                        "trainer with rpc_async (trainer.rpc_async().train_epoch()), then wait for "
                        "all the futures\n")
         del ps, trainers
+
+    @pytest.mark.parametrize("answer, what, hint", [
+        (busiest_by_sum, "counting its overlapping calls twice", "overlapping calls count once"),
+        (busiest_with_missing_parts, "raised TypeError: unsupported operand type(s)",
+         "callee's part was not recorded"),
+    ], ids=["overlaps-counted-twice", "missing-callee-part"])
+    def test_busiest(self, capsys, answer, what, hint):
+        out = check_lines("param_server.busiest", answer, capsys=capsys)
+        assert out.startswith("✗ param_server.busiest: ") and what in out and hint in out, out
 
 
 def test_unknown_exercise_lists_the_exercises(cluster, capsys):

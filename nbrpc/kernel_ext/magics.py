@@ -1,5 +1,5 @@
 """The magics (``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_shutdown``, ``%rref_graph``,
-``%autograd_graph``): thin shells over ``Cluster`` and the widgets."""
+``%autograd_graph``, ``%rpc_timeline``): thin shells over ``Cluster`` and the widgets."""
 
 from __future__ import annotations
 
@@ -153,3 +153,25 @@ class RpcMagics(Magics):
         from ..widgets.autograd_graph import AutogradGraph, autograd_static
 
         return (autograd_static if args.static else AutogradGraph)(args.context_id)
+
+    @magic_arguments()
+    @argument("--last", type=float, default=None, metavar="SECONDS",
+              help="only the calls sent in the last SECONDS (default: the whole recording)")
+    @argument("--live", action="store_true",
+              help="refresh every second, also while a cell runs, following the newest calls")
+    @argument("--threads", action="store_true", help="one lane per RPC thread of each member")
+    @argument("--static", action="store_true", help="draw once as SVG, no widget")
+    @line_magic
+    def rpc_timeline(self, line: str = ""):
+        """Show the running cluster's recorded RPCs (``%rpc_init --trace``) on a timeline."""
+        args = _parse(self.rpc_timeline, line)
+        if args.last is not None and not args.last > 0:
+            raise UsageError(f"%rpc_timeline: --last must be a positive number of seconds, got {args.last:g}")
+        if args.static and args.live:
+            raise UsageError("%rpc_timeline: --static draws once; leave out --live or --static")
+        _running()
+        from ..widgets.timeline import Timeline, TimelineStatic, running_recording
+
+        if args.static:
+            return TimelineStatic(running_recording(args.last), threads=args.threads)
+        return Timeline(last=args.last, live=args.live, threads=args.threads)

@@ -49,6 +49,8 @@ class _NotDone(_Wrong):
 
 # Known errors (regular expressions) -> what usually causes them; the first match wins.
 _HINTS = [
+    (r"unsupported operand type\(s\) for [-+]: .*'NoneType'",
+     "a call whose callee's part was not recorded has began and ended None: skip it"),
     (r"can't call localValue\(\) on user",
      "local_value() works only on the RRef's owner: send a function to rref.owner() with "
      "rpc.rpc_sync and call local_value() there"),

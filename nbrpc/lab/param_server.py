@@ -152,3 +152,74 @@ def _check_run_training(run_training, ps, trainers, epochs: int = 3, bar: float 
                      "check train_step (loss, backward, optimizer.step) and run every epoch")
     return (f"{', '.join(names)} trained at the same time; test accuracy {accuracy:.1%} "
             f"(bar: {bar:.0%})")
+
+
+# -- exercise 4: reading a timeline ------------------------------------------------------
+
+
+def _call_record(n: int, callee: str, began, ended, caller: str = "master") -> dict:
+    """A CallRecord (``nbrpc.schemas``) of the check's own made-up traces."""
+    return {"id": f"{caller}:{n}", "caller": caller, "callee": callee, "kind": "rpc_sync",
+            "name": "ParameterServer.forward" if callee == "ps" else "Trainer.train_epoch",
+            "sent": (began if began is not None else 0.0) - 0.01, "began": began, "ended": ended,
+            "replied": ended + 0.01 if ended is not None else None, "thread": None,
+            "request": {"tensor": 0, "pickle": 100}, "reply": None, "parent": None,
+            "context": None, "rref": None, "error": None}
+
+
+def _trace(*calls) -> dict:
+    return {"workers": [{"name": n, "id": i, "host": "127.0.0.1", "pid": 0}
+                        for i, n in enumerate(["master", "ps", "trainer1", "trainer2"])],
+            "calls": [_call_record(k, *c) for k, c in enumerate(calls)],
+            "clocks": [], "start": 0.0, "end": 10.0, "dropped": 0}
+
+
+# The first trace holds a call whose callee's part was not recorded; trainer2's two calls
+# overlap by 1 s. In the second, trainer1 runs three calls at once (6 s of calls in 3 s)
+# and ps one call of 3.5 s: ps is busier.
+_BUSIEST = [
+    (_trace(("trainer2", 1.0, 5.0), ("trainer2", 4.0, 6.0), ("ps", 0.0, 4.5),
+            ("trainer1", None, None)), "trainer2", 0.5),
+    (_trace(("trainer1", 0.0, 2.0), ("trainer1", 0.5, 2.5), ("trainer1", 1.0, 3.0),
+            ("ps", 3.0, 6.5), ("trainer2", 7.0, 8.0)), "ps", 0.35),
+]
+_OVERLAPS = ("overlapping calls count once: sort a worker's (began, ended) intervals and merge "
+             "those that overlap before adding them up")
+
+
+def _summed(snapshot: dict) -> tuple[str, float]:
+    """The answer if overlapping calls counted twice (the usual slip)."""
+    total: dict[str, float] = {}
+    for c in snapshot["calls"]:
+        if c["began"] is not None:
+            total[c["callee"]] = total.get(c["callee"], 0.0) + c["ended"] - c["began"]
+    worker = max(total, key=total.get)
+    return worker, total[worker] / (snapshot["end"] - snapshot["start"])
+
+
+@CHECKS.exercise("param_server.busiest")
+def _check_busiest(busiest) -> str:
+    for snapshot, name, share in _BUSIEST:
+        got = _call(busiest, snapshot, what="busiest(snapshot)",
+                    none_hint="return a pair: (worker, share)")
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise _Wrong(f"busiest returned {_show(got)}; expected a pair (worker, share)",
+                         "return worker, busy / (snapshot['end'] - snapshot['start'])")
+        worker, fraction = got
+        if worker != name:
+            if worker == _summed(snapshot)[0]:
+                raise _Wrong(f"busiest named {worker}, whose calls overlap: it ran several at "
+                             f"once, and is not busier than {name}", _OVERLAPS)
+            raise _Wrong(f"busiest named {_show(worker)}; the busiest worker is {name}",
+                         "add up, per callee, the time from began to ended of its calls, "
+                         "overlapping calls counted once")
+        if isinstance(fraction, (int, float)) and abs(fraction - _summed(snapshot)[1]) < 1e-6:
+            raise _Wrong(f"busiest gave {name} a share of {fraction:g}, counting its overlapping "
+                         f"calls twice; expected {share:g}", _OVERLAPS)
+        if not isinstance(fraction, (int, float)) or abs(fraction - share) > 1e-6:
+            raise _Wrong(f"busiest named {name} rightly, with a share of {_show(fraction)}; "
+                         f"expected {share:g}",
+                         "the share is the busy time over the window: "
+                         "snapshot['end'] - snapshot['start']")
+    return ("trainer2 and ps are the busiest in the check's two traces, overlapping calls "
+            "counted once, calls without a callee part skipped")

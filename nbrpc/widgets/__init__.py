@@ -1,12 +1,21 @@
-"""Widgets: the cluster status, the RRef graph and the autograd graph.
+"""Widgets: the cluster status, the RRef graph, the autograd graph and the RPC timeline.
 
-Importing this package imports ipywidgets and anywidget; the runtime (``nbrpc``
-itself) never does, and reaches these classes only when one is made.
+The widget classes import ipywidgets and anywidget; the runtime (``nbrpc`` itself)
+never does, and reaches these classes only when one is made. The drawing modules
+(``layout``, ``svg``, ``timeline_layout``, ``timeline_svg``) and ``report`` import
+neither, so a script can draw and write reports without them: this package's
+``__init__`` imports the classes on first use.
 """
 
-from .autograd_graph import AutogradGraph
-from .base import StaticView
-from .rref_graph import RRefGraph
-from .status import ClusterStatus
+import importlib
 
-__all__ = ["AutogradGraph", "ClusterStatus", "RRefGraph", "StaticView"]
+_CLASSES = {"AutogradGraph": "autograd_graph", "ClusterStatus": "status", "RRefGraph": "rref_graph",
+            "StaticView": "base", "Timeline": "timeline"}
+
+__all__ = ["AutogradGraph", "ClusterStatus", "RRefGraph", "StaticView", "Timeline"]
+
+
+def __getattr__(name: str):
+    if name in _CLASSES:
+        return getattr(importlib.import_module(f".{_CLASSES[name]}", __name__), name)
+    raise AttributeError(f"module 'nbrpc.widgets' has no attribute {name!r}")

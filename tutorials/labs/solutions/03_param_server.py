@@ -27,3 +27,21 @@ def run_training(trainers, epochs):
         for mine, future in zip(losses, futures):
             mine += future.wait()
     return losses
+
+# %% param_server.busiest
+def busiest(snapshot):
+    """The member whose calls ran longest, overlapping calls counted once; its share of the window."""
+    runs = {}
+    for call in snapshot["calls"]:
+        if call["began"] is not None and call["ended"] is not None:
+            runs.setdefault(call["callee"], []).append((call["began"], call["ended"]))
+    busy = {}
+    for worker, intervals in runs.items():
+        total, covered = 0.0, float("-inf")
+        for began, ended in sorted(intervals):
+            if ended > covered:
+                total += ended - max(began, covered)
+                covered = ended
+        busy[worker] = total
+    worker = max(busy, key=busy.get)
+    return worker, busy[worker] / (snapshot["end"] - snapshot["start"])
