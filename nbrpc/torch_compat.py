@@ -136,20 +136,16 @@ def rref_type(rref) -> type:
 retrieve_context = dist_autograd._retrieve_context
 # torch's own backward, kept before recording replaces it.
 backward = dist_autograd.backward
+# The functions DistributedOptimizer.step sends to each owner of parameters, with the
+# optimizer's RRef and the context id (the timeline's optimizer steps); known to work
+# with torch 2.13. Names only: importing torch.distributed.optim takes most of a second.
+OPTIMIZER_STEPS = ("_local_optimizer_step", "_script_local_optimizer_step")
 
 
 def current_context_id() -> int:
     """The id of this thread's distributed autograd context (``RuntimeError``: none);
     known to work with torch 2.13."""
     return dist_autograd._current_context()._context_id()
-
-
-def optimizer_step_point() -> tuple:
-    """The patch point of ``DistributedOptimizer.step``, imported on first use (the
-    import takes most of a second)."""
-    from torch.distributed.optim import DistributedOptimizer
-
-    return ((DistributedOptimizer, "step"),)
 
 
 def send_functions(context) -> dict:

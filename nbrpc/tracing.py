@@ -123,7 +123,6 @@ def _update() -> None:
     recording = _always or _blocks > 0
     if recording:
         armed = True
-        _patch_optimizer()
 
 
 def set_capacity(capacity: int) -> None:
@@ -158,9 +157,8 @@ def outgoing(kind: str, to, func=None, args=None, rref=None) -> dict | None:
     if what is not None:
         kind = what
     context = None
-    special = getattr(_local, "special", None)
-    if special is not None:  # inside DistributedOptimizer.step
-        kind, context = special
+    if what == "internal" and name.rsplit(".", 1)[-1] in torch_compat.OPTIMIZER_STEPS:
+        kind, context = "optimizer", args[1]  # DistributedOptimizer.step's, on one owner
     if rref is not None:
         rref_arg = rref
         name = FETCH
@@ -436,31 +434,6 @@ def _gradients_passed(context_id: int, message_id: int, grad_inputs, grad_output
     half = _open.pop((context_id, message_id), None)
     if half is not None:
         half["ended"] = clocks.now()
-
-
-# -- DistributedOptimizer.step ------------------------------------------------------
-
-_torch_step = None
-
-
-def _patch_optimizer() -> None:
-    """Calls made inside ``DistributedOptimizer.step`` are its optimizer steps."""
-    global _torch_step
-    point = torch_compat.optimizer_step_point()
-    current = getattr(*point[0])
-    if current is not _step:
-        _torch_step = current
-        torch_compat.patch(point, _step)
-
-
-def _step(self, context_id):
-    if not recording:
-        return _torch_step(self, context_id)
-    _local.special = ("optimizer", context_id)
-    try:
-        return _torch_step(self, context_id)
-    finally:
-        _local.special = None
 
 
 # -- gathering -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ NAMES = (
     "torch_unpickler", "handle_exception", "PyRRef", "rref_init", "to_here", "rref_from_fork_data",
     "fork_data", "retrieve_context", "backward", "send_functions", "recv_functions",
     "known_worker_ids", "RREF_HELPERS", "creation_future", "rref_type", "current_context_id",
-    "tensor_tables",
+    "tensor_tables", "OPTIMIZER_STEPS",
 )
 
 
@@ -37,8 +37,9 @@ def test_the_patch_points_exist_in_torch():
                  "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD"):
         for owner, attribute in getattr(torch_compat, name):
             assert hasattr(owner, attribute), (name, owner, attribute)
-    (owner, attribute), = torch_compat.optimizer_step_point()
-    assert callable(getattr(owner, attribute))
+    from torch.distributed.optim import optimizer
+
+    assert all(callable(getattr(optimizer, name)) for name in torch_compat.OPTIMIZER_STEPS)
 
 
 INSTALL_AND_UNINSTALL = """
