@@ -59,11 +59,14 @@ _always = False  # the cluster was started with trace=True
 _blocks = 0  # open ``trace()`` blocks that turned recording on here
 _me = "?"
 _ids = itertools.count()
-_local = threading.local()
-# Thread ident -> the callee half whose result that thread pickles next. Not a
-# threading.local: torch's RPC threads take the GIL anew (a fresh thread state, so
-# fresh thread-locals) between running a function and pickling its result.
-_replies: dict[int, dict] = {}
+# Per-thread state, by thread ident. Not threading.local: torch's RPC threads take the
+# GIL anew for each step of a call (a fresh thread state: its thread-locals start empty,
+# and each first access builds them again, a cost on every recorded call).
+_quiet: set[int] = set()  # threads whose calls are nbrpc's own
+_running: dict[int, str] = {}  # the recorded call a thread runs (its calls' parent)
+_sending: dict[int, dict] = {}  # the caller half whose request a thread pickles next
+_fetching: dict[int, dict] = {}  # the caller half whose reply a thread unpickles next
+_replies: dict[int, dict] = {}  # the callee half whose result a thread pickles next
 
 
 class Ring:
@@ -138,12 +141,14 @@ def identity() -> dict:
 @contextlib.contextmanager
 def quiet():
     """Calls this thread makes inside the block are not recorded (nbrpc's own)."""
-    before = getattr(_local, "quiet", False)
-    _local.quiet = True
+    me = threading.get_ident()
+    before = me in _quiet
+    _quiet.add(me)
     try:
         yield
     finally:
-        _local.quiet = before
+        if not before:
+            _quiet.discard(me)
 
 
 # -- the caller's half --------------------------------------------------------------
@@ -151,9 +156,10 @@ def quiet():
 
 def outgoing(kind: str, to, func=None, args=None, rref=None) -> dict | None:
     """Start the caller's half of a call about to be sent (None: not recorded)."""
-    if getattr(_local, "quiet", False):
+    me = threading.get_ident()
+    if me in _quiet:
         return None
-    name, rref_arg, what = _describe(func, args)
+    name, rref_arg, what, torch_pickles = _describe(func, args)
     if what is not None:
         kind = what
     context = None
@@ -163,7 +169,7 @@ def outgoing(kind: str, to, func=None, args=None, rref=None) -> dict | None:
         rref_arg = rref
         name = FETCH
     request = [0, 0]
-    if func is not None and not interrupts_can_stop(func):
+    if torch_pickles:
         # torch pickles a builtin's or TorchScript function's arguments itself: count
         # the tensors among them, and look for the context as ``count`` would.
         tensors = [a for a in args or () if isinstance(a, torch.Tensor)]
@@ -174,27 +180,28 @@ def outgoing(kind: str, to, func=None, args=None, rref=None) -> dict | None:
     half = dict(
         side="caller", key=f"{_me}:{next(_ids)}", t=t, caller=_me, callee=_name(to),
         kind=kind, name=name, sent=t, replied=None, request=request, reply=None,
-        parent=getattr(_local, "running", None), context=context,
+        parent=_running.get(me), context=context,
         rref=_rref_id(rref_arg) if rref_arg is not None else None, error=None,
     )
     _ring.add(half)
     return half
 
 
-def interrupts_can_stop(func) -> bool:
-    from .interrupts import can_stop
-
-    return can_stop(func)
-
-
 def sending(half: dict | None) -> None:
     """The next pickle this thread writes is ``half``'s request (None: no longer)."""
-    _local.sending = half
+    _set(_sending, half)
 
 
 def fetching(half: dict | None) -> None:
     """The next pickle this thread reads is ``half``'s reply (to_here)."""
-    _local.fetching = half
+    _set(_fetching, half)
+
+
+def _set(state: dict, value) -> None:
+    if value is None:
+        state.pop(threading.get_ident(), None)
+    else:
+        state[threading.get_ident()] = value
 
 
 def answered(half: dict, error: BaseException | None = None) -> None:
@@ -218,10 +225,11 @@ def failed(half: dict, error: BaseException) -> None:
     half["error"] = half["error"] or _error_text(error)
 
 
-def _describe(func, args) -> tuple[str, object, str | None]:
-    """Name of ``func``, an RRef among ``args`` and the kind it makes a call, if special."""
+def _describe(func, args) -> tuple[str, object, str | None, bool]:
+    """Name of ``func``, an RRef among ``args``, the kind it makes a call, if special,
+    and whether torch pickles the arguments itself (a builtin, a TorchScript function)."""
     if func is None:
-        return "", None, None
+        return "", None, None, False
     rref = None
     for a in args or ():
         if isinstance(a, torch_compat.PyRRef):
@@ -229,13 +237,14 @@ def _describe(func, args) -> tuple[str, object, str | None]:
             break
     builtin = torch_compat.find_builtin(func)
     if builtin is not None:
-        return builtin, rref, None
+        return builtin, rref, None, True
     if func in _HELPERS and args:
-        return _helper_name(args[0], args[1]), args[0], "rref_helper"
+        return _helper_name(args[0], args[1]), args[0], "rref_helper", False
     if isinstance(func, torch.jit.ScriptFunction):  # "__torch__.module.name"
-        return func.qualified_name.removeprefix("__torch__."), rref, _internal(func.qualified_name)
+        name = func.qualified_name
+        return name.removeprefix("__torch__."), rref, _internal(name), True
     name = getattr(func, "__qualname__", None) or repr(func)
-    return name, rref, _internal(getattr(func, "__module__", None) or "")
+    return name, rref, _internal(getattr(func, "__module__", None) or ""), False
 
 
 def _internal(module: str) -> str | None:
@@ -290,13 +299,14 @@ def started(trace: tuple, func, args) -> dict:
     global armed
     armed = True
     key = trace[0]
+    me = threading.get_ident()
     t = clocks.now()
     half = dict(side="callee", key=key, member=_me, t=t, began=t, ended=None,
-                thread=_thread(), reply=None, error=None, outer=getattr(_local, "running", None))
+                thread=_thread(), reply=None, error=None, outer=_running.get(me))
     if func in _HELPERS and args:
         half["name"] = _callee_helper_name(args[0], args[1])
-    _local.running = key
-    _replies.pop(threading.get_ident(), None)
+    _running[me] = key
+    _replies.pop(me, None)
     _ring.add(half)
     return half
 
@@ -305,9 +315,14 @@ def finished(half: dict, trace: tuple, error: BaseException | None) -> None:
     half["ended"] = clocks.now()
     if error is not None:
         half["error"] = _error_text(error)
-    _local.running = half.pop("outer", None)
+    me = threading.get_ident()
+    outer = half.pop("outer", None)
+    if outer is None:
+        _running.pop(me, None)
+    else:
+        _running[me] = outer
     if trace[1]:  # its result is pickled next, on this thread, as the reply
-        _replies[threading.get_ident()] = half
+        _replies[me] = half
 
 
 def _callee_helper_name(rref, method: str) -> str:
@@ -329,9 +344,8 @@ def _thread() -> str:
 
 def count(obj, pickled: int) -> None:
     """The RPC pickler wrote ``obj`` in ``pickled`` bytes on this thread."""
-    half = getattr(_local, "sending", None)
+    half = _sending.pop(threading.get_ident(), None) if _sending else None
     if half is not None:
-        _local.sending = None
         tensors = getattr(torch_compat.tensor_tables, "send_tables", None) or ()
         half["request"] = [_size(tensors), pickled]
         # As torch does: a message joins the autograd context only with a tensor that
@@ -346,9 +360,8 @@ def count(obj, pickled: int) -> None:
 
 def received(pickled: int) -> None:
     """The RPC unpickler read ``pickled`` bytes on this thread."""
-    half = getattr(_local, "fetching", None)
+    half = _fetching.pop(threading.get_ident(), None) if _fetching else None
     if half is not None:
-        _local.fetching = None
         half["reply"] = [_tensor_bytes("recv_tables"), pickled]
 
 
