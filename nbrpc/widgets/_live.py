@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 import weakref
 from collections.abc import Callable
 
 from ..cluster import Cluster, current
+from ..errors import NoClusterError
+
+FAILURES_TOLERATED = 5  # refreshes in a row that may fail before a live view gives up
 
 _running: weakref.WeakSet[Refresher] = weakref.WeakSet()
 
@@ -68,6 +72,69 @@ def cluster_running(cluster: Cluster | None) -> str | None:
     if cluster.state != "running":
         return f"the cluster is {cluster.state}"
     return None
+
+
+class LiveView:
+    """``live``, ``start``, ``stop`` and ``close`` of a widget that refreshes itself.
+
+    The widget gives ``_cluster`` (the cluster it follows), an ``interval`` trait,
+    ``refresh()`` (one refresh, called from the refresher's thread), ``_status_line()`` (its
+    status while live), ``_headline()`` (what it shows, for the status once stopped)
+    and ``_show(text, following)`` (sets the status line; ``following`` tells whether
+    it is live).
+    """
+
+    THREAD = "nbrpc-live"
+    START_HINT = "start one with %rpc_init"
+    _refresher: Refresher | None = None  # also for __del__ after a failed __init__
+    _failures = 0
+
+    @property
+    def live(self) -> bool:
+        return self._refresher is not None and self._refresher.alive
+
+    def start(self, interval: float | None = None) -> None:
+        """Refresh every ``interval`` seconds (default: the ``interval`` trait)."""
+        self.stop()
+        why_not = cluster_running(self._cluster)
+        if why_not:
+            raise NoClusterError(f"cannot refresh live: {why_not}; {self.START_HINT}")
+        if interval is not None:
+            self.interval = interval
+        self._refresher = Refresher(self._step, self.interval, self.THREAD).start()
+        self._show(self._status_line(), True)
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop refreshing (the view stays as it is)."""
+        if self._refresher is not None:
+            self._refresher.stop()
+            self._refresher = None
+            self._show(f"{reason} at {time.strftime('%H:%M:%S')}; {self._headline()}", False)
+
+    def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.stop(wait=False)
+            self._refresher = None
+        super().close()
+
+    def _step(self) -> bool:
+        """One refresh, on the refresher's thread; False ends the refresher."""
+        why_not = cluster_running(self._cluster)
+        if why_not is None:
+            try:
+                self.refresh()
+                self._failures = 0
+                return True
+            except Exception as e:  # a worker busy or gone, a cluster stopping
+                self._failures += 1
+                why_not = cluster_running(self._cluster)
+                if why_not is None and self._failures < FAILURES_TOLERATED:
+                    self._show(f"refresh failed ({type(e).__name__}: {e}); retrying", True)
+                    return True
+                why_not = why_not or f"{self._failures} refreshes failed in a row ({e})"
+        self._refresher = None
+        self._show(f"not live: {why_not} ({time.strftime('%H:%M:%S')}); {self._headline()}", False)
+        return False
 
 
 @atexit.register

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import time
-
 import traitlets
 
 from .. import rrefs
 from ..cluster import current
 from ..errors import NoClusterError
 from . import describe, svg
-from ._live import Refresher, cluster_running
+from ._live import LiveView
 from .base import GraphWidget, StaticView
 
 # Consecutive failed refreshes after which a live graph gives up.
-FAILURES_TOLERATED = 5
 
 
-class RRefGraph(GraphWidget):
+class RRefGraph(LiveView, GraphWidget):
     """The RRef ownership graph: one lane per worker, RRefs coloured by owner.
 
     Edges go from each RRef to the workers holding a user reference to it; fork
@@ -44,7 +41,7 @@ class RRefGraph(GraphWidget):
     interval = traitlets.Float(1.0, help="seconds between refreshes while live")
     aggregate_above = traitlets.Int(
         200, help="static views of more RRefs than this show per-owner counts")
-    _refresher: Refresher | None = None  # also for __del__ after a failed __init__
+    THREAD = "nbrpc-rref-graph"
 
     def __init__(self, live: bool = True, *, interval: float = 1.0, snapshot: dict | None = None,
                  aggregate_above: int = 200, **kwargs):
@@ -57,7 +54,6 @@ class RRefGraph(GraphWidget):
                     "%rpc_init (or nbrpc.start()), or pass snapshot=... to draw a saved snapshot")
             snapshot = rrefs.rref_snapshot()
         super().__init__(kind="rref", interval=interval, aggregate_above=aggregate_above, **kwargs)
-        self._failures = 0
         self._cluster = cluster
         self.update(snapshot)
         if live and cluster is not None:
@@ -85,54 +81,13 @@ class RRefGraph(GraphWidget):
         return svg.rref_svg(self.snapshot, show_forks=self.show_forks, worker=self.worker or None,
                             aggregate_above=self.aggregate_above)
 
-    # -- live ------------------------------------------------------------------------
+    # -- live (LiveView) ---------------------------------------------------------------
 
-    @property
-    def live(self) -> bool:
-        return self._refresher is not None and self._refresher.alive
+    def _headline(self) -> str:
+        return self.summary()
 
-    def start(self, interval: float | None = None) -> None:
-        """Refresh every ``interval`` seconds (default: the ``interval`` trait)."""
-        self.stop()
-        why_not = cluster_running(self._cluster)
-        if why_not:
-            raise NoClusterError(f"cannot refresh live: {why_not}; start one with %rpc_init")
-        if interval is not None:
-            self.interval = interval
-        self._refresher = Refresher(self._step, self.interval, "nbrpc-rref-graph").start()
-        self._set_status(self._status_line())
-
-    def stop(self, reason: str = "stopped") -> None:
-        """Stop refreshing (the graph stays as it is)."""
-        if self._refresher is not None:
-            self._refresher.stop()
-            self._refresher = None
-            self._set_status(f"{reason} at {time.strftime('%H:%M:%S')}; {self.summary()}")
-
-    def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.stop(wait=False)
-            self._refresher = None
-        super().close()
-
-    def _step(self) -> bool:
-        """One refresh, on the refresher's thread; False ends the refresher."""
-        why_not = cluster_running(self._cluster)
-        if why_not is None:
-            try:
-                self.update(rrefs.rref_snapshot())
-                self._failures = 0
-                return True
-            except Exception as e:  # a worker busy or gone, a cluster stopping
-                self._failures += 1
-                why_not = cluster_running(self._cluster)
-                if why_not is None and self._failures < FAILURES_TOLERATED:
-                    self._set_status(f"refresh failed ({type(e).__name__}: {e}); retrying")
-                    return True
-                why_not = why_not or f"{self._failures} refreshes failed in a row ({e})"
-        self._refresher = None
-        self._set_status(f"not live: {why_not} ({time.strftime('%H:%M:%S')}); {self.summary()}")
-        return False
+    def _show(self, text: str, following: bool) -> None:
+        self._set_status(text)
 
     def _status_line(self) -> str:
         if self.live:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import anywidget
@@ -13,11 +12,10 @@ from ..cluster import current
 from ..errors import NoClusterError
 from . import timeline_layout as tl
 from . import timeline_svg as ts
-from ._live import Refresher, SyncLock, cluster_running
+from ._live import LiveView, SyncLock
 from .base import HERE
 
 # Consecutive failed refreshes after which a live timeline gives up.
-FAILURES_TOLERATED = 5
 
 
 def running_recording(last: float | None = None) -> dict:
@@ -50,7 +48,7 @@ class TimelineStatic:
         return self.summary()
 
 
-class Timeline(SyncLock, anywidget.AnyWidget):
+class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
     """The RPC timeline: one lane per member, a bar per call where it ran.
 
     Bars are coloured by function; thin lines go from the caller at ``sent`` to the
@@ -86,7 +84,8 @@ class Timeline(SyncLock, anywidget.AnyWidget):
     status = traitlets.Unicode("", help="one line over the timeline: what is shown, live or not").tag(sync=True)
     follow = traitlets.Bool(False, help="live: keep the newest calls in view").tag(sync=True)
     interval = traitlets.Float(1.0, help="seconds between refreshes while live")
-    _refresher: Refresher | None = None  # also for __del__ after a failed __init__
+    THREAD = "nbrpc-timeline"
+    START_HINT = "start one with %rpc_init --trace"
 
     def __init__(self, source=None, last: float | None = None, live: bool = False, threads: bool = False,
                  *, interval: float = 1.0, aggregate_above: int | None = tl.AGGREGATE_ABOVE, **kwargs):
@@ -96,7 +95,6 @@ class Timeline(SyncLock, anywidget.AnyWidget):
         self._last, self._threads, self._aggregate_above = last, threads, aggregate_above
         snapshot = tl.window(self._fetch(), last)  # before the widget opens: a bad source opens none
         super().__init__(interval=interval, **kwargs)
-        self._failures = 0
         self.update(snapshot)
         if live:
             self.start()
@@ -161,61 +159,15 @@ class Timeline(SyncLock, anywidget.AnyWidget):
         data, metadata = bundle
         return {**data, **static}, metadata
 
-    # -- live ------------------------------------------------------------------------
+    # -- live (LiveView) ---------------------------------------------------------------
 
-    @property
-    def live(self) -> bool:
-        return self._refresher is not None and self._refresher.alive
+    def _headline(self) -> str:
+        return ts.headline(self.snapshot, self.place)
 
-    def start(self, interval: float | None = None) -> None:
-        """Refresh every ``interval`` seconds (default: the ``interval`` trait)."""
-        self.stop()
-        why_not = cluster_running(self._cluster)
-        if why_not:
-            raise NoClusterError(f"cannot refresh live: {why_not}; start one with %rpc_init --trace")
-        if interval is not None:
-            self.interval = interval
-        self._refresher = Refresher(self._step, self.interval, "nbrpc-timeline").start()
+    def _show(self, text: str, following: bool) -> None:
         with self._sync_lock():
-            self.follow = True
-            self.status = self._status_line()
-
-    def stop(self, reason: str = "stopped") -> None:
-        """Stop refreshing (the timeline stays as it is)."""
-        if self._refresher is not None:
-            self._refresher.stop()
-            self._refresher = None
-            with self._sync_lock():
-                self.follow = False
-                self.status = f"{reason} at {time.strftime('%H:%M:%S')}; {ts.headline(self.snapshot, self.place)}"
-
-    def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.stop(wait=False)
-            self._refresher = None
-        super().close()
-
-    def _step(self) -> bool:
-        """One refresh, on the refresher's thread; False ends the refresher."""
-        why_not = cluster_running(self._cluster)
-        if why_not is None:
-            try:
-                self.refresh()
-                self._failures = 0
-                return True
-            except Exception as e:  # a worker busy or gone, a cluster stopping
-                self._failures += 1
-                why_not = cluster_running(self._cluster)
-                if why_not is None and self._failures < FAILURES_TOLERATED:
-                    with self._sync_lock():
-                        self.status = f"refresh failed ({type(e).__name__}: {e}); retrying"
-                    return True
-                why_not = why_not or f"{self._failures} refreshes failed in a row ({e})"
-        self._refresher = None
-        with self._sync_lock():
-            self.follow = False
-            self.status = f"not live: {why_not} ({time.strftime('%H:%M:%S')}); {ts.headline(self.snapshot, self.place)}"
-        return False
+            self.follow = following
+            self.status = text
 
     def _status_line(self) -> str:
         """While live, how; otherwise nothing (the drawing's own first line says what it shows)."""
