@@ -292,6 +292,18 @@ def wait_until(check, timeout: float = 30, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def run_new_cell(page, source: str):
+    """Add a code cell at the end of the notebook, run it, and return its locator."""
+    page.evaluate("""(source) => {
+        const app = window.jupyterapp;
+        const notebook = app.shell.currentWidget.content;
+        notebook.model.sharedModel.insertCell(notebook.widgets.length, {cell_type: 'code', source});
+        notebook.activeCellIndex = notebook.widgets.length - 1;
+        app.commands.execute('notebook:run-cell');
+    }""", source)
+    return page.locator(".jp-Cell").last
+
+
 def node(page, rref_id: str):
     return page.locator(f'.nbrpc-host [data-id="{rref_id}"]').first
 
@@ -439,14 +451,7 @@ def test_first_paint_of_1000_rrefs_over_8_workers(page):
 def test_autograd_graph_in_jupyterlab(page):
     source = BIG_SETUP.replace("synthetic", "AUTOGRAD") + (
         "\nfrom nbrpc.widgets import AutogradGraph\nag = AutogradGraph(AUTOGRAD)\nag")
-    page.evaluate("""(source) => {
-        const app = window.jupyterapp;
-        const notebook = app.shell.currentWidget.content;
-        notebook.model.sharedModel.insertCell(notebook.widgets.length, {cell_type: 'code', source});
-        notebook.activeCellIndex = notebook.widgets.length - 1;
-        app.commands.execute('notebook:run-cell');
-    }""", source)
-    cell = page.locator(".jp-Cell").last
+    cell = run_new_cell(page, source)
     cell.locator('.nbrpc-host [data-id="w1:2"]').wait_for(state="visible")
     assert cell.locator(".nbrpc-host [data-id]").count() == 9
     assert cell.locator(".nbrpc-host .nbrpc-rpc").count() == 2
@@ -497,14 +502,7 @@ def shown_share(cell) -> float:
 
 def test_timeline_in_jupyterlab(page):
     """A traced cluster's calls on the timeline: bars, hover, zoom, pin, a live update."""
-    page.evaluate("""(source) => {
-        const app = window.jupyterapp;
-        const notebook = app.shell.currentWidget.content;
-        notebook.model.sharedModel.insertCell(notebook.widgets.length, {cell_type: 'code', source});
-        notebook.activeCellIndex = notebook.widgets.length - 1;
-        app.commands.execute('notebook:run-cell');
-    }""", TIMELINE_CELL)
-    cell = page.locator(".jp-Cell").last
+    cell = run_new_cell(page, TIMELINE_CELL)
     cell.locator(".nbrpc-timeline-view .nbrpc-host [data-id]").first.wait_for(timeout=180_000)
     spins = evaluate(page, "sorted(c['id'] for c in tl.snapshot['calls'] if c['name'].endswith('spin'))")
     assert len(spins) == 3
