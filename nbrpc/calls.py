@@ -148,6 +148,7 @@ class NamedFuture(torch.futures.Future):
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
+        torch_compat.keep_thread_state()
         try:
             value = fut.value()
         except Exception as e:
@@ -296,8 +297,16 @@ def _wait(fut, to) -> None:
     if threading.current_thread() is threading.main_thread() and not fut.done():
         done = _thread.allocate_lock()
         done.acquire()
-        fut.add_done_callback(lambda _: done.release())
+        fut.add_done_callback(_releasing(done))
         _await(done, to)
+
+
+def _releasing(done) -> Callable:
+    def release(_) -> None:
+        torch_compat.keep_thread_state()  # a torch thread: its next callback runs sooner
+        done.release()
+
+    return release
 
 
 def _await(done, to) -> None:

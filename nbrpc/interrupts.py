@@ -71,6 +71,7 @@ class Stoppable:
         return Stoppable, (self.func, self.call_id, self.trace)
 
     def __call__(self, *args, **kwargs):
+        torch_compat.keep_thread_state()
         if self.trace is None:
             return self._run(args, kwargs)
         half = tracing.started(self.trace, self.func, args)

@@ -59,9 +59,9 @@ _always = False  # the cluster was started with trace=True
 _blocks = 0  # open ``trace()`` blocks that turned recording on here
 _me = "?"
 _ids = itertools.count()
-# Per-thread state, by thread ident. Not threading.local: torch's RPC threads take the
-# GIL anew for each step of a call (a fresh thread state: its thread-locals start empty,
-# and each first access builds them again, a cost on every recorded call).
+# Per-thread state, by thread ident. Not threading.local: a torch RPC thread may take
+# the GIL with a fresh thread state for each step of a call (its thread-locals start
+# empty) until nbrpc keeps its state (``torch_compat.keep_thread_state``).
 _quiet: set[int] = set()  # threads whose calls are nbrpc's own
 _running: dict[int, str] = {}  # the recorded call a thread runs (its calls' parent)
 _sending: dict[int, dict] = {}  # the caller half whose request a thread pickles next

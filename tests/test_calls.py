@@ -39,6 +39,15 @@ def _ended() -> list:
     return list(ended)
 
 
+_per_thread = threading.local()
+
+
+def _count_on_this_thread() -> tuple[int, int]:
+    """(this RPC thread, how many calls it has run), kept in a thread-local."""
+    _per_thread.calls = getattr(_per_thread, "calls", 0) + 1
+    return threading.get_ident(), _per_thread.calls
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """worker1 and worker2, with this folder on their path."""
@@ -60,6 +69,21 @@ def stop_button():
     yield press
     for timer in timers:
         timer.cancel()
+
+
+# -- torch's RPC threads --------------------------------------------------------------
+
+
+def test_rpc_threads_keep_their_python_state_between_calls(cluster):
+    """torch runs each call's Python on a new thread state; nbrpc keeps one per RPC
+    thread (torch_compat.keep_thread_state), so thread-locals last as on any thread."""
+    runs: dict[int, list[int]] = {}
+    for _ in range(60):
+        thread, calls = rpc.rpc_sync("worker2", _count_on_this_thread)
+        runs.setdefault(thread, []).append(calls)
+    # The first call on a thread keeps its state from then on: each thread counts up.
+    assert all(counts == list(range(counts[0], counts[0] + len(counts))) for counts in runs.values())
+    assert max(max(counts) for counts in runs.values()) > 2
 
 
 # -- named failures -------------------------------------------------------------------

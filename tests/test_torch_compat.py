@@ -21,7 +21,7 @@ NAMES = (
     "torch_unpickler", "handle_exception", "PyRRef", "rref_init", "to_here", "rref_from_fork_data",
     "fork_data", "retrieve_context", "backward", "send_functions", "recv_functions",
     "known_worker_ids", "RREF_HELPERS", "creation_future", "rref_type", "current_context_id",
-    "tensor_tables", "OPTIMIZER_STEPS",
+    "tensor_tables", "OPTIMIZER_STEPS", "keep_thread_state",
 )
 
 
