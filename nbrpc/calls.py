@@ -193,8 +193,7 @@ def _traced_remote(to, func, args, kwargs, timeout: float, half: dict):
     the value stays with its owner), the reply is the owner's ack of the RRef."""
     sent = func
     if interrupts.can_stop(func):
-        sent = interrupts.Stoppable(func, interrupts.new_call_id(), (half["key"], False))
-    tracing.sending(half)
+        sent = interrupts.Stoppable(func, interrupts.new_call_id(), (tracing.call_id(half), False))
     try:
         rref = _torch_remote(to, sent, args, kwargs, timeout)
     except RuntimeError as e:
@@ -206,10 +205,7 @@ def _traced_remote(to, func, args, kwargs, timeout: float, half: dict):
     except BaseException as e:
         tracing.failed(half, e)
         raise
-    finally:
-        tracing.sending(None)
-    if half["kind"] != "rref_helper":  # a helper's record names the RRef it used
-        half["rref"] = tracing._rref_id(rref)
+    tracing.made_rref(half, rref)
     torch_compat.creation_future(rref).add_done_callback(lambda fut: tracing.answered_future(half, fut))
     return rref
 
@@ -260,14 +256,11 @@ def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: dic
     ``half``: the caller's record of a recorded call (see ``tracing``)."""
     if half is None:
         return _send(to, func, mode, args, kwargs, timeout, None)
-    tracing.sending(half)
     try:
-        return _send(to, func, mode, args, kwargs, timeout, (half["key"], True))
+        return _send(to, func, mode, args, kwargs, timeout, (tracing.call_id(half), True))
     except BaseException as e:
         tracing.failed(half, e)
         raise
-    finally:
-        tracing.sending(None)
 
 
 def _send(to, func, mode: RPCExecMode, args, kwargs, timeout: float, trace: tuple | None):

@@ -25,16 +25,27 @@ ROUNDS = 16
 
 _skew = 0.0
 
+# This process's clock (seconds): ``time.monotonic`` itself, or shifted by the test
+# skew. Rebound by ``set_skew`` rather than adding 0.0 on every read: call recording
+# reads it several times per call.
+now = time.monotonic
+
+
+def _skewed() -> float:
+    return time.monotonic() + _skew
+
 
 def set_skew(seconds: float | None = None) -> None:
     """Shift this process's clock by ``seconds`` (default: ``NBRPC_CLOCK_SKEW``, else 0)."""
-    global _skew
+    global _skew, now
     _skew = float(os.environ.get("NBRPC_CLOCK_SKEW", "0") or 0) if seconds is None else float(seconds)
+    now = _skewed if _skew else time.monotonic
 
 
-def now() -> float:
-    """This process's clock (seconds): ``time.monotonic()``, plus the test skew if any."""
-    return time.monotonic() + _skew
+def _member_now() -> float:
+    """``now()`` as an RPC target: a function torch pickles by name, that reads the
+    member's own clock as it is when the call runs."""
+    return now()
 
 
 def clock_id() -> str:
@@ -49,7 +60,7 @@ def clock_id() -> str:
 
 def _ask(name: str, timeout: float) -> float:
     # torch's own call: no nbrpc wrapper (nothing to record, nothing to interrupt).
-    return torch_compat.invoke_rpc(name, now, torch_compat.RPCExecMode.SYNC, (), None, timeout).wait()
+    return torch_compat.invoke_rpc(name, _member_now, torch_compat.RPCExecMode.SYNC, (), None, timeout).wait()
 
 
 def estimate(name: str, rounds: int = ROUNDS, timeout: float = 5.0) -> tuple[float, float]:

@@ -139,7 +139,7 @@ def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
             raise pickle.UnpicklingError(
                 "nbrpc refused an RPC message not signed with this cluster's key: it "
                 "comes from a process outside the cluster")
-    if tracing.armed:
+    if tracing.fetches:  # a recorded to_here's reply
         tracing.received(len(file.getbuffer()))
     return pickle.Unpickler(file, **kwargs)
 

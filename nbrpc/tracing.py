@@ -13,17 +13,21 @@ bounded ring (``Ring``; the oldest halves go first, and are counted):
   which already wraps every Python function a caller sends, carries the caller's
   call id and writes it.
 
+Recording runs inside every call, so a half is kept as cheaply as it can be taken:
+a list (``KEY``, ``T``, ... name its slots) of what the call already holds: the call
+id as a number, the destination as given, thread idents, a function's name and kind
+looked up once per function. ``report`` turns halves into dicts when someone asks.
+
 Bytes are counted by the pickler (``count``, ``received``): tensor bytes (torch's
 tensor table) apart from the pickle around them. A backward pass's gradients
 travel in C++ messages no Python sees; hooks on the ``RecvRpcBackward`` (the
 sender, in the backward direction) and ``SendRpcBackward`` (the receiver)
 functions of a context, paired by autograd message id, stand for them.
 
-``gather`` asks every member for its halves in parallel; ``merge`` (pure) joins them
-by call id into ``CallRecord`` s on the driver's clock (see ``clocks``);
-``chrome_trace`` and ``summarize`` (pure) turn a snapshot into Chrome's trace event
-format and a table. ``trace()`` records a block, ``trace_snapshot`` reads a cluster
-started with ``trace=True``.
+``gather`` asks every member for its halves in parallel; ``records.merge`` joins
+them by call id into ``CallRecord`` s on the driver's clock (see ``clocks``).
+``trace()`` records a block, ``trace_snapshot`` reads a cluster started with
+``trace=True``.
 """
 
 from __future__ import annotations
@@ -35,22 +39,35 @@ import itertools
 import json
 import os
 import socket
-import statistics
 import threading
+import types
 from pathlib import Path
 
 import torch
 
-from . import clocks, torch_compat
-from .schemas import CallRecord, TraceSnapshot
+from . import clocks, records, torch_compat
+from .schemas import TraceSnapshot
 
 __all__ = ["Trace", "trace", "trace_snapshot"]
 
 CAPACITY = 20_000  # halves kept per member
 CONTEXTS_KEPT = 64  # autograd contexts whose hooks are remembered per member
+DESCRIPTIONS_KEPT = 4096  # functions whose name and kind are remembered per member
 # torch's names for the messages that carry what no Python function runs.
 GRADIENTS = "BACKWARD_AUTOGRAD_REQ"
 FETCH = "RREF_FETCH_CALL"
+# A call id: the caller's rank in the top bits, its count of calls below.
+RANK_SHIFT = 40
+# The slots of a half, as kept: a list, the cheapest record to build and fill.
+# Both sides: the call id, the time it was taken (sent, began), its side, the reply's
+# bytes, the error, what ran.
+KEY, T, SIDE, REPLY_TENSOR, REPLY_PICKLE, ERROR, NAME = range(7)
+# The caller's: the destination as given, the kind of call, the call this one was
+# made in, when the reply came, the request's bytes, the autograd context, the RRef,
+# and the gradients' halves' own id (they are keyed by autograd message).
+TO, KIND, PARENT, REPLIED, REQUEST_TENSOR, REQUEST_PICKLE, CONTEXT, RREF, ID = range(7, 16)
+# The callee's: the thread's ident, the recorded call it was running before, the end.
+THREAD, OUTER, ENDED = range(7, 10)
 
 # Read on every call: plain module globals.
 recording = False  # this member writes caller halves
@@ -59,39 +76,48 @@ _always = False  # the cluster was started with trace=True
 _blocks = 0  # open ``trace()`` blocks that turned recording on here
 _me = "?"
 _ids = itertools.count()
+_get_ident = threading.get_ident
 # Per-thread state, by thread ident. Not threading.local: a torch RPC thread may take
 # the GIL with a fresh thread state for each step of a call (its thread-locals start
 # empty) until nbrpc keeps its state (``torch_compat.keep_thread_state``).
 _quiet: set[int] = set()  # threads whose calls are nbrpc's own
-_running: dict[int, str] = {}  # the recorded call a thread runs (its calls' parent)
+_running: dict[int, int | str] = {}  # the recorded call a thread runs (its calls' parent)
 _sending: dict[int, dict] = {}  # the caller half whose request a thread pickles next
-_fetching: dict[int, dict] = {}  # the caller half whose reply a thread unpickles next
+fetches: dict[int, dict] = {}  # the caller half whose reply a thread unpickles next
 _replies: dict[int, dict] = {}  # the callee half whose result a thread pickles next
+_threads: dict[int, str] = {}  # thread ident -> its name in records
+# (name, kind if special, whether torch pickles the arguments) per function: by code
+# object for Python functions, so that no closure or bound instance is kept alive.
+_descriptions: dict = {}
 
 
 class Ring:
-    """The last ``capacity`` halves of this member, and how many were evicted when:
-    ``evicted`` holds ``[time, count]`` per ``BUCKET`` seconds (bounded too)."""
+    """The last ``capacity`` halves of this member (lists whose slot 1 is their time),
+    and how many were evicted when: ``evicted`` holds ``[time, count]`` per ``BUCKET``
+    seconds (bounded too)."""
 
     BUCKET = 0.01
 
     def __init__(self, capacity: int = CAPACITY):
+        self.capacity = capacity
         self.halves: collections.deque = collections.deque(maxlen=capacity)
         self.evicted: collections.deque = collections.deque(maxlen=capacity)
 
     def add(self, half: dict) -> None:
-        halves = self.halves
-        if len(halves) == halves.maxlen:
-            t = halves[0]["t"]
-            evicted = self.evicted
-            if evicted and t - evicted[-1][0] < self.BUCKET:
-                evicted[-1][1] += 1
-            else:
-                evicted.append([t, 1])
-        halves.append(half)
+        if len(self.halves) == self.capacity:
+            self._evict()
+        self.halves.append(half)
 
-    def since(self, start: float | None) -> list[dict]:
-        return [dict(h) for h in list(self.halves) if start is None or h["t"] >= start]
+    def _evict(self) -> None:
+        t = self.halves[0][1]
+        evicted = self.evicted
+        if evicted and t - evicted[-1][0] < self.BUCKET:
+            evicted[-1][1] += 1
+        else:
+            evicted.append([t, 1])
+
+    def since(self, start: float | None) -> list[list]:
+        return [h for h in list(self.halves) if start is None or h[1] >= start]
 
     def dropped(self, start: float, end: float) -> int:
         return sum(n for t, n in list(self.evicted) if start <= t <= end)
@@ -106,8 +132,10 @@ _ring = Ring()
 def install(always: bool = False) -> None:
     """Record in this member from now on if ``always`` (a cluster started with
     ``trace=True``), else only inside ``trace()`` blocks; after joining."""
-    global _always, _me
-    _me = torch_compat.current_agent().get_worker_info().name
+    global _always, _me, _ids
+    info = torch_compat.current_agent().get_worker_info()
+    if _me != info.name:  # a member's ids go on from cluster to cluster: never reused
+        _me, _ids = info.name, itertools.count(info.id << RANK_SHIFT)
     clocks.set_skew()
     _always = bool(always)
     _update()
@@ -141,7 +169,7 @@ def identity() -> dict:
 @contextlib.contextmanager
 def quiet():
     """Calls this thread makes inside the block are not recorded (nbrpc's own)."""
-    me = threading.get_ident()
+    me = _get_ident()
     before = me in _quiet
     _quiet.add(me)
     try:
@@ -154,63 +182,81 @@ def quiet():
 # -- the caller's half --------------------------------------------------------------
 
 
-def outgoing(kind: str, to, func=None, args=None, rref=None) -> dict | None:
-    """Start the caller's half of a call about to be sent (None: not recorded)."""
-    me = threading.get_ident()
+def outgoing(kind: str, to, func=None, args=None, rref=None) -> list | None:
+    """Start the caller's half of a call about to be sent (None: not recorded); the
+    next pickle this thread writes is its request, unless torch pickles it itself."""
+    me = _get_ident()
     if me in _quiet:
         return None
-    name, rref_arg, what, torch_pickles = _describe(func, args)
-    if what is not None:
-        kind = what
-    context = None
-    if what == "internal" and name.rsplit(".", 1)[-1] in torch_compat.OPTIMIZER_STEPS:
-        kind, context = "optimizer", args[1]  # DistributedOptimizer.step's, on one owner
+    try:
+        found = _descriptions.get(getattr(func, "__code__", func)) or _description(func)
+    except TypeError:  # a callable object that cannot be a dict key
+        found = _describe(func)
+    half = [next(_ids), clocks.now(), "caller", None, None, None, found[0],
+            to, found[1] or kind, _running.get(me), None, 0, 0, None, None, None]
+    if args:
+        if found[3]:
+            _look_at_arguments(half, func, args, found[2])
+        else:
+            for a in args:
+                if isinstance(a, torch_compat.PyRRef):
+                    half[RREF] = _rref_id(a)
+                    break
     if rref is not None:
-        rref_arg = rref
-        name = FETCH
-    request = [0, 0]
-    if torch_pickles:
-        # torch pickles a builtin's or TorchScript function's arguments itself: count
-        # the tensors among them, and look for the context as ``count`` would.
-        tensors = [a for a in args or () if isinstance(a, torch.Tensor)]
-        request[0] = _size(tensors)
-        if context is None and any(a.requires_grad for a in tensors):
-            context = _context()
-    t = clocks.now()
-    half = dict(
-        side="caller", key=f"{_me}:{next(_ids)}", t=t, caller=_me, callee=_name(to),
-        kind=kind, name=name, sent=t, replied=None, request=request, reply=None,
-        parent=_running.get(me), context=context,
-        rref=_rref_id(rref_arg) if rref_arg is not None else None, error=None,
-    )
+        half[RREF], half[NAME] = _rref_id(rref), FETCH
+    elif not found[2]:
+        _sending[me] = half
     _ring.add(half)
     return half
 
 
-def sending(half: dict | None) -> None:
-    """The next pickle this thread writes is ``half``'s request (None: no longer)."""
-    _set(_sending, half)
+def call_id(half: list):
+    """The id a recorded call is sent with (``interrupts.Stoppable``'s ``trace``)."""
+    return half[KEY]
 
 
-def fetching(half: dict | None) -> None:
-    """The next pickle this thread reads is ``half``'s reply (to_here)."""
-    _set(_fetching, half)
+def made_rref(half: list, rref) -> None:
+    """A recorded ``remote`` made ``rref`` (an RRef helper's names the one it used)."""
+    if half[KIND] != "rref_helper":
+        half[RREF] = _rref_id(rref)
 
 
-def _set(state: dict, value) -> None:
-    if value is None:
-        state.pop(threading.get_ident(), None)
+def _look_at_arguments(half: list, func, args, torch_pickles: bool) -> None:
+    """What a call's arguments tell: the RRef it uses, an RRef helper's method, the
+    optimizer step's context, and the tensors of a call torch pickles itself."""
+    if func in _HELPERS:
+        half[NAME], half[RREF] = _helper_name(args[0], args[1]), _rref_id(args[0])
+        return
+    for a in args:
+        if isinstance(a, torch_compat.PyRRef):
+            half[RREF] = _rref_id(a)
+            break
+    if half[KIND] == "internal" and half[NAME].rsplit(".", 1)[-1] in torch_compat.OPTIMIZER_STEPS:
+        half[KIND], half[CONTEXT] = "optimizer", args[1]  # DistributedOptimizer.step's, on one owner
+    if torch_pickles:
+        # torch pickles a builtin's or TorchScript function's arguments itself: count
+        # the tensors among them, and look for the context as ``count`` would.
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        half[REQUEST_TENSOR] = _size(tensors)
+        if half[CONTEXT] is None and any(a.requires_grad for a in tensors):
+            half[CONTEXT] = _context()
+
+
+def fetching(half: list | None) -> None:
+    """The next pickle this thread reads is ``half``'s reply (to_here); None: no longer."""
+    if half is None:
+        fetches.pop(_get_ident(), None)
     else:
-        state[threading.get_ident()] = value
+        fetches[_get_ident()] = half
 
 
-def answered(half: dict, error: BaseException | None = None) -> None:
-    half["replied"] = clocks.now()
+def answered(half: list, error: BaseException | None = None) -> None:
+    half[REPLIED] = clocks.now()
     if error is not None:
-        half["error"] = _error_text(error)
+        half[ERROR] = _error_text(error)
 
 
-def answered_future(half: dict, fut) -> None:
+def answered_future(half: list, fut) -> None:
     """Done-callback form of ``answered`` for torch futures."""
     try:
         fut.wait()
@@ -220,31 +266,45 @@ def answered_future(half: dict, fut) -> None:
         answered(half)
 
 
-def failed(half: dict, error: BaseException) -> None:
+def failed(half: list, error: BaseException) -> None:
     """The call failed before any reply (not sent, or its wait ended in an error)."""
-    half["error"] = half["error"] or _error_text(error)
+    if _sending.get(_get_ident()) is half:  # never pickled: not the next pickle's
+        del _sending[_get_ident()]
+    half[ERROR] = half[ERROR] or _error_text(error)
 
 
-def _describe(func, args) -> tuple[str, object, str | None, bool]:
-    """Name of ``func``, an RRef among ``args``, the kind it makes a call, if special,
-    and whether torch pickles the arguments itself (a builtin, a TorchScript function)."""
-    if func is None:
-        return "", None, None, False
-    rref = None
-    for a in args or ():
-        if isinstance(a, torch_compat.PyRRef):
-            rref = a
-            break
+def _description(func) -> tuple[str, str | None, bool, bool]:
+    """``_describe(func)``, remembered for the next calls: by code object for a Python
+    function (a closure made anew for each call shares its description, and is not
+    kept alive by it), by itself for a class, builtin or TorchScript function."""
+    found = _describe(func)
+    key = getattr(func, "__code__", None)
+    if key is None and isinstance(func, _LASTING):
+        key = func
+    if key is not None:
+        if len(_descriptions) >= DESCRIPTIONS_KEPT:
+            _descriptions.clear()
+        _descriptions[key] = found
+    return found
+
+
+def _describe(func) -> tuple[str, str | None, bool, bool]:
+    """Name of ``func``, the kind of call it makes if special, whether torch pickles
+    the arguments itself (a builtin, a TorchScript function), and whether its
+    arguments say more (``_look_at_arguments``)."""
+    if func is None:  # to_here: no function
+        return "", None, False, False
     builtin = torch_compat.find_builtin(func)
     if builtin is not None:
-        return builtin, rref, None, True
-    if func in _HELPERS and args:
-        return _helper_name(args[0], args[1]), args[0], "rref_helper", False
+        return builtin, None, True, True
+    if func in _HELPERS:
+        return "", "rref_helper", False, True  # named per call, by the RRef's type and method
     if isinstance(func, torch.jit.ScriptFunction):  # "__torch__.module.name"
         name = func.qualified_name
-        return name.removeprefix("__torch__."), rref, _internal(name), True
+        return name.removeprefix("__torch__."), _internal(name), True, True
     name = getattr(func, "__qualname__", None) or repr(func)
-    return name, rref, _internal(getattr(func, "__module__", None) or ""), False
+    kind = _internal(getattr(func, "__module__", None) or "")
+    return name, kind, False, kind is not None
 
 
 def _internal(module: str) -> str | None:
@@ -294,34 +354,34 @@ def _error_text(error: BaseException) -> str:
 # -- the callee's half --------------------------------------------------------------
 
 
-def started(trace: tuple, func, args) -> dict:
+def started(trace: tuple, func, args) -> list:
     """A thread of this member begins running a recorded call (``Stoppable``)."""
     global armed
     armed = True
+    me = _get_ident()
+    if me not in _threads:
+        _threads[me] = _thread()
     key = trace[0]
-    me = threading.get_ident()
-    t = clocks.now()
-    half = dict(side="callee", key=key, member=_me, t=t, began=t, ended=None,
-                thread=_thread(), reply=None, error=None, outer=_running.get(me))
+    half = [key, clocks.now(), "callee", None, None, None, None, me, _running.get(me), None]
     if func in _HELPERS and args:
-        half["name"] = _callee_helper_name(args[0], args[1])
+        half[NAME] = _callee_helper_name(args[0], args[1])
     _running[me] = key
-    _replies.pop(me, None)
+    if _replies:  # one whose result never reached the pickler
+        _replies.pop(me, None)
     _ring.add(half)
     return half
 
 
-def finished(half: dict, trace: tuple, error: BaseException | None) -> None:
-    half["ended"] = clocks.now()
-    if error is not None:
-        half["error"] = _error_text(error)
-    me = threading.get_ident()
-    outer = half.pop("outer", None)
-    if outer is None:
-        _running.pop(me, None)
+def finished(half: list, trace: tuple, error: BaseException | None) -> None:
+    half[ENDED] = clocks.now()
+    me = _get_ident()
+    if half[OUTER] is None:
+        del _running[me]
     else:
-        _running[me] = outer
-    if trace[1]:  # its result is pickled next, on this thread, as the reply
+        _running[me] = half[OUTER]
+    if error is not None:
+        half[ERROR] = _error_text(error)
+    elif trace[1]:  # its result is pickled next, on this thread, as the reply
         _replies[me] = half
 
 
@@ -344,29 +404,30 @@ def _thread() -> str:
 
 def count(obj, pickled: int) -> None:
     """The RPC pickler wrote ``obj`` in ``pickled`` bytes on this thread."""
-    half = _sending.pop(threading.get_ident(), None) if _sending else None
+    me = _get_ident()
+    half = _sending.pop(me, None) if _sending else None
     if half is not None:
-        tensors = getattr(torch_compat.tensor_tables, "send_tables", None) or ()
-        half["request"] = [_size(tensors), pickled]
-        # As torch does: a message joins the autograd context only with a tensor that
-        # requires grad (and finding the context costs an exception when there is none).
-        if half["context"] is None and any(t.requires_grad for t in tensors):
-            half["context"] = _context()
+        half[REQUEST_PICKLE] = pickled
+        tensors = getattr(torch_compat.tensor_tables, "send_tables", None)
+        if tensors:
+            half[REQUEST_TENSOR] = _size(tensors)
+            # As torch does: a message joins the autograd context only with a tensor that
+            # requires grad (and finding the context costs an exception when there is none).
+            if half[CONTEXT] is None and any(t.requires_grad for t in tensors):
+                half[CONTEXT] = _context()
         return
-    half = _replies.pop(threading.get_ident(), None) if _replies else None
+    half = _replies.pop(me, None) if _replies else None
     if half is not None:
-        half["reply"] = [_tensor_bytes("send_tables"), pickled]
+        tensors = getattr(torch_compat.tensor_tables, "send_tables", None)
+        half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors) if tensors else 0, pickled
 
 
 def received(pickled: int) -> None:
-    """The RPC unpickler read ``pickled`` bytes on this thread."""
-    half = _fetching.pop(threading.get_ident(), None) if _fetching else None
+    """The RPC unpickler read ``pickled`` bytes on this thread (while ``fetches``)."""
+    half = fetches.pop(_get_ident(), None)
     if half is not None:
-        half["reply"] = [_tensor_bytes("recv_tables"), pickled]
-
-
-def _tensor_bytes(table: str) -> int:
-    return _size(getattr(torch_compat.tensor_tables, table, None) or ())
+        tensors = getattr(torch_compat.tensor_tables, "recv_tables", None)
+        half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors) if tensors else 0, pickled
 
 
 def _size(tensors) -> int:
@@ -427,18 +488,16 @@ def _gradients_sent(context_id: int, message_id: int, grads) -> None:
     tensor forward (worker id: the message id's top 16 bits)."""
     t = clocks.now()
     nbytes = sum(g.element_size() * g.nelement() for g in grads if g is not None)
-    _ring.add(dict(
-        side="caller", key=_pass(context_id, message_id, "recv"), id=f"{_me}:{next(_ids)}", t=t,
-        caller=_me, callee=_name(message_id >> 48), kind="autograd", name=GRADIENTS, sent=t,
-        replied=None, request=[nbytes, 0], reply=None, parent=None, context=context_id,
-        rref=None, error=None))
+    _ring.add([_pass(context_id, message_id, "recv"), t, "caller", None, None, None, GRADIENTS,
+               message_id >> 48, "autograd", None, None, nbytes, 0, context_id, None, next(_ids)])
 
 
 def _gradients_arrived(context_id: int, message_id: int, grads) -> None:
-    t = clocks.now()
-    key = _pass(context_id, message_id, "send")
-    half = dict(side="callee", key=key, member=_me, t=t, began=t, ended=None,
-                thread=_thread(), reply=None, error=None)
+    me = _get_ident()
+    if me not in _threads:
+        _threads[me] = _thread()
+    half = [_pass(context_id, message_id, "send"), clocks.now(), "callee", None, None, None, None,
+            me, None, None]
     _open[(context_id, message_id)] = half
     _ring.add(half)
 
@@ -446,20 +505,59 @@ def _gradients_arrived(context_id: int, message_id: int, grads) -> None:
 def _gradients_passed(context_id: int, message_id: int, grad_inputs, grad_outputs) -> None:
     half = _open.pop((context_id, message_id), None)
     if half is not None:
-        half["ended"] = clocks.now()
+        half[ENDED] = clocks.now()
 
 
 # -- gathering -----------------------------------------------------------------------
 
 
 def report(since: float | None = None, offsets: dict | None = None) -> dict:
-    """This member's halves from ``since`` (driver's clock) on, as plain data."""
+    """This member's halves from ``since`` (driver's clock) on, in their final form
+    (``records.merge`` reads them)."""
     info = torch_compat.current_agent().get_worker_info()
     offset = (offsets or {}).get(info.name, 0.0)
     local_since = None if since is None else since - offset - 1.0
+    call_id = _CallIds()
+    halves = [_final(h, call_id) for h in _ring.since(local_since)]
     return dict(name=info.name, id=info.id, host=socket.gethostname(), pid=os.getpid(),
-                clock=clocks.clock_id(), recording=recording, halves=_ring.since(local_since),
+                clock=clocks.clock_id(), recording=recording, halves=halves,
                 evicted=[(t, n) for t, n in list(_ring.evicted) if local_since is None or t >= local_since])
+
+
+def _final(half: list, call_id: _CallIds) -> dict:
+    """A half as kept (a list of numbers, idents, the destination as given) as the dict
+    ``records.merge`` reads."""
+    final = {"side": half[SIDE], "key": call_id(half[KEY]), "t": half[T], "error": half[ERROR],
+             "reply": None if half[REPLY_PICKLE] is None else [half[REPLY_TENSOR], half[REPLY_PICKLE]]}
+    if half[SIDE] == "caller":
+        final.update(
+            caller=_me, callee=_name(half[TO]), kind=half[KIND], name=half[NAME], sent=half[T],
+            replied=half[REPLIED], request=[half[REQUEST_TENSOR], half[REQUEST_PICKLE]],
+            parent=call_id(half[PARENT]), context=half[CONTEXT], rref=half[RREF])
+        if half[ID] is not None:  # the gradients' halves: keyed by autograd message
+            final["id"] = call_id(half[ID])
+    else:
+        final.update(member=_me, began=half[T], ended=half[ENDED],
+                     thread=_threads.get(half[THREAD], str(half[THREAD])))
+        if half[NAME] is not None:
+            final["name"] = half[NAME]
+    return final
+
+
+class _CallIds:
+    """``"<caller>:<n>"`` for a call id kept as a number (its caller's rank in the top
+    bits); any other key as it is."""
+
+    def __init__(self):
+        self.names: dict[int, str] = {}
+
+    def __call__(self, key):
+        if not isinstance(key, int):
+            return key
+        rank = key >> RANK_SHIFT
+        if rank not in self.names:
+            self.names[rank] = _name(rank)
+        return f"{self.names[rank]}:{key & ((1 << RANK_SHIFT) - 1)}"
 
 
 def gather(start: float | None, clocks_found: dict, timeout: float = 10.0) -> list[dict]:
@@ -490,171 +588,7 @@ def snapshot(start: float, end: float, clocks_found: dict | None = None,
         with quiet():
             clocks_found = {**clocks_found, **clocks.estimate_all(
                 {r["name"]: r["clock"] for r in reports if r["name"] in missing}, timeout)}
-    return merge(reports, clocks_found, start, end)
-
-
-_CALLER_FIELDS = ("caller", "callee", "kind", "name", "sent", "replied", "request", "reply",
-                  "parent", "context", "rref", "error")
-
-
-def merge(reports: list[dict], clocks_found: dict, start: float, end: float) -> TraceSnapshot:
-    """Join members' halves into call records on the driver's clock (pure)."""
-    callers: dict[str, dict] = {}
-    callees: dict[str, dict] = {}
-    dropped = 0
-    for r in sorted(reports, key=lambda r: r["id"]):
-        offset = clocks_found.get(r["name"], (0.0, 0.0))[0]
-        for half in r["halves"]:
-            half = _shifted(half, offset)
-            (callers if half["side"] == "caller" else callees)[half["key"]] = half
-        dropped += sum(n for t, n in r["evicted"] if start <= t + offset <= end)
-    calls: list[CallRecord] = []
-    for key, c in callers.items():
-        if not start <= c["sent"] <= end:
-            continue
-        e = callees.pop(key, None) or {}
-        record = {"id": c.get("id", key), **{f: c[f] for f in _CALLER_FIELDS}}
-        record["began"], record["ended"] = e.get("began"), e.get("ended")
-        record["thread"] = e.get("thread")
-        record["request"] = _bytes(c["request"])
-        record["reply"] = _bytes(e.get("reply") or c["reply"])
-        record["name"] = e.get("name") or c["name"]
-        record["error"] = e.get("error") or c["error"]  # the callee's own exception first
-        calls.append(record)
-    # A callee half whose caller half is gone: lost to the caller's ring (or with it).
-    dropped += sum(start <= e["began"] <= end for e in callees.values()
-                   if e["key"] not in callers)
-    names = {r["id"]: r["name"] for r in reports}
-    order = {f: i for i, f in enumerate(_RECORD_FIELDS)}
-    calls = [dict(sorted(c.items(), key=lambda kv: order[kv[0]])) for c in calls]
-    calls.sort(key=lambda c: (c["sent"], c["id"]))
-    return dict(
-        workers=[dict(name=r["name"], id=r["id"], host=r["host"], pid=r["pid"])
-                 for r in sorted(reports, key=lambda r: r["id"])],
-        calls=calls,
-        clocks=[dict(worker=names[i], offset=clocks_found.get(names[i], (0.0, 0.0))[0],
-                     bound=clocks_found.get(names[i], (0.0, 0.0))[1]) for i in sorted(names)],
-        start=start, end=end, dropped=dropped,
-    )
-
-
-_RECORD_FIELDS = ("id", "caller", "callee", "kind", "name", "sent", "began", "ended", "replied",
-                  "thread", "request", "reply", "parent", "context", "rref", "error")
-
-
-def _shifted(half: dict, offset: float) -> dict:
-    half = dict(half)
-    for f in ("t", "sent", "replied", "began", "ended"):
-        if half.get(f) is not None:
-            half[f] = half[f] + offset
-    return half
-
-
-def _bytes(pair) -> dict | None:
-    return None if pair is None else {"tensor": int(pair[0]), "pickle": int(pair[1])}
-
-
-# -- Chrome trace event format, and a table --------------------------------------------
-
-
-def chrome_trace(snap: TraceSnapshot) -> dict:
-    """The snapshot in Chrome's trace event format (Perfetto, chrome://tracing): one
-    process per member, callee runs on their threads' lanes, the caller's send-to-reply
-    intervals on lanes of their own, flow arrows request and reply."""
-    pids = {w["name"]: w["id"] for w in snap["workers"]}
-    events: list[dict] = []
-
-    def pid(name: str) -> int:
-        if name not in pids:
-            pids[name] = max(pids.values(), default=-1) + 1
-        return pids[name]
-
-    def us(t: float) -> float:
-        return round((t - snap["start"]) * 1e6, 3)
-
-    threads: dict[tuple, int] = {}
-    lanes: dict[str, list[float]] = collections.defaultdict(list)  # caller -> lane ends
-    flow = itertools.count(1)
-    for c in snap["calls"]:
-        label = f"{c['name']} -> {c['callee']}"
-        args = {k: c[k] for k in ("id", "kind", "parent", "context", "rref", "error", "request", "reply")
-                if c.get(k) is not None}
-        end = c["replied"] if c["replied"] is not None else (c["ended"] or c["sent"])
-        lane = _lane(lanes[c["caller"]], c["sent"], end)
-        caller_tid = 1_000_000 + lane
-        events.append(dict(ph="X", name=label, cat="call", pid=pid(c["caller"]), tid=caller_tid,
-                           ts=us(c["sent"]), dur=max(0.0, us(end) - us(c["sent"])), args=args))
-        if c["began"] is None:
-            continue
-        key = (c["callee"], c["thread"])
-        tid = threads.setdefault(key, len([k for k in threads if k[0] == c["callee"]]) + 1)
-        began, ended = c["began"], c["ended"] if c["ended"] is not None else c["began"]
-        events.append(dict(ph="X", name=c["name"], cat="run", pid=pid(c["callee"]), tid=tid,
-                           ts=us(began), dur=max(0.0, us(ended) - us(began)), args=args))
-        # Arrows: request (send -> run), reply (run's end -> reply), each inside its slices.
-        request = next(flow)
-        events.append(dict(ph="s", name="request", cat="rpc", id=request, pid=pid(c["caller"]),
-                           tid=caller_tid, ts=us(c["sent"])))
-        events.append(dict(ph="f", bp="e", name="request", cat="rpc", id=request,
-                           pid=pid(c["callee"]), tid=tid, ts=max(us(began), us(c["sent"]))))
-        if c["replied"] is not None and c["ended"] is not None:
-            reply = next(flow)
-            events.append(dict(ph="s", name="reply", cat="rpc", id=reply, pid=pid(c["callee"]),
-                               tid=tid, ts=us(ended)))
-            events.append(dict(ph="f", bp="e", name="reply", cat="rpc", id=reply,
-                               pid=pid(c["caller"]), tid=caller_tid,
-                               ts=max(us(ended), us(c["replied"]))))
-    meta = []
-    for name, p in pids.items():
-        meta.append(dict(ph="M", name="process_name", pid=p, tid=0, ts=0, args={"name": name}))
-        meta.append(dict(ph="M", name="process_sort_index", pid=p, tid=0, ts=0, args={"sort_index": p}))
-    for (member, thread), tid in threads.items():
-        meta.append(dict(ph="M", name="thread_name", pid=pid(member), tid=tid, ts=0,
-                         args={"name": thread or "?"}))
-    for member, ends in lanes.items():
-        for lane in range(len(ends)):
-            meta.append(dict(ph="M", name="thread_name", pid=pid(member), tid=1_000_000 + lane, ts=0,
-                             args={"name": f"calls sent ({lane + 1})"}))
-    return {"traceEvents": meta + events, "displayTimeUnit": "ms",
-            "otherData": {"clocks": snap["clocks"], "dropped": snap["dropped"]}}
-
-
-def _lane(ends: list[float], start: float, end: float) -> int:
-    """The first lane free at ``start`` (caller intervals overlap when calls are async)."""
-    for i, last in enumerate(ends):
-        if last <= start:
-            ends[i] = end
-            return i
-    ends.append(end)
-    return len(ends) - 1
-
-
-def summarize(snap: TraceSnapshot) -> list[dict]:
-    """Rows per (function, callee): count, total and median seconds (send to reply, or
-    the callee's run when no reply is known), bytes both ways; longest total first."""
-    groups: dict[tuple, list] = collections.defaultdict(list)
-    for c in snap["calls"]:
-        groups[(c["name"], c["callee"])].append(c)
-    rows = []
-    for (name, callee), calls in groups.items():
-        times = [_duration(c) for c in calls]
-        times = [t for t in times if t is not None]
-        rows.append(dict(
-            name=name, callee=callee, kind=calls[0]["kind"], count=len(calls),
-            total=sum(times), median=statistics.median(times) if times else None,
-            errors=sum(c["error"] is not None for c in calls),
-            request_bytes=sum(c["request"]["tensor"] + c["request"]["pickle"] for c in calls),
-            reply_bytes=sum(c["reply"]["tensor"] + c["reply"]["pickle"] for c in calls if c["reply"]),
-        ))
-    return sorted(rows, key=lambda r: (-r["total"], r["name"], r["callee"]))
-
-
-def _duration(c: dict) -> float | None:
-    if c["replied"] is not None:
-        return c["replied"] - c["sent"]
-    if c["ended"] is not None and c["began"] is not None:
-        return c["ended"] - c["began"]
-    return None
+    return records.merge(reports, clocks_found, start, end)
 
 
 # -- the user's API ---------------------------------------------------------------------
@@ -705,13 +639,13 @@ class Trace:
 
     def summary(self) -> list[dict]:
         """Per function and callee: count, total and median seconds, bytes each way."""
-        return summarize(self.snapshot())
+        return records.summarize(self.snapshot())
 
     def save(self, path) -> Path:
         """Write the trace: ``.json`` in Chrome's trace event format, ``.html`` a report."""
         path = Path(path)
         if path.suffix == ".json":
-            path.write_text(json.dumps(chrome_trace(self.snapshot())))
+            path.write_text(json.dumps(records.chrome_trace(self.snapshot())))
             return path
         if path.suffix in (".html", ".htm"):
             try:
@@ -755,3 +689,5 @@ def trace_snapshot(last: float | None = None, timeout: float = 10.0) -> TraceSna
 
 
 _HELPERS = torch_compat.RREF_HELPERS
+# Functions that live as long as their process: described once, by themselves.
+_LASTING = (type, types.BuiltinFunctionType, torch.jit.ScriptFunction)

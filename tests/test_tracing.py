@@ -15,7 +15,7 @@ from conftest import wait_gone
 from torch.distributed.optim import DistributedOptimizer
 
 import nbrpc
-from nbrpc import calls, clocks, tracing
+from nbrpc import calls, clocks, records, tracing
 
 # Workers cannot import this file: its functions travel by value, like a notebook's.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -50,7 +50,7 @@ def test_merge_joins_halves_by_call_id_and_shifts_clocks():
         member(W1, 1, [callee("master:0", 10.1 - 100, 10.3 - 100, reply=(4000, 170))]),
         member(W2, 2, []),
     ]
-    snap = tracing.merge(reports, {W1: (100.0, 0.001)}, start=9.0, end=12.0)
+    snap = records.merge(reports, {W1: (100.0, 0.001)}, start=9.0, end=12.0)
     first, second = snap["calls"]
     assert first == {
         "id": "master:0", "caller": M, "callee": W1, "kind": "rpc_sync", "name": "f",
@@ -58,7 +58,7 @@ def test_merge_joins_halves_by_call_id_and_shifts_clocks():
         "thread": "rpc-thread-1", "request": {"tensor": 4000, "pickle": 600},
         "reply": {"tensor": 4000, "pickle": 170}, "parent": None, "context": None, "rref": None,
         "error": None}
-    assert list(first) == list(tracing._RECORD_FIELDS)
+    assert list(first) == list(records._RECORD_FIELDS)
     assert (second["name"], second["began"], second["ended"], second["thread"], second["reply"]) == \
         ("g", None, None, None, None)
     assert snap["clocks"] == [dict(worker=M, offset=0.0, bound=0.0),
@@ -77,7 +77,7 @@ def test_merge_window_orphans_and_errors():
         member(W1, 1, [callee("master:1", 5.01, 5.02), callee("master:2", 6.1, 6.2, error="ValueError: no"),
                        callee("master:9", 5.5, 5.6)]),  # its caller's half was lost
     ]
-    snap = tracing.merge(reports, {}, start=4.0, end=7.0)
+    snap = records.merge(reports, {}, start=4.0, end=7.0)
     assert [c["id"] for c in snap["calls"]] == ["master:1", "master:2"]
     # the callee's own exception wins over the caller's wrapping of it
     assert snap["calls"][1]["error"] == "ValueError: no"
@@ -87,18 +87,18 @@ def test_merge_window_orphans_and_errors():
 def test_ring_keeps_the_last_halves_and_counts_the_rest():
     ring = tracing.Ring(3)
     for t in range(5):
-        ring.add({"t": float(t)})
-    assert [h["t"] for h in ring.since(None)] == [2.0, 3.0, 4.0]
-    assert [h["t"] for h in ring.since(3.0)] == [3.0, 4.0]
+        ring.add([f"master:{t}", float(t)])
+    assert [h[1] for h in ring.since(None)] == [2.0, 3.0, 4.0]
+    assert [h[1] for h in ring.since(3.0)] == [3.0, 4.0]
     assert list(ring.evicted) == [[0.0, 1], [1.0, 1]]
     assert ring.dropped(0.5, 10) == 1 and ring.dropped(0, 10) == 2
     for t in range(5, 100):
-        ring.add({"t": float(t)})
+        ring.add([None, float(t)])
     assert len(ring.halves) == 3 and len(ring.evicted) == 3  # both bounded
     # evictions close together share a bucket: counted exactly, kept small
     ring = tracing.Ring(2)
     for i in range(1000):
-        ring.add({"t": 5.0 + i * 1e-6})
+        ring.add([None, 5.0 + i * 1e-6])
     assert ring.dropped(0, 10) == 998 and len(ring.evicted) == 1
 
 
@@ -137,7 +137,7 @@ def test_chrome_trace_of_a_merged_snapshot():
         member(W1, 1, [callee("master:0", 10.1, 10.3), callee("master:1", 10.2, 10.4, thread="t2")]),
         member(W2, 2, []),
     ]
-    doc = tracing.chrome_trace(tracing.merge(reports, {}, 9.0, 12.0))
+    doc = records.chrome_trace(records.merge(reports, {}, 9.0, 12.0))
     flows = check_chrome(doc)
     assert len(flows) == 4  # request and reply arrows of the two calls that ran
     x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
@@ -154,7 +154,7 @@ def test_summary_rows():
                              caller("master:1", 2.0, 2.1, request=(4000, 600)),
                              caller("master:2", 3.0, 3.2, callee=W2, name="g")]),
                member(W1, 1, [callee("master:0", 1.1, 1.2, reply=(4, 10))])]
-    rows = tracing.summarize(tracing.merge(reports, {}, 0.0, 10.0))
+    rows = records.summarize(records.merge(reports, {}, 0.0, 10.0))
     assert [(r["name"], r["callee"], r["count"]) for r in rows] == [("f", W1, 2), ("g", W2, 1)]
     f = rows[0]
     assert f["total"] == pytest.approx(0.6) and f["median"] == pytest.approx(0.3)
