@@ -58,6 +58,7 @@ GRADIENTS = "BACKWARD_AUTOGRAD_REQ"
 FETCH = "RREF_FETCH_CALL"
 # A call id: the caller's rank in the top bits, its count of calls below.
 RANK_SHIFT = 40
+_COUNT_MASK = (1 << RANK_SHIFT) - 1
 # The slots of a half, as kept: a list, the cheapest record to build and fill.
 # Both sides: the call id, the time it was taken (sent, began), its side, the reply's
 # bytes, the error, what ran.
@@ -82,18 +83,17 @@ _get_ident = threading.get_ident
 # empty) until nbrpc keeps its state (``torch_compat.keep_thread_state``).
 _quiet: set[int] = set()  # threads whose calls are nbrpc's own
 _running: dict[int, int | str] = {}  # the recorded call a thread runs (its calls' parent)
-_sending: dict[int, dict] = {}  # the caller half whose request a thread pickles next
-fetches: dict[int, dict] = {}  # the caller half whose reply a thread unpickles next
-_replies: dict[int, dict] = {}  # the callee half whose result a thread pickles next
+_sending: dict[int, list] = {}  # the caller half whose request a thread pickles next
+fetches: dict[int, list] = {}  # the caller half whose reply a thread unpickles next
+_replies: dict[int, list] = {}  # the callee half whose result a thread pickles next
 _threads: dict[int, str] = {}  # thread ident -> its name in records
-# (name, kind if special, whether torch pickles the arguments) per function: by code
-# object for Python functions, so that no closure or bound instance is kept alive.
+# ``_description`` per function, by code object for Python functions.
 _descriptions: dict = {}
 
 
 class Ring:
-    """The last ``capacity`` halves of this member (lists whose slot 1 is their time),
-    and how many were evicted when: ``evicted`` holds ``[time, count]`` per ``BUCKET``
+    """The last ``capacity`` halves of this member (lists whose slot ``T`` is their
+    time), and how many were evicted when: ``evicted`` holds ``[time, count]`` per ``BUCKET``
     seconds (bounded too)."""
 
     BUCKET = 0.01
@@ -103,13 +103,13 @@ class Ring:
         self.halves: collections.deque = collections.deque(maxlen=capacity)
         self.evicted: collections.deque = collections.deque(maxlen=capacity)
 
-    def add(self, half: dict) -> None:
+    def add(self, half: list) -> None:
         if len(self.halves) == self.capacity:
             self._evict()
         self.halves.append(half)
 
     def _evict(self) -> None:
-        t = self.halves[0][1]
+        t = self.halves[0][T]
         evicted = self.evicted
         if evicted and t - evicted[-1][0] < self.BUCKET:
             evicted[-1][1] += 1
@@ -117,7 +117,7 @@ class Ring:
             evicted.append([t, 1])
 
     def since(self, start: float | None) -> list[list]:
-        return [h for h in list(self.halves) if start is None or h[1] >= start]
+        return [h for h in list(self.halves) if start is None or h[T] >= start]
 
     def dropped(self, start: float, end: float) -> int:
         return sum(n for t, n in list(self.evicted) if start <= t <= end)
@@ -134,8 +134,8 @@ def install(always: bool = False) -> None:
     ``trace=True``), else only inside ``trace()`` blocks; after joining."""
     global _always, _me, _ids
     info = torch_compat.current_agent().get_worker_info()
-    if _me != info.name:  # a member's ids go on from cluster to cluster: never reused
-        _me, _ids = info.name, itertools.count(info.id << RANK_SHIFT)
+    # The count goes on from cluster to cluster: an id is never reused in a process.
+    _me, _ids = info.name, itertools.count((info.id << RANK_SHIFT) + (next(_ids) & _COUNT_MASK))
     clocks.set_skew()
     _always = bool(always)
     _update()
@@ -189,19 +189,20 @@ def outgoing(kind: str, to, func=None, args=None, rref=None) -> list | None:
     if me in _quiet:
         return None
     try:
-        found = _descriptions.get(getattr(func, "__code__", func)) or _description(func)
+        found = _descriptions.get(getattr(func, "__code__", func))
     except TypeError:  # a callable object that cannot be a dict key
-        found = _describe(func)
+        found = None
+    if found is None or found[4] != getattr(func, "__qualname__", None):
+        found = _description(func)
     half = [next(_ids), clocks.now(), "caller", None, None, None, found[0],
             to, found[1] or kind, _running.get(me), None, 0, 0, None, None, None]
     if args:
+        for a in args:
+            if isinstance(a, torch_compat.PyRRef):  # the RRef the call uses
+                half[RREF] = _rref_id(a)
+                break
         if found[3]:
             _look_at_arguments(half, func, args, found[2])
-        else:
-            for a in args:
-                if isinstance(a, torch_compat.PyRRef):
-                    half[RREF] = _rref_id(a)
-                    break
     if rref is not None:
         half[RREF], half[NAME] = _rref_id(rref), FETCH
     elif not found[2]:
@@ -222,15 +223,11 @@ def made_rref(half: list, rref) -> None:
 
 
 def _look_at_arguments(half: list, func, args, torch_pickles: bool) -> None:
-    """What a call's arguments tell: the RRef it uses, an RRef helper's method, the
-    optimizer step's context, and the tensors of a call torch pickles itself."""
+    """What some calls' arguments tell: an RRef helper's method, the optimizer step's
+    context, and the tensors of a call torch pickles itself."""
     if func in _HELPERS:
-        half[NAME], half[RREF] = _helper_name(args[0], args[1]), _rref_id(args[0])
+        half[NAME] = _helper_name(args[0], args[1])
         return
-    for a in args:
-        if isinstance(a, torch_compat.PyRRef):
-            half[RREF] = _rref_id(a)
-            break
     if half[KIND] == "internal" and half[NAME].rsplit(".", 1)[-1] in torch_compat.OPTIMIZER_STEPS:
         half[KIND], half[CONTEXT] = "optimizer", args[1]  # DistributedOptimizer.step's, on one owner
     if torch_pickles:
@@ -273,15 +270,16 @@ def failed(half: list, error: BaseException) -> None:
     half[ERROR] = half[ERROR] or _error_text(error)
 
 
-def _description(func) -> tuple[str, str | None, bool, bool]:
-    """``_describe(func)``, remembered for the next calls: by code object for a Python
-    function (a closure made anew for each call shares its description, and is not
-    kept alive by it), by itself for a class, builtin or TorchScript function."""
-    found = _describe(func)
+def _description(func) -> tuple[str, str | None, bool, bool, str | None]:
+    """``_describe(func)`` and the ``__qualname__`` it was made for, remembered for the
+    next calls: by code object for a Python function (a closure made anew for each
+    call shares it, and is not kept alive by it; functions that share a decorator's
+    code differ in name), by itself for a class, builtin or TorchScript function."""
+    found = (*_describe(func), getattr(func, "__qualname__", None))
     key = getattr(func, "__code__", None)
     if key is None and isinstance(func, _LASTING):
         key = func
-    if key is not None:
+    if key is not None and found[4] is not None:
         if len(_descriptions) >= DESCRIPTIONS_KEPT:
             _descriptions.clear()
         _descriptions[key] = found
@@ -376,7 +374,7 @@ def finished(half: list, trace: tuple, error: BaseException | None) -> None:
     half[ENDED] = clocks.now()
     me = _get_ident()
     if half[OUTER] is None:
-        del _running[me]
+        _running.pop(me, None)
     else:
         _running[me] = half[OUTER]
     if error is not None:
@@ -557,7 +555,7 @@ class _CallIds:
         rank = key >> RANK_SHIFT
         if rank not in self.names:
             self.names[rank] = _name(rank)
-        return f"{self.names[rank]}:{key & ((1 << RANK_SHIFT) - 1)}"
+        return f"{self.names[rank]}:{key & _COUNT_MASK}"
 
 
 def gather(start: float | None, clocks_found: dict, timeout: float = 10.0) -> list[dict]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import json
 import sys
 import time
+import weakref
 
 import cloudpickle
 import pytest
@@ -259,6 +262,62 @@ def test_a_known_sequence_gives_exactly_its_records(traced):
         (M, 0.0, 0.0), (W1, 0.0, 0.0), (W2, 0.0, 0.0)]
     assert snap["dropped"] == 0
     json.dumps(snap)
+
+
+def logged(func):
+    """A decorator: every function it wraps shares its wrapper's code object."""
+
+    @functools.wraps(func)
+    def wrapper(*args):
+        return func(*args)
+
+    return wrapper
+
+
+@logged
+def first(x):
+    return x
+
+
+@logged
+def second(x):
+    return x
+
+
+def test_each_function_keeps_its_own_name(traced):
+    """Names are looked up once per function: functions that share a decorator's code
+    (and a method, a class, a builtin, a lambda) are still each named as themselves."""
+    with nbrpc.trace() as t:
+        for _ in range(2):
+            rpc.rpc_sync(W1, first, args=(1,))
+            rpc.rpc_sync(W1, second, args=(1,))
+        rpc.rpc_sync(W1, Counter)
+        rpc.rpc_sync(W1, Counter().bump, args=(1,))
+        rpc.rpc_sync(W1, torch.add, args=(torch.ones(2), 1))
+        rpc.rpc_sync(W1, lambda: 0)
+    assert [c["name"] for c in t.snapshot()["calls"]] == [
+        "first", "second", "first", "second", "Counter", "Counter.bump", "aten::add",
+        "test_each_function_keeps_its_own_name.<locals>.<lambda>"]
+
+
+def summing(tensor):
+    def total():
+        return tensor.sum().item()
+
+    return total
+
+
+def test_recording_keeps_no_function_alive(traced):
+    """A closure made for one call (and what it holds) is freed after the call: the
+    records keep its name, never the function."""
+    held = torch.zeros(1000)
+    alive = weakref.ref(held)
+    with nbrpc.trace() as t:
+        assert rpc.rpc_sync(W1, summing(held)) == 0.0
+    del held
+    gc.collect()
+    assert alive() is None
+    assert [c["name"] for c in t.snapshot()["calls"]] == ["summing.<locals>.total"]
 
 
 def test_rref_helpers(traced):
