@@ -37,6 +37,9 @@ REPORT = HERE.parent / "build" / "bench.json"
 
 THREADS, TIMEOUT = 16, 60.0  # nbrpc's defaults, given to both sides
 LATENCY_ROUNDS, LATENCY_CALLS = 10, 200  # 2,000 calls per side
+# Call recording costs about 2% of a small call, less than the drift of a round's
+# median over a run: its on/off pair takes turns for more rounds, compared in pairs.
+RECORDING_ROUNDS = 30
 THROUGHPUT_ROUNDS, THROUGHPUT_CALLS, IN_FLIGHT = 6, 1000, 32
 TENSOR_ROUNDS, TENSOR_TRIPS = 4, 2
 IDLE_SECONDS = 3.0
@@ -128,9 +131,9 @@ def compare_calls() -> dict:
         progress(f"rpc_sync latency, {LATENCY_ROUNDS} rounds")
         latency = _take_turns({"nbrpc": (nbrpc_uv, "latency"),
                                "nbrpc_unwrapped": (nbrpc_uv, "latency_unwrapped"),
-                               "nbrpc_traced": (nbrpc_uv, "latency_traced"),
                                "raw": (raw_uv, "latency"), "nbrpc_shm": (nbrpc_shm, "latency"),
                                "raw_shm": (raw_shm, "latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
+        recording = _recording_turns(nbrpc_uv)
         progress(f"rpc.remote latency, {LATENCY_ROUNDS} rounds")
         remote = _take_turns({"nbrpc": (nbrpc_uv, "remote"),
                               "nbrpc_untracked": (nbrpc_uv, "remote_untracked"),
@@ -144,25 +147,38 @@ def compare_calls() -> dict:
         tensor = _take_turns({side: (group, "tensor") for side, group in groups.items()},
                              TENSOR_ROUNDS, TENSOR_TRIPS)
         progress("stopping the RPC groups")
-    return {"idle": idle, "latency": latency, "remote": remote, "local_rref": local_rref,
-            "throughput": throughput, "tensor": tensor}
+    return {"idle": idle, "latency": latency, "recording": recording, "remote": remote,
+            "local_rref": local_rref, "throughput": throughput, "tensor": tensor}
 
 
 def recording_overhead() -> dict:
-    """Small ``rpc_sync`` latency with call recording on and off, in one nbrpc cluster,
-    taking turns (``python run.py --recording``; the full run has this row too)."""
+    """Small ``rpc_sync`` latency with call recording on and off, in one nbrpc cluster
+    (``python run.py --recording``; the full run has this row too)."""
     progress("starting an nbrpc cluster")
     with processes.nbrpc_cluster(threads=THREADS, timeout=TIMEOUT) as cluster:
         cluster.wait_ready()
         _measure(cluster, "latency", 200)
-        progress(f"rpc_sync latency, recording on and off, {LATENCY_ROUNDS} rounds")
-        latency = _take_turns({"nbrpc": (cluster, "latency"), "nbrpc_traced": (cluster, "latency_traced")},
-                              LATENCY_ROUNDS, LATENCY_CALLS)
-    on, off = (_pooled_median(latency[side]) * 1e3 for side in ("nbrpc_traced", "nbrpc"))
+        recording = _recording_turns(cluster)
     print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    return _row(f"rpc_sync latency, call recording on vs off (nbrpc.trace), median of "
-                f"{_count(latency['nbrpc']):,} (ms)", on, off, "nbrpc/raw", "<=", 1.03,
-                columns=("recording on", "off"))
+    return recording_row(recording)
+
+
+def _recording_turns(cluster: processes.Group) -> dict[str, list]:
+    progress(f"rpc_sync latency, call recording on and off, {RECORDING_ROUNDS} rounds")
+    return _take_turns({"nbrpc": (cluster, "latency"), "nbrpc_traced": (cluster, "latency_traced")},
+                       RECORDING_ROUNDS, LATENCY_CALLS)
+
+
+def recording_row(recording: dict[str, list]) -> dict:
+    """Recording on against off: the median of each round's ratio (a round measures both,
+    one right after the other, so a drift of the machine's speed between rounds cancels)."""
+    on, off = (_pooled_median(recording[side]) * 1e3 for side in ("nbrpc_traced", "nbrpc"))
+    ratios = [statistics.median(a) / statistics.median(b)
+              for a, b in zip(recording["nbrpc_traced"], recording["nbrpc"])]
+    return _row(f"rpc_sync latency, call recording on vs off (nbrpc.trace), medians of "
+                f"{_count(recording['nbrpc']):,}; ratio: median of {len(ratios)} rounds' (ms)",
+                on, off, "nbrpc/raw", "<=", 1.03, columns=("recording on", "off"),
+                ratio=statistics.median(ratios))
 
 
 def idle_cpu(group: processes.Group) -> float:
@@ -233,9 +249,7 @@ def summarize(calls: dict) -> list[dict]:
              idle["nbrpc_shm"], idle["raw_shm"], "nbrpc/raw", "<=", None),
         _row(f"rpc_sync latency, median of {calls_counted:,} (ms)",
              latency["nbrpc"], latency["raw"], "nbrpc/raw", "<=", 1.05),
-        _row(f"rpc_sync latency, call recording on vs off (nbrpc.trace), median of {calls_counted:,} (ms)",
-             latency["nbrpc_traced"], latency["nbrpc"], "nbrpc/raw", "<=", 1.03,
-             columns=("recording on", "off")),
+        recording_row(calls["recording"]),
         _row(f"rpc_sync latency, --transport shm vs raw shm, median of {calls_counted:,} (ms)",
              latency["nbrpc_shm"], latency["raw_shm"], "nbrpc/raw", "<=", 1.05),
         _row(f"rpc.remote + to_here, tracking on, median of {_count(calls['remote']['nbrpc']):,} (ms)",
@@ -261,11 +275,13 @@ def _limit_row(metric: str, ours: float, theirs: float, limit: float) -> dict:
 
 
 def _row(metric: str, ours: float, theirs: float, ratio_of: str, sense: str,
-         bound: float | None, columns: tuple[str, str] | None = None) -> dict:
+         bound: float | None, columns: tuple[str, str] | None = None, ratio: float | None = None) -> dict:
     """``ratio_of`` orders the ratio so that it reads as a cost ratio or a speed-up;
     a row without ``bound`` is there to explain the others. ``columns`` names what the
-    two values are when they are not nbrpc and raw torch (the target reads ``on/off``)."""
-    ratio = ours / theirs if ratio_of.startswith("nbrpc/") else theirs / ours
+    two values are when they are not nbrpc and raw torch (the target reads ``on/off``);
+    ``ratio``, when given, is one computed otherwise (paired rounds)."""
+    if ratio is None:
+        ratio = ours / theirs if ratio_of.startswith("nbrpc/") else theirs / ours
     if columns:
         ratio_of = "/".join(c.split()[-1] for c in columns)
     if bound is None:
@@ -287,12 +303,12 @@ def _count(rounds: list[list[float]]) -> int:
 def latency_breakdown(calls: dict) -> dict:
     """Median latency (ms) per side of ``rpc_sync`` ("latency") and ``remote`` calls."""
     return {op: {side: _pooled_median(rounds) * 1e3 for side, rounds in calls[op].items()}
-            for op in ("latency", "remote")}
+            for op in ("latency", "recording", "remote")}
 
 
 def render_breakdown(medians: dict) -> str:
     """Where nbrpc's small-call latency goes, as lines under the table."""
-    sync, remote = medians["latency"], medians["remote"]
+    sync, remote, recording = medians["latency"], medians["remote"], medians["recording"]
     wrapper = sync["nbrpc"] - sync["nbrpc_unwrapped"]
     rest = sync["nbrpc_unwrapped"] - sync["raw"]
     tracking = remote["nbrpc"] - remote["nbrpc_untracked"]
@@ -301,8 +317,9 @@ def render_breakdown(medians: dict) -> str:
         f"\n  {wrapper:+.3f} nbrpc's interruptible rpc_sync wrapper"
         f"\n  {rest:+.3f} the rest: pickler, group set-up, kernel processes (torch's own"
         f" rpc_sync in the nbrpc cluster: {sync['nbrpc_unwrapped']:.3f})"
-        f"\n  {sync['nbrpc_traced'] - sync['nbrpc']:+.3f} call recording, when on "
-        f"(nbrpc.trace; off by default): {sync['nbrpc_traced']:.3f}"
+        f"\n  {recording['nbrpc_traced'] - recording['nbrpc']:+.3f} call recording, when on "
+        f"(nbrpc.trace; off by default), from its own rounds: {recording['nbrpc_traced']:.3f} "
+        f"against {recording['nbrpc']:.3f}"
         f"\n  load average during the run: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
         f"\nrpc.remote + to_here median (ms): nbrpc {remote['nbrpc']:.3f}, raw torch {remote['raw']:.3f}"
         f"\n  {tracking:+.3f} the driver's RRef tracking (off: {remote['nbrpc_untracked']:.3f})"
@@ -335,6 +352,8 @@ def write_report(rows: list[dict], breakdown: dict, calls: dict, seconds: float)
         "median_ms": breakdown,
         "rounds": {
             "latency_ms_p10_p90": {side: _spread(r) for side, r in calls["latency"].items()},
+            "recording_ms_per_round": {side: [round(statistics.median(r) * 1e3, 4) for r in rounds]
+                                       for side, rounds in calls["recording"].items()},
             "remote_ms_p10_p90": {side: _spread(r) for side, r in calls["remote"].items()},
             "throughput_calls_per_s": calls["throughput"],
             "tensor_ms": {side: [round(x * 1e3, 1) for trips in rounds for x in trips]
@@ -342,7 +361,8 @@ def write_report(rows: list[dict], breakdown: dict, calls: dict, seconds: float)
             "idle_cpu_percent": calls["idle"],
         },
         "settings": {"num_worker_threads": THREADS, "rpc_timeout": TIMEOUT,
-                     "rounds": {"latency": LATENCY_ROUNDS, "throughput": THROUGHPUT_ROUNDS,
+                     "rounds": {"latency": LATENCY_ROUNDS, "recording": RECORDING_ROUNDS,
+                                "throughput": THROUGHPUT_ROUNDS,
                                 "tensor": TENSOR_ROUNDS}},
         "machine": {"torch": torch.__version__, "python": platform.python_version(),
                     "cpus": os.cpu_count(), "platform": platform.platform()},
