@@ -141,7 +141,7 @@ class NamedFuture(torch.futures.Future):
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
-                 half: dict | None = None):
+                 half: list | None = None):
         super().__init__()
         self._call = (to, label, timeout, call_id)
         self._half = half
@@ -188,7 +188,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
         raise named from e
 
 
-def _traced_remote(to, func, args, kwargs, timeout: float, half: dict):
+def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
     """``remote`` recorded: the function goes with the call's id (no reply is pickled:
     the value stays with its owner), the reply is the owner's ack of the RRef."""
     sent = func
@@ -239,7 +239,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     return value
 
 
-def _fetch(rref, timeout: float, half: dict | None):
+def _fetch(rref, timeout: float, half: list | None):
     """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled."""
     if half is None:
         return _torch_to_here(rref, timeout)
@@ -250,7 +250,7 @@ def _fetch(rref, timeout: float, half: dict | None):
         tracing.fetching(None)
 
 
-def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: dict | None = None):
+def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: list | None = None):
     """Send the call: a Python function goes with a new call id, so that an interrupt
     can stop it. Returns torch's future and the call id (None: cannot be stopped).
     ``half``: the caller's record of a recorded call (see ``tracing``)."""
