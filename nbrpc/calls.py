@@ -97,7 +97,7 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    half = tracing.outgoing("rpc_sync", to, func, args) if tracing.recording else None
+    half = tracing.outgoing("rpc_sync", to) if tracing.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
     try:
         _wait(fut, to)
@@ -125,7 +125,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    half = tracing.outgoing("rpc_async", to, func, args) if tracing.recording else None
+    half = tracing.outgoing("rpc_async", to) if tracing.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
     named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
@@ -176,7 +176,7 @@ class NamedFuture(torch.futures.Future):
 
 def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.remote`` with named failures."""
-    half = tracing.outgoing("remote", to, func, args) if tracing.recording else None
+    half = tracing.outgoing("remote", to) if tracing.recording else None
     if half is not None:
         return _traced_remote(to, func, args, kwargs, timeout, half)
     try:
@@ -191,11 +191,11 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
 def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
     """``remote`` recorded: the function goes with the call's id (no reply is pickled:
     the value stays with its owner), the reply is the owner's ack of the RRef."""
-    sent = func
+    stoppable = func
     if interrupts.can_stop(func):
-        sent = interrupts.Stoppable(func, interrupts.new_call_id(), (tracing.call_id(half), False))
+        stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), (tracing.call_id(half), False))
     try:
-        rref = _torch_remote(to, sent, args, kwargs, timeout)
+        rref = _torch_remote(to, stoppable, args, kwargs, timeout)
     except RuntimeError as e:
         named = _named(e, to, _label("remote", to, func), timeout)
         tracing.failed(half, named)
@@ -205,6 +205,8 @@ def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
     except BaseException as e:
         tracing.failed(half, e)
         raise
+    finally:
+        tracing.sent(half, func, args)
     tracing.made_rref(half, rref)
     torch_compat.creation_future(rref).add_done_callback(lambda fut: tracing.answered_future(half, fut))
     return rref
@@ -261,14 +263,16 @@ def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: lis
     except BaseException as e:
         tracing.failed(half, e)
         raise
+    finally:
+        tracing.sent(half, func, args)
 
 
 def _send(to, func, mode: RPCExecMode, args, kwargs, timeout: float, trace: tuple | None):
     if not interrupts.can_stop(func):
         return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
-    sent = interrupts.Stoppable(func, interrupts.new_call_id(), trace)
+    stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), trace)
     try:
-        return torch_compat.invoke_rpc(to, sent, mode, args, kwargs, timeout), sent.call_id
+        return torch_compat.invoke_rpc(to, stoppable, mode, args, kwargs, timeout), stoppable.call_id
     except SerializationError:
         # Sent bare, the error names the function or argument that does not pickle.
         return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None

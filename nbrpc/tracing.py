@@ -3,7 +3,7 @@
 Each RPC leaves two halves, each written by the member that saw it into its own
 bounded ring (``Ring``; the oldest halves go first, and are counted):
 
-- the caller's (``outgoing``, then ``answered``): callee, what ran, when it was sent
+- the caller's (``outgoing``, ``sent``, then ``answered``): callee, what ran, when it was sent
   and when the reply arrived, request bytes, the call it was made in (``parent``),
   the autograd context, the RRef, the error. ``calls`` writes it for ``rpc_sync``,
   ``rpc_async``, ``remote`` and ``to_here`` (and so for RRef helpers and
@@ -182,20 +182,40 @@ def quiet():
 # -- the caller's half --------------------------------------------------------------
 
 
-def outgoing(kind: str, to, func=None, args=None, rref=None) -> list | None:
-    """Start the caller's half of a call about to be sent (None: not recorded); the
-    next pickle this thread writes is its request, unless torch pickles it itself."""
+def outgoing(kind: str, to, rref=None) -> list | None:
+    """Start the caller's half of a call about to be sent (None: not recorded): only its
+    id and time, so that the call leaves at once; the next pickle this thread writes is
+    its request. ``sent`` adds the rest while the message is on its way.
+    ``rref``: the RRef a ``to_here`` fetches (its half is complete at once)."""
     me = _get_ident()
     if me in _quiet:
         return None
+    half = [next(_ids), clocks.now(), "caller", None, None, None, None,
+            to, kind, _running.get(me), None, 0, 0, None, None, None]
+    if rref is None:
+        _sending[me] = half
+    else:
+        half[RREF], half[NAME] = _rref_id(rref), FETCH
+        _ring.add(half)
+    return half
+
+
+def sent(half: list, func, args) -> None:
+    """The rest of a caller half, once its request has left (or failed to): what ran,
+    the RRef it uses, what its arguments tell. Off the call's way: the callee is at
+    work meanwhile."""
+    me = _get_ident()
+    if _sending.get(me) is half:  # no pickle took it: torch wrote the message itself, or none
+        del _sending[me]
     try:
         found = _descriptions.get(getattr(func, "__code__", func))
     except TypeError:  # a callable object that cannot be a dict key
         found = None
     if found is None or found[4] != getattr(func, "__qualname__", None):
         found = _description(func)
-    half = [next(_ids), clocks.now(), "caller", None, None, None, found[0],
-            to, found[1] or kind, _running.get(me), None, 0, 0, None, None, None]
+    half[NAME] = found[0]
+    if found[1]:
+        half[KIND] = found[1]
     if args:
         for a in args:
             if isinstance(a, torch_compat.PyRRef):  # the RRef the call uses
@@ -203,12 +223,7 @@ def outgoing(kind: str, to, func=None, args=None, rref=None) -> list | None:
                 break
         if found[3]:
             _look_at_arguments(half, func, args, found[2])
-    if rref is not None:
-        half[RREF], half[NAME] = _rref_id(rref), FETCH
-    elif not found[2]:
-        _sending[me] = half
     _ring.add(half)
-    return half
 
 
 def call_id(half: list):
@@ -265,8 +280,6 @@ def answered_future(half: list, fut) -> None:
 
 def failed(half: list, error: BaseException) -> None:
     """The call failed before any reply (not sent, or its wait ended in an error)."""
-    if _sending.get(_get_ident()) is half:  # never pickled: not the next pickle's
-        del _sending[_get_ident()]
     half[ERROR] = half[ERROR] or _error_text(error)
 
 

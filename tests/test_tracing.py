@@ -6,6 +6,7 @@ import functools
 import gc
 import json
 import sys
+import threading
 import time
 import weakref
 
@@ -298,6 +299,29 @@ def test_each_function_keeps_its_own_name(traced):
     assert [c["name"] for c in t.snapshot()["calls"]] == [
         "first", "second", "first", "second", "Counter", "Counter.bump", "aten::add",
         "test_each_function_keeps_its_own_name.<locals>.<lambda>"]
+
+
+def test_a_call_that_never_leaves_is_recorded_with_its_error(traced):
+    """A call refused before its message exists (unknown worker, an argument that does
+    not pickle) leaves an error record; a builtin, whose message torch writes itself,
+    is not given the bytes of the next pickle (here the end of the block's), and runs
+    no Python function on the callee."""
+    x = torch.zeros(1000, dtype=torch.float32)
+    with nbrpc.trace() as t:
+        rpc.rpc_sync(W1, add_one, args=(x,))
+        with pytest.raises(nbrpc.UnknownWorkerError):
+            rpc.rpc_sync("nobody", add_one, args=(x,))
+        with pytest.raises(nbrpc.SerializationError):
+            rpc.rpc_async(W1, add_one, args=(threading.Lock(),))
+        rpc.rpc_sync(W1, torch.add, args=(torch.ones(2), 1))
+    got = t.snapshot()["calls"]
+    assert [(c["callee"], c["name"], c["began"] is None) for c in got] == [
+        (W1, "add_one", False), ("nobody", "add_one", True), (W1, "add_one", True), (W1, "aten::add", True)]
+    assert got[1]["error"].startswith("UnknownWorkerError: no worker named 'nobody'")
+    assert got[2]["error"].startswith("SerializationError: ")
+    assert [c["request"]["tensor"] for c in got] == [4000, 0, 0, 8]
+    assert 0 < got[0]["request"]["pickle"] < 2000 and got[3]["request"]["pickle"] == 0
+    assert got[0]["error"] is None and got[3]["error"] is None
 
 
 def summing(tensor):
