@@ -6,7 +6,7 @@ Besides the shared measurements it takes ``latency_unwrapped``: the same calls
 through torch's own ``rpc_sync`` inside the nbrpc cluster, which splits nbrpc's
 overhead into its ``rpc_sync`` wrapper's share and the rest; and ``remote_untracked``:
 ``rpc.remote`` with the driver's RRef tracking off, for tracking's share; and
-``latency_traced``: the same small calls with call recording on in every member
+``recording``: the same small calls with call recording on and off in every member
 (``nbrpc.trace``), for recording's cost.
 """
 
@@ -14,6 +14,7 @@ overhead into its ``rpc_sync`` wrapper's share and the rest; and ``remote_untrac
 import nbrpc  # isort: skip
 
 import argparse
+import itertools
 import os
 import signal
 import sys
@@ -25,6 +26,11 @@ import timing
 from nbrpc import calls, rref_ledger, tracing
 
 HERE = Path(__file__).resolve().parent
+# Recording on and off take turns every few calls within one measurement: the machine's
+# speed drifts by several percent from one stretch of calls to the next, far more than
+# recording costs, and turns this short see the same machine.
+RECORDING_STRIDE = 10
+_recording_measurements = itertools.count()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,14 +57,30 @@ def _measure(op: str, count: int):
             return timing.measure("worker1", "remote", count)
         finally:
             rref_ledger.hook(True)
-    if op == "latency_traced":
-        # What ``with nbrpc.trace():`` turns on, without the snapshot at its end.
-        calls.ask_members(tracing.enable, (True,))
-        try:
-            return timing.measure("worker1", "latency", count)
-        finally:
-            calls.ask_members(tracing.enable, (False,))
+    if op == "recording":
+        return _recording_on_and_off(count)
     return timing.measure("worker1", op, count)
+
+
+def _recording_on_and_off(count: int) -> dict[str, list[float]]:
+    """``count`` small calls' seconds, half of them with recording on in every member
+    (what ``with nbrpc.trace():`` turns on, without its snapshot), in turns of
+    ``RECORDING_STRIDE`` calls; the first turn's side alternates from one measurement
+    to the next. Each turn begins with an untimed call, after the switch."""
+    timing.sync_latencies("worker1", timing.WAKE_UP_CALLS)
+    samples = {"on": [], "off": []}
+    on = next(_recording_measurements) % 2 == 0
+    try:
+        for _ in range(max(1, count // RECORDING_STRIDE)):
+            calls.ask_members(tracing.enable, (on,))
+            timing.sync_latencies("worker1", 1)
+            samples["on" if on else "off"] += timing.sync_latencies("worker1", RECORDING_STRIDE)
+            if on:
+                calls.ask_members(tracing.enable, (False,))
+            on = not on
+    finally:
+        calls.ask_members(tracing.enable, (False,))
+    return samples
 
 
 def _worker_env() -> dict[str, str]:

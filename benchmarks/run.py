@@ -37,9 +37,10 @@ REPORT = HERE.parent / "build" / "bench.json"
 
 THREADS, TIMEOUT = 16, 60.0  # nbrpc's defaults, given to both sides
 LATENCY_ROUNDS, LATENCY_CALLS = 10, 200  # 2,000 calls per side
-# Call recording costs about 2% of a small call, less than the drift of a round's
-# median over a run: its on/off pair takes turns for more rounds, compared in pairs.
-RECORDING_ROUNDS = 30
+# Call recording costs a percent or two of a small call, less than the machine's drift
+# from one round to the next: on and off take turns every few calls within each round
+# (see ``nbrpc_driver.py``), and each round gives one on/off ratio.
+RECORDING_ROUNDS, RECORDING_CALLS = 30, 400  # 6,000 calls per side
 THROUGHPUT_ROUNDS, THROUGHPUT_CALLS, IN_FLIGHT = 6, 1000, 32
 TENSOR_ROUNDS, TENSOR_TRIPS = 4, 2
 IDLE_SECONDS = 3.0
@@ -165,13 +166,13 @@ def recording_overhead() -> dict:
 
 def _recording_turns(cluster: processes.Group) -> dict[str, list]:
     progress(f"rpc_sync latency, call recording on and off, {RECORDING_ROUNDS} rounds")
-    return _take_turns({"nbrpc": (cluster, "latency"), "nbrpc_traced": (cluster, "latency_traced")},
-                       RECORDING_ROUNDS, LATENCY_CALLS)
+    rounds = [_measure(cluster, "recording", RECORDING_CALLS) for _ in range(RECORDING_ROUNDS)]
+    return {"nbrpc_traced": [r["on"] for r in rounds], "nbrpc": [r["off"] for r in rounds]}
 
 
 def recording_row(recording: dict[str, list]) -> dict:
-    """Recording on against off: the median of each round's ratio (a round measures both,
-    one right after the other, so a drift of the machine's speed between rounds cancels)."""
+    """Recording on against off: the median of each round's ratio (within a round the two
+    take turns every few calls, so the machine's drift cancels)."""
     on, off = (_pooled_median(recording[side]) * 1e3 for side in ("nbrpc_traced", "nbrpc"))
     ratios = [statistics.median(a) / statistics.median(b)
               for a, b in zip(recording["nbrpc_traced"], recording["nbrpc"])]
