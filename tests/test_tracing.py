@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import os
 import sys
 import threading
 import time
@@ -428,6 +429,32 @@ def test_chrome_trace_of_real_calls(traced, tmp_path):
         ("add_one", W2, 6)]
     with pytest.raises(ValueError, match="ending in .json"):
         t.save(tmp_path / "trace.txt")
+
+
+def test_perfetto_opens_the_trace(traced, tmp_path):
+    """Perfetto's trace processor reads the file's slices, where it can run: it needs the
+    ``perfetto`` package and its binary (fetched from the internet on first use, or
+    named by ``PERFETTO_TRACE_PROCESSOR``)."""
+    try:
+        from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+    except ImportError as e:
+        pytest.skip(f"perfetto is not installed: {e}")
+    with nbrpc.trace() as t:
+        [rpc.rpc_async(W2, add_one, args=(i,)).wait() for i in range(3)]
+    path = t.save(tmp_path / "trace.json")
+    try:
+        config = TraceProcessorConfig(bin_path=os.environ.get("PERFETTO_TRACE_PROCESSOR"), load_timeout=30)
+        processor = TraceProcessor(trace=str(path), config=config)
+    except Exception as e:
+        pytest.skip(f"Perfetto's trace processor cannot run here: {type(e).__name__}: {e}")
+    try:
+        names = [row.name for row in processor.query("select name from slice")]
+        flows = next(iter(processor.query("select count(*) as n from flow"))).n
+    finally:
+        processor.close()
+    # per call: the caller's bar, the callee's run, an arrow there and one back
+    assert names.count("add_one -> worker2") == names.count("add_one") == 3
+    assert flows == 6
 
 
 def test_html_report_needs_its_writer(traced, tmp_path):
