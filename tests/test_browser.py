@@ -526,9 +526,19 @@ def test_timeline_in_jupyterlab(page):
     plot = cell.locator(".nbrpc-host .nbrpc-tl-plot")
 
     def wheel_in() -> bool:
-        # Where the plot is now: the live refresh may move the output between steps.
-        plot.scroll_into_view_if_needed()
-        box = plot.bounding_box()
+        # Where the plot is now: the live refresh redraws it every second, and may move it
+        # or replace it between two steps (then the next try finds the new one).
+        from playwright.sync_api import Error as PlaywrightError
+
+        try:
+            plot.scroll_into_view_if_needed(timeout=5_000)
+            box = plot.bounding_box()
+        except PlaywrightError as e:
+            if "not attached" not in str(e):
+                raise
+            return False
+        if box is None:
+            return False
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 5)
         page.mouse.wheel(0, -300)
         page.wait_for_timeout(50)
