@@ -66,7 +66,8 @@ def _recording_on_and_off(count: int) -> dict[str, list[float]]:
     """``count`` small calls' seconds, half of them with recording on in every member
     (what ``with nbrpc.trace():`` turns on, without its snapshot), in turns of
     ``RECORDING_STRIDE`` calls; the first turn's side alternates from one measurement
-    to the next. Each turn begins with an untimed call, after the switch."""
+    to the next. Each turn begins with its switch (a ``trace()`` block opened, or the
+    open one closed) and an untimed call."""
     timing.sync_latencies("worker1", timing.WAKE_UP_CALLS)
     samples = {"on": [], "off": []}
     on = next(_recording_measurements) % 2 == 0
@@ -75,11 +76,10 @@ def _recording_on_and_off(count: int) -> dict[str, list[float]]:
             calls.ask_members(tracing.enable, (on,))
             timing.sync_latencies("worker1", 1)
             samples["on" if on else "off"] += timing.sync_latencies("worker1", RECORDING_STRIDE)
-            if on:
-                calls.ask_members(tracing.enable, (False,))
             on = not on
     finally:
-        calls.ask_members(tracing.enable, (False,))
+        if tracing.recording:
+            calls.ask_members(tracing.enable, (False,))
     return samples
 
 

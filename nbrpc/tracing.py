@@ -303,8 +303,6 @@ def _describe(func) -> tuple[str, str | None, bool, bool]:
     """Name of ``func``, the kind of call it makes if special, whether torch pickles
     the arguments itself (a builtin, a TorchScript function), and whether its
     arguments say more (``_look_at_arguments``)."""
-    if func is None:  # to_here: no function
-        return "", None, False, False
     builtin = torch_compat.find_builtin(func)
     if builtin is not None:
         return builtin, None, True, True
@@ -430,7 +428,7 @@ def count(obj, pickled: int) -> None:
     half = _replies.pop(me, None) if _replies else None
     if half is not None:
         tensors = getattr(torch_compat.tensor_tables, "send_tables", None)
-        half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors) if tensors else 0, pickled
+        half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors), pickled
 
 
 def received(pickled: int) -> None:
@@ -438,11 +436,12 @@ def received(pickled: int) -> None:
     half = fetches.pop(_get_ident(), None)
     if half is not None:
         tensors = getattr(torch_compat.tensor_tables, "recv_tables", None)
-        half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors) if tensors else 0, pickled
+        half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors), pickled
 
 
 def _size(tensors) -> int:
-    return sum(t.element_size() * t.nelement() for t in tensors)
+    """Bytes of ``tensors`` (a list, or None: torch made no tensor table)."""
+    return sum(t.element_size() * t.nelement() for t in tensors) if tensors else 0
 
 
 # -- distributed autograd ------------------------------------------------------------
