@@ -77,6 +77,12 @@ def hosts(network, pids, tmp_path):
     yield Hosts()
     for process in reversed(started):
         process.end()
+    # Shown by pytest only when the test failed: what each worker said (a worker that
+    # never joined explains itself here).
+    for process in started:
+        if isinstance(process, Process):
+            print(f"--- {process.log_path.name} (pid {process.pid}, exit {process.proc.returncode})\n"
+                  f"{process.output()[-4000:]}")
 
 
 def _join_address(driver: Driver) -> tuple[str, str]:
