@@ -40,6 +40,7 @@ import json
 import os
 import socket
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -53,6 +54,7 @@ __all__ = ["Trace", "trace", "trace_snapshot"]
 CAPACITY = 20_000  # halves kept per member
 CONTEXTS_KEPT = 64  # autograd contexts whose hooks are remembered per member
 DESCRIPTIONS_KEPT = 4096  # functions whose name and kind are remembered per member
+SETTLE = 0.5  # seconds at most a block's end waits for replies still on their way
 # torch's names for the messages that carry what no Python function runs.
 GRADIENTS = "BACKWARD_AUTOGRAD_REQ"
 FETCH = "RREF_FETCH_CALL"
@@ -633,6 +635,7 @@ class Trace:
         from . import calls
 
         self.end = clocks.now()
+        _settle(self.start)
         try:
             self._snapshot = snapshot(self.start, self.end, self._clocks, self.timeout)
         finally:
@@ -669,6 +672,19 @@ class Trace:
             return path
         raise ValueError(f"cannot save a trace as {path.name!r}: give a path ending in .json "
                          "(Chrome trace event format) or .html (report)")
+
+
+def _settle(start: float, limit: float = SETTLE) -> None:
+    """Wait a little for the replies still on their way to this member's calls since
+    ``start``. The owner sends a ``to_here`` its value before it acknowledges the
+    ``remote`` that made it, so a block ending in ``to_here`` could otherwise end before
+    its ``remote`` was answered (and show it still in flight)."""
+    waiting = [h for h in _ring.since(start) if h[SIDE] == "caller" and h[KIND] != "autograd"
+               and h[REPLIED] is None and h[ERROR] is None]
+    deadline = time.monotonic() + limit
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+        waiting = [h for h in waiting if h[REPLIED] is None]
 
 
 def trace(timeout: float = 10.0) -> Trace:

@@ -107,6 +107,29 @@ def test_ring_keeps_the_last_halves_and_counts_the_rest():
     assert ring.dropped(0, 10) == 998 and len(ring.evicted) == 1
 
 
+def test_a_block_end_waits_a_little_for_replies_on_their_way(monkeypatch):
+    """torch answers a ``to_here`` before the ``remote`` that made its value: a block's
+    end waits for such replies, at most ``limit``, and never for gradients' halves
+    (which get none) or calls from before the block."""
+    monkeypatch.setattr(tracing, "_ring", tracing.Ring(10))
+
+    def half(kind, sent):
+        h = [None] * 16
+        h[tracing.T], h[tracing.SIDE], h[tracing.KIND] = sent, "caller", kind
+        tracing._ring.add(h)
+        return h
+
+    remote, _, _ = half("remote", 5.0), half("autograd", 5.0), half("rpc_async", 1.0)
+    threading.Timer(0.05, tracing.answered, (remote,)).start()
+    began = time.monotonic()
+    tracing._settle(2.0, limit=5.0)
+    assert remote[tracing.REPLIED] is not None and time.monotonic() - began < 2.0
+    half("rpc_async", 6.0)  # a reply that never comes costs the limit, no more
+    began = time.monotonic()
+    tracing._settle(2.0, limit=0.1)
+    assert 0.1 <= time.monotonic() - began < 1.0
+
+
 def check_chrome(doc: dict) -> dict:
     """Chrome's trace event format: every event has ph/ts/pid/tid, X has dur >= 0,
     flows come in s/f pairs, every pid and tid used is named."""
