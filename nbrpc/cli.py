@@ -60,7 +60,7 @@ def join_as_worker(address: str, token: str, name: str | None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nbrpc", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="execute a notebook headless and save the result")
@@ -73,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--token", default=os.environ.get(TOKEN_ENV, ""),
                         help="the cluster's token ('-': read it from stdin; default: $NBRPC_TOKEN)")
     worker.add_argument("--name", default=None, help="this worker's RPC name (default: one the driver picks)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.command == "worker":
         return join_as_worker(args.join, args.token, args.name)
     output = args.output or os.path.join("build", os.path.basename(args.notebook))

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import nbrpc
+from nbrpc import cli
 from nbrpc.errors import JoinRefusedError
 from nbrpc.launchers import addresses, rendezvous, ssh
 from nbrpc.launchers.rendezvous import Link, Rendezvous, receive, request_join, send
@@ -192,3 +193,13 @@ def test_attach_cluster_prints_a_command_with_a_fresh_token():
     assert first.join_command != second.join_command
     assert len(first.join_command.rsplit(" ", 1)[1]) >= 32
     assert nbrpc.Cluster(1).join_command is None
+
+
+def test_the_printed_command_parses_whatever_the_token():
+    """The worker's own parser reads back every printed command's address and token
+    (a token beginning with "-" once read as an option: 1 cluster in 64)."""
+    for _ in range(300):
+        command = nbrpc.Cluster(attach=1, bind="127.0.0.1", port=29999).join_command
+        program, *argv = command.split()
+        args = cli.parser().parse_args(argv)
+        assert (program, args.join, args.token) == ("nbrpc", "127.0.0.1:29999", command.rsplit(" ", 1)[1])

@@ -87,7 +87,8 @@ class AttachLauncher:
                  port: int = 0, toward: str | None = None):
         self.expected, self.names, self.port = expected, list(names or []), int(port)
         self.address, self.interface = addresses.resolve_bind(bind, toward)
-        self.token = secrets.token_urlsafe(24)
+        # Hex: a token starting with "-" would read as an option on the printed command line.
+        self.token = secrets.token_hex(24)
         self.server: Rendezvous | None = None
         self.closing = False
         self._lock = threading.Lock()
