@@ -365,10 +365,12 @@ class Cluster:
         )
 
     def _leave_gracefully(self) -> None:
-        """Each worker leaves the group in turn (torch's membership lock orders them)."""
+        """Every member deletes its RRefs at once (``group.release_rrefs``), then each
+        worker leaves the group in turn (torch's membership lock orders them)."""
         ready = [w for w in self._workers if w.client is not None]
         pending = {w.client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True): w
                    for w in ready}
+        group.release_rrefs()  # while the workers release theirs
         deadline = time.monotonic() + min(self.timeout, 20.0)
         for w in ready:
             while pending and time.monotonic() < deadline and w.alive():

@@ -29,6 +29,7 @@ from ._util import LOOPBACK, listening_ports, listening_socket, muted_stderr, ra
 from .errors import ClusterRunningError
 
 DRIVER_RANK = 0
+RELEASE_TIMEOUT = 5.0  # seconds a member waits for the others' RRef deletions as a cluster ends
 # Keys torch keeps in the group's store: the join/leave lock and the member list.
 TOKEN = torch_compat.STORE_LOCK_KEY
 NAMES = torch_compat.STORE_MEMBERS_KEY
@@ -254,6 +255,15 @@ def join(
     )
     rref_ledger.reset()
     tracing.install(trace)
+
+
+def release_rrefs(timeout: float = RELEASE_TIMEOUT) -> None:
+    """Delete this member's RRefs on their owners, and wait (at most ``timeout`` s)
+    until the others deleted theirs on this one. Every member of a cluster does this at
+    once as the cluster ends: an RRef dropped later would ask an owner that is gone
+    (torch prints the failure), and a value the driver owns would be kept for good."""
+    if is_member():
+        torch_compat.delete_all_rrefs(datetime.timedelta(seconds=timeout))
 
 
 def leave(graceful: bool, timeout: float) -> None:

@@ -50,6 +50,10 @@ set_rpc_timeout = rpc._set_rpc_timeout
 debug_info = rpc._get_debug_info
 # This member's RRef counters (owned RRefs in the ledger's report); known to work with torch 2.13.
 rref_debug_info = rpc._rref_context_get_debug_info
+# Deletes this member's UserRRefs on their owners and waits (up to a timedelta) until
+# the users of its own RRefs did the same: what a static group's graceful shutdown
+# does, and a dynamic member's leave does not; known to work with torch 2.13.
+delete_all_rrefs = api._delete_all_user_and_unforked_owner_rrefs
 # The store key of torch's join/leave lock, freed for a worker that died holding it;
 # known to work with torch 2.13.
 STORE_LOCK_KEY = "RpcGroupManagementToken"

@@ -102,7 +102,9 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
 
 
 def leave(timeout: float = 20.0) -> None:
-    """Leave the RPC group gracefully; the driver runs this in the kernel at shutdown."""
+    """Leave the RPC group gracefully, its RRefs deleted first (with the driver's and
+    the other workers', at the same time); the driver runs this in the kernel at shutdown."""
+    group.release_rrefs()
     group.leave(graceful=True, timeout=timeout)
 
 

@@ -9,6 +9,7 @@ they are gone.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from conftest import Pids, wait_gone, wait_until
 from jupyter_client import KernelManager
 
 import nbrpc
+from nbrpc import torch_compat
 from nbrpc._util import pid_alive, process_usage
 
 # The contract's numbers, and margins for a loaded two-core machine.
@@ -178,6 +180,27 @@ def test_shutdown_ends_rpc_and_workers_and_restarts_three_times(clusters, pids):
         cluster.shutdown()  # a second call is harmless
     # One store serves the driver's group for the life of the process.
     assert len(set(store_ports)) == 1 and _listening(store_ports[0])
+
+
+def test_rrefs_end_with_their_cluster(clusters, pids, capfd):
+    """As a cluster ends every member deletes its RRefs at once: an RRef dropped later
+    asks no owner that is gone (torch printed an error and a C++ stack for each), and
+    a value the driver owns is no longer kept for a worker that left."""
+    cluster = clusters()
+    _start(cluster, pids)
+    mine = rpc.RRef(torch.zeros(3))
+    theirs = rpc.remote("worker1", torch.ones, args=((2,),))
+    holder = rpc.remote("worker2", list, args=([mine],))  # worker2 keeps a fork of mine
+    assert theirs.to_here().sum().item() == 2.0 and len(holder.to_here()) == 1
+    assert torch_compat.rref_debug_info()["num_owner_rrefs"] == "1"
+    cluster.shutdown()
+    info = torch_compat.rref_debug_info()
+    assert (info["num_owner_rrefs"], info["num_pending_users"]) == ("0", "0")
+    capfd.readouterr()
+    del theirs, holder
+    gc.collect()
+    assert "Error occurred when deleting" not in capfd.readouterr().err
+    assert mine.local_value().tolist() == [0.0, 0.0, 0.0]  # still the driver's own
 
 
 def test_magics_shutdown_then_init_three_times(shell, pids, capsys):
