@@ -14,7 +14,8 @@ from nbrpc import torch_compat
 
 NAMES = (
     "init_rpc_backend", "init_dist_autograd", "current_agent", "has_agent", "set_rpc_timeout",
-    "debug_info", "rref_debug_info", "delete_all_rrefs", "STORE_LOCK_KEY", "STORE_MEMBERS_KEY", "TRANSPORTS_OPTION",
+    "debug_info", "rref_debug_info", "delete_all_rrefs", "STORE_LOCK_KEY", "STORE_MEMBERS_KEY",
+    "TRANSPORTS_OPTION",
     "update_group_membership", "to_worker_info", "invoke_rpc", "require_initialized",
     "call_thread_state", "rpc_sync", "rpc_async", "remote", "find_builtin", "ASYNC_EXECUTION_MARK",
     "RPCExecMode", "UNSET_RPC_TIMEOUT", "PythonUDF", "RemoteException", "torch_pickler",

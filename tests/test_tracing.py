@@ -114,7 +114,7 @@ def test_a_block_end_waits_a_little_for_replies_on_their_way(monkeypatch):
     monkeypatch.setattr(tracing, "_ring", tracing.Ring(10))
 
     def half(kind, sent):
-        h = [None] * 16
+        h = [None] * (tracing.ID + 1)  # a caller half's slots
         h[tracing.T], h[tracing.SIDE], h[tracing.KIND] = sent, "caller", kind
         tracing._ring.add(h)
         return h
