@@ -98,7 +98,11 @@ class RpcPickler(cloudpickle.Pickler):
         # cloudpickle reduces only functions and classes itself; every other object
         # takes the dispatch table. An importable one is remembered, since the check
         # walks modules and the same few (torch's PythonUDF, the call's function) come
-        # in every message.
+        # in every message. torch's API and nbrpc's replacements go by name (see
+        # torch_compat.stand_in), before anything else decides.
+        at_point = torch_compat.stand_in(obj)
+        if at_point is not None:
+            return getattr, at_point
         if isinstance(obj, types.FunctionType):
             if obj in _importable:
                 return NotImplemented

@@ -229,13 +229,32 @@ RREF_TO_HERE = ((PyRRef, "to_here"),)
 BACKWARD = ((dist_autograd, "backward"),)
 
 _originals: dict[tuple, object] = {}
+# Everything that stood or stands at a patch point, torch's and nbrpc's alike:
+# id -> (the object, its owner, its name). The pickler sends these by that name, so
+# that each lands as the receiving process's own (``stand_in``).
+_at_points: dict[int, tuple] = {}
 
 
 def patch(point: tuple, value) -> None:
     """Put ``value`` at every place of ``point``; ``uninstall`` puts torch's back."""
     for owner, name in point:
-        _originals.setdefault((owner, name), getattr(owner, name))
+        original = _originals.setdefault((owner, name), getattr(owner, name))
         setattr(owner, name, value)
+        for obj in (original, value):
+            _at_points.setdefault(id(obj), (obj, owner, name))
+
+
+def stand_in(obj) -> tuple | None:
+    """``(owner, name)`` if ``obj`` is torch's object at a patch point or nbrpc's in its
+    place, else None.
+
+    A notebook may hold either (``from torch.distributed.rpc import remote`` before or
+    after nbrpc patched it, an alias, a default argument): both mean "this process's
+    ``owner.name``", as in a script importing torch. By value they would not travel
+    (a wrapper's globals hold locks), and torch's original no longer resolves by name.
+    """
+    found = _at_points.get(id(obj))
+    return found[1:] if found is not None and found[0] is obj else None
 
 
 def install(track: bool = True) -> None:

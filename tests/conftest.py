@@ -78,6 +78,34 @@ def run(shell, code: str):
     return result.result
 
 
+def execute_cells(folder, sources, timeout: float = 240, allow_errors: bool = False):
+    """Run ``sources`` as the cells of a fresh notebook kernel (nbclient); return the
+    executed notebook. A cell that raises fails here, naming its index, source and error
+    (unless ``allow_errors``)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
+                            resources={"metadata": {"path": str(folder)}})
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        failed = next((i for i, cell in enumerate(notebook.cells)
+                       if any(o.output_type == "error" for o in cell.get("outputs", ()))), None)
+        pytest.fail(f"cell {failed} failed:\n{sources[failed] if failed is not None else ''}\n{e}",
+                    pytrace=False)
+    return notebook
+
+
+def cell_text(cell, kind: str = "stream") -> str:
+    """What a cell printed (``stream``), or its result's text (``execute_result``)."""
+    if kind == "execute_result":
+        return "".join(o.data.get("text/plain", "") for o in cell.outputs if o.output_type == kind)
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == kind)
+
+
 @contextlib.contextmanager
 def as_main(shell):
     """The shell's namespace is ``__main__`` inside, as in a kernel (IPython's test
