@@ -22,7 +22,7 @@ import cloudpickle
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import internal
 
-from nbrpc.serialization import RpcPickler
+from nbrpc.wire.serialization import RpcPickler
 
 ROUNDS = 10
 SCALE = 3

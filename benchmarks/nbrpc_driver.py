@@ -23,7 +23,9 @@ from pathlib import Path
 import commands
 import timing
 
-from nbrpc import calls, rref_ledger, tracing
+from nbrpc.calls import wrappers
+from nbrpc.calls.fanout import ask_members
+from nbrpc.recording import recorder, rref_ledger
 
 HERE = Path(__file__).resolve().parent
 # Recording on and off take turns every few calls within one measurement: the machine's
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _measure(op: str, count: int):
     if op == "latency_unwrapped":
-        return timing.measure("worker1", "latency", count, rpc_sync=calls._torch_rpc_sync)
+        return timing.measure("worker1", "latency", count, rpc_sync=wrappers._torch_rpc_sync)
     if op == "remote_untracked":
         rref_ledger.hook(False)  # the driver's share of tracking; the worker's stays on
         try:
@@ -73,13 +75,13 @@ def _recording_on_and_off(count: int) -> dict[str, list[float]]:
     on = next(_recording_measurements) % 2 == 0
     try:
         for _ in range(max(1, count // RECORDING_STRIDE)):
-            calls.ask_members(tracing.enable, (on,))
+            ask_members(recorder.enable, (on,))
             timing.sync_latencies("worker1", 1)
             samples["on" if on else "off"] += timing.sync_latencies("worker1", RECORDING_STRIDE)
             on = not on
     finally:
-        if tracing.recording:
-            calls.ask_members(tracing.enable, (False,))
+        if recorder.recording:
+            ask_members(recorder.enable, (False,))
     return samples
 
 

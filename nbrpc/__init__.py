@@ -9,8 +9,10 @@ if "torch" not in sys.modules:
     # imported (or %load_ext nbrpc runs) before torch.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from .autograd import autograd_snapshot, last_recorded, record_autograd  # noqa: E402
-from .cluster import Cluster, current  # noqa: E402
+from .deploy.cluster import Cluster, current  # noqa: E402
+from .diagnostics.autograd import autograd_snapshot, last_recorded, record_autograd  # noqa: E402
+from .diagnostics.rrefs import rref_snapshot  # noqa: E402
+from .diagnostics.trace import Trace, set_report_writer, trace, trace_snapshot  # noqa: E402
 from .errors import (  # noqa: E402
     AutogradContextError,
     ClusterRunningError,
@@ -23,8 +25,6 @@ from .errors import (  # noqa: E402
     WorkerDiedError,
     WorkerStartError,
 )
-from .rrefs import rref_snapshot  # noqa: E402
-from .tracing import Trace, trace, trace_snapshot  # noqa: E402
 
 __all__ = [
     "AutogradContextError",
@@ -66,6 +66,15 @@ def start(n=None, **options) -> Cluster:
         options["progress"] = start_progress()
     return Cluster(n, **options).start()
 
+
+def _write_report(snapshot, path) -> None:
+    """``Trace.save`` 's HTML page, drawn by the widgets' modules (no ipywidgets)."""
+    from .widgets.report import write_report
+
+    write_report(snapshot, path)
+
+
+set_report_writer(_write_report)
 
 # The widgets import ipywidgets, which a script driving a cluster must not pay for:
 # ``nbrpc.RRefGraph`` and the others are the classes of ``nbrpc.widgets``, imported

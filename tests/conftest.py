@@ -44,7 +44,7 @@ def worker_pids() -> set[int]:
                 cmdline = f.read()
         except OSError:
             continue
-        if b"nbrpc.worker" in cmdline and _marked(entry) and pid_alive(int(entry)):
+        if b"nbrpc.deploy.worker" in cmdline and _marked(entry) and pid_alive(int(entry)):
             pids.add(int(entry))
     return pids
 

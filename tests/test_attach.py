@@ -16,9 +16,9 @@ import pytest
 
 import nbrpc
 from nbrpc import cli
+from nbrpc.deploy.launchers import addresses, rendezvous, ssh
+from nbrpc.deploy.launchers.rendezvous import Link, Rendezvous, receive, request_join, send
 from nbrpc.errors import JoinRefusedError
-from nbrpc.launchers import addresses, rendezvous, ssh
-from nbrpc.launchers.rendezvous import Link, Rendezvous, receive, request_join, send
 
 TOKEN = "the-right-token"
 

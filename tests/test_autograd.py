@@ -13,7 +13,7 @@ import torch.distributed.rpc as rpc
 from torch.distributed.optim import DistributedOptimizer
 
 import nbrpc
-from nbrpc import autograd
+from nbrpc.diagnostics import autograd
 
 # Workers cannot import this file: its classes travel by value, like a notebook's.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

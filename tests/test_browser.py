@@ -319,7 +319,7 @@ def show_rref_graph(page) -> tuple[str, str]:
     assert "Error" not in " ".join(errors.all_inner_texts())
 
     expected = evaluate(page, "sorted([r['id'], r['owner']] for r in nbrpc.rref_snapshot()['rrefs'])")
-    ra, rb = evaluate(page, "[nbrpc.rref_ledger.rref_id(ra), nbrpc.rref_ledger.rref_id(rb)]")
+    ra, rb = evaluate(page, "[nbrpc.recording.rref_ledger.rref_id(ra), nbrpc.recording.rref_ledger.rref_id(rb)]")
     assert sorted(owner for _, owner in expected) == ["p1", "p2"]
     wait_until(lambda: page.locator(".nbrpc-host [data-id]").count() == 2, what="the two RRefs")
     shown = page.eval_on_selector_all(".nbrpc-host [data-id]",
@@ -351,7 +351,7 @@ def live_update(page, pinned: str) -> float:
     seen_after = time.monotonic() - began
     assert evaluate_busy(page), "the cell had already finished: the update did not come while busy"
     assert wait_executed(page)["status"] == "ok"
-    rc = evaluate(page, "nbrpc.rref_ledger.rref_id(rc)")
+    rc = evaluate(page, "nbrpc.recording.rref_ledger.rref_id(rc)")
     assert node(page, rc).count() == 1
     # the pinned RRef stays pinned across refreshes
     assert node(page, pinned).get_attribute("class").split().count("nbrpc-selected") == 1

@@ -219,7 +219,7 @@ def entry():
 
 
 def test_an_unchanged_function_is_pickled_once(ip):
-    from nbrpc import definitions
+    from nbrpc.wire import definitions
 
     run(ip, "def cached(x):\n    return x + 1")
     cached = ip.user_ns["cached"]
@@ -241,7 +241,7 @@ total
     kept = run(ip, """
 def kept_definitions():
     import gc
-    from nbrpc import definitions
+    from nbrpc.wire import definitions
     gc.collect()
     return len(definitions._received)
 rpc.rpc_sync("worker1", kept_definitions)

@@ -13,9 +13,10 @@ import torch.distributed.rpc as rpc
 from conftest import worker_pids
 
 import nbrpc
-from nbrpc import devices, group
-from nbrpc.devices import Placement
 from nbrpc.errors import DeviceMapError
+from nbrpc.group import devices
+from nbrpc.group import membership as group
+from nbrpc.group.devices import Placement
 
 MEMBERS = ["master", "worker1", "worker2"]
 
@@ -228,8 +229,8 @@ def test_worker_settings_round_trip():
 
 
 def test_cluster_worker_env_holds_each_workers_part(cluster, monkeypatch):
-    from nbrpc.launchers.local import LocalWorker as Worker
-    from nbrpc.settings import WorkerSettings
+    from nbrpc.deploy.launchers.local import LocalWorker as Worker
+    from nbrpc.deploy.settings import WorkerSettings
 
     assert "NBRPC_DEVICES" not in cluster._settings(Worker("worker2", 2)).to_env()
     # The plan of a pretend machine with 2 GPUs, as a cluster there would hold it.

@@ -19,8 +19,8 @@ from conftest import run
 from IPython.core.error import UsageError
 
 import nbrpc
-from nbrpc import group
 from nbrpc._util import listening_socket
+from nbrpc.group import membership as group
 
 
 def worker_children() -> set[int]:
@@ -34,7 +34,7 @@ def worker_children() -> set[int]:
                 cmdline = f.read()
         except (OSError, IndexError):
             continue
-        if ppid == me and b"nbrpc.worker" in cmdline:
+        if ppid == me and b"nbrpc.deploy.worker" in cmdline:
             pids.add(int(entry))
     return pids
 

@@ -91,7 +91,7 @@ def test_torch_api_lands_as_the_receivers_own_both_ways(tmp_path):
         FORMS,
         "rpc.rpc_sync('worker1', lands_as_own, args=(forms,))",
         # worker to driver: the worker's own forms, torch's original among them
-        "%%rpc_on worker1\nfrom nbrpc import torch_compat\n"
+        "%%rpc_on worker1\nfrom nbrpc._compat import torch_compat\n"
         "early_remote = torch_compat._originals[(torch_compat.api, 'remote')]\n" + FORMS
         + "\nprint(rpc.rpc_sync('master', lands_as_own, args=(forms,)))",
         AGENT,

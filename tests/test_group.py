@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import nbrpc
-from nbrpc import group
+from nbrpc.group import membership as group
 
 SHM_DRIVER = """
 import json, os

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import ipaddress
 import json
 import os
@@ -9,10 +10,28 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import nbrpc
+
 FRONT_END = ("IPython", "ipywidgets")
+
+# The layers of nbrpc/, lowest first: a module imports only from its own layer or
+# those below (ARCHITECTURE.md). Flat modules and subpackages by their first name.
+LAYERS = [
+    ("base", {"_compat", "_util", "errors", "schemas"}),
+    ("recording", {"recording"}),
+    ("wire", {"wire"}),
+    ("calls", {"calls"}),
+    ("group", {"group"}),
+    ("diagnostics", {"diagnostics"}),
+    ("deploy", {"deploy"}),
+    ("front ends", {"kernel_ext", "widgets", "lab", "cli", "__init__"}),
+]
+PACKAGE = Path(nbrpc.__file__).parent
+RUNTIME = ("_compat", "recording", "wire", "calls", "group", "diagnostics", "deploy", "lab")
 
 IMPORT_EVERYTHING = f"""
 import importlib, json, pkgutil, sys
@@ -21,22 +40,23 @@ import nbrpc
 def loaded():
     return sorted(m for m in sys.modules if m.split(".")[0] in {FRONT_END!r})
 
-# Every module but the front ends (magics, widgets), the lab checker's and the
-# launchers' modules too (iter_modules, not walk_packages: walking imports the
-# packages it walks).
-import nbrpc.lab, nbrpc.launchers
-runtime = sorted(prefix + m.name for package, prefix in ((nbrpc, ""), (nbrpc.lab, "lab."),
-                                                         (nbrpc.launchers, "launchers."))
-                 for m in pkgutil.iter_modules(package.__path__)
-                 if m.name not in ("kernel_ext", "widgets", "__main__"))
+# Every module but the front ends (magics, widgets); iter_modules, not walk_packages:
+# walking imports the packages it walks.
+runtime = [m.name for m in pkgutil.iter_modules(nbrpc.__path__)
+           if m.name not in ("kernel_ext", "widgets", "__main__")]
+for package in {RUNTIME!r}:
+    runtime += [package + "." + m.name for m in pkgutil.iter_modules([nbrpc.__path__[0] + "/" + package])]
+runtime += ["deploy.launchers." + m.name
+            for m in pkgutil.iter_modules([nbrpc.__path__[0] + "/deploy/launchers"])]
 for name in runtime:
-    importlib.import_module("nbrpc." + name)
+    if not name.endswith("__main__"):
+        importlib.import_module("nbrpc." + name)
 headless = loaded()
 widget = nbrpc.RRefGraph  # the class itself, imported on first use
 is_class = isinstance(widget, type) and widget.__module__ == "nbrpc.widgets.rref_graph"
 with_widgets = loaded()
 importlib.import_module("nbrpc.kernel_ext.magics")
-print(json.dumps({{"runtime": runtime, "headless": headless, "with_magics": loaded(),
+print(json.dumps({{"runtime": sorted(runtime), "headless": headless, "with_magics": loaded(),
                   "is_class": is_class, "with_widgets": with_widgets}}))
 """
 
@@ -48,17 +68,69 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    expected = {"calls", "cluster", "errors", "execution", "group", "serialization", "worker",
-                "launchers", "launchers.local", "launchers.attach", "launchers.ssh", "launchers.rendezvous",
-                "launchers.addresses", "rrefs", "rref_ledger", "torch_compat", "settings", "autograd", "lab",
-                "lab.teacher",
-                "definitions", "remote_errors", "schemas", "status"}
-    assert expected <= set(report["runtime"])
+    expected = {"calls.wrappers", "deploy.cluster", "errors", "deploy.execution", "group.membership",
+                "wire.serialization", "deploy.worker", "deploy.launchers.local", "deploy.launchers.attach",
+                "deploy.launchers.ssh", "deploy.launchers.rendezvous", "deploy.launchers.addresses",
+                "diagnostics.rrefs", "recording.rref_ledger", "_compat.torch_compat", "deploy.settings",
+                "diagnostics.autograd", "diagnostics.trace", "lab.teacher", "wire.definitions",
+                "wire.remote_errors", "schemas", "deploy.status"}
+    assert expected <= set(report["runtime"]), expected - set(report["runtime"])
     assert report["headless"] == []
     # nbrpc.RRefGraph is the widget class, and only asking for it imports ipywidgets
     assert report["is_class"] and "ipywidgets" in report["with_widgets"]
     # the check sees front-end imports when there are some
     assert "IPython" in report["with_magics"]
+
+
+def _layer(module: str) -> int:
+    """The layer of ``nbrpc.X...`` by its first name below nbrpc."""
+    first = module.split(".")[1] if "." in module else "__init__"
+    return next(i for i, (_, names) in enumerate(LAYERS) if first in names)
+
+
+def _imports(path: Path, root: Path) -> list[tuple[str, int]]:
+    """Every nbrpc module ``path`` imports, at any depth (functions too), with its line."""
+    here = list(path.relative_to(root.parent).parts)[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+            target = ".".join(base + ([node.module] if node.module else []))
+            found += [(target + "." + a.name if not node.module else target, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "nbrpc":
+            found += [(node.module + "." + a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "nbrpc"]
+    return found
+
+
+def _layer_breaks(root: Path) -> list[str]:
+    breaks = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for target, line in _imports(path, root):
+            if _layer(target) > _layer(module):
+                breaks.append(f"{path.relative_to(root.parent)}:{line} ({LAYERS[_layer(module)][0]}) imports "
+                              f"{target} ({LAYERS[_layer(target)][0]})")
+    return breaks
+
+
+def test_each_layer_imports_only_its_own_and_those_below():
+    assert _layer_breaks(PACKAGE) == []
+
+
+def test_the_layer_check_sees_an_import_upward(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "nbrpc", ignore=shutil.ignore_patterns("__pycache__"))
+    ledger = tmp_path / "nbrpc" / "recording" / "rref_ledger.py"
+    ledger.write_text(ledger.read_text() + "\n\ndef _late():\n    from ..deploy import cluster\n")
+    (found,) = _layer_breaks(tmp_path / "nbrpc")
+    assert found.startswith("nbrpc/recording/rref_ledger.py:") and "nbrpc.deploy.cluster (deploy)" in found
+
+
+def test_modules_stay_small_and_few_stay_flat():
+    sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 450} == {}
+    assert len([name for name in sizes if "/" not in name]) <= 8, sorted(sizes)
 
 
 # -- listening sockets -------------------------------------------------------------

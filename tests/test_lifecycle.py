@@ -25,7 +25,7 @@ from conftest import Pids, wait_gone, wait_until
 from jupyter_client import KernelManager
 
 import nbrpc
-from nbrpc import torch_compat
+from nbrpc._compat import torch_compat
 from nbrpc._util import pid_alive, process_usage
 
 # The contract's numbers, and margins for a loaded two-core machine.
@@ -66,7 +66,7 @@ print(json.dumps({"shutdown_took": time.monotonic() - began,
 DRIVER_LISTENER_POKED = """
 import json, os, socket, time
 import nbrpc
-from nbrpc import group
+from nbrpc.group import membership as group
 from nbrpc._util import listening_ports
 
 cluster = nbrpc.start(2, progress=None)
@@ -150,7 +150,7 @@ def _assert_ended(cluster: nbrpc.Cluster, worker_pids: list[int]) -> None:
     assert [p for p in worker_pids if pid_alive(p)] == []
     assert nbrpc.current() is None
     assert cluster.state == "stopped"
-    assert nbrpc.group.member_names() == [cluster.driver_name]
+    assert nbrpc.group.membership.member_names() == [cluster.driver_name]
     with pytest.raises(nbrpc.UnknownWorkerError, match="worker1"):
         rpc.rpc_sync("worker1", os.getpid)
     with pytest.raises(nbrpc.NoClusterError):
@@ -490,7 +490,7 @@ def test_a_driver_whose_listener_stopped_says_so(drivers):
 
 
 def test_tracking_off_and_on_again(clusters, pids):
-    from nbrpc import rref_ledger
+    from nbrpc.recording import rref_ledger
 
     cluster = clusters(1, track=False)
     _start(cluster, pids)
@@ -519,17 +519,18 @@ def test_frozen_worker_at_shutdown_leaves_the_group_usable(clusters, pids):
     os.kill(w2, signal.SIGSTOP)
     # worker1's graceful leave takes torch's membership lock, then blocks on the
     # frozen worker2: it is killed holding the lock.
-    cluster.worker("worker1").client.execute("import nbrpc.worker; nbrpc.worker.leave()", silent=True)
+    cluster.worker("worker1").client.execute("import nbrpc.deploy.worker; nbrpc.deploy.worker.leave()", silent=True)
     members = torch.distributed.PrefixStore(cluster._driver.prefix, cluster._driver.store)
-    assert wait_until(lambda: members.check([nbrpc.group.TOKEN]) and members.get(nbrpc.group.TOKEN), 30), \
+    token = nbrpc.group.membership.TOKEN
+    assert wait_until(lambda: members.check([token]) and members.get(token), 30), \
         "worker1 never took the membership lock"
-    assert members.get(nbrpc.group.TOKEN) == b"Token_for_worker1_leave"
+    assert members.get(nbrpc.group.membership.TOKEN) == b"Token_for_worker1_leave"
 
     began = time.monotonic()
     cluster.shutdown()
     assert time.monotonic() - began < SHUTDOWN_LIMIT
     _assert_ended(cluster, [w1, w2])
-    assert members.get(nbrpc.group.TOKEN) == b""
+    assert members.get(nbrpc.group.membership.TOKEN) == b""
     _start_works_after(clusters, pids)
 
 

@@ -24,7 +24,7 @@ import pytest
 from conftest import wait_gone
 from netns import Driver, DriverError, Network, Process
 
-from nbrpc.launchers.rendezvous import LOST_AFTER, ORPHANED_AFTER
+from nbrpc.deploy.launchers.rendezvous import LOST_AFTER, ORPHANED_AFTER
 
 REASON = netns.unavailable()
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -145,7 +145,7 @@ def test_attach_across_hosts(hosts, tmp_path):
     assert {state for *_, state in by_name.values()} == {"running"}
     ranks = sorted(rank for rank, *_ in by_name.values())
     assert len(set(ranks)) == 2 and ranks[0] >= 1
-    members = driver.run("result = nbrpc.group.member_names()")
+    members = driver.run("result = nbrpc.group.membership.member_names()")
     assert sorted(members) == ["master", "trainer", "worker1"]
 
     # RPC both ways of hosts, an RRef and its snapshot.
@@ -195,7 +195,7 @@ def test_attach_across_hosts(hosts, tmp_path):
     for process in (*workers.values(), late):
         assert process.proc.wait(timeout=10) == 0
         assert "the driver ended the cluster; exiting" in process.output()
-    assert driver.run("result = nbrpc.group.member_names()") == ["master"]
+    assert driver.run("result = nbrpc.group.membership.member_names()") == ["master"]
 
     # A local cluster still works in the same driver afterwards.
     local = driver.run("local = nbrpc.start(1, progress=None)\n"
@@ -275,7 +275,7 @@ def test_timeline_clocks_across_hosts(hosts):
         parent = outer[c["parent"]]
         slack = clocks["a"]["bound"]
         assert parent["began"] - slack <= c["sent"] and c["replied"] <= parent["ended"] + slack
-    assert driver.run("cluster.shutdown()\nresult = nbrpc.group.member_names()") == ["master"]
+    assert driver.run("cluster.shutdown()\nresult = nbrpc.group.membership.member_names()") == ["master"]
     for process in workers:
         assert process.proc.wait(timeout=10) == 0
 
@@ -338,7 +338,7 @@ def test_link_cut(hosts):
         "result = rpc.rpc_sync('fresh', os.getpid)", timeout=START) == fresh.pid
 
     began = time.monotonic()
-    assert driver.run("cluster.shutdown()\nresult = nbrpc.group.member_names()") == ["master"]
+    assert driver.run("cluster.shutdown()\nresult = nbrpc.group.membership.member_names()") == ["master"]
     assert time.monotonic() - began < SHUTDOWN_LIMIT
     assert workers["w2"].proc.wait(timeout=10) == 0
     assert fresh.proc.wait(timeout=10) == 0

@@ -13,7 +13,8 @@ import torch.distributed.rpc as rpc
 from conftest import wait_gone, wait_until
 
 import nbrpc
-from nbrpc import rref_ledger, rrefs
+from nbrpc.diagnostics import rrefs
+from nbrpc.recording import rref_ledger
 
 # Workers cannot import this file: its functions travel by value, like a notebook's.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

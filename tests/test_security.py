@@ -16,8 +16,9 @@ import textwrap
 import pytest
 import torch.distributed.rpc as rpc
 
-from nbrpc import group, serialization
 from nbrpc._util import listening_ports
+from nbrpc.group import membership as group
+from nbrpc.wire import serialization
 
 GUEST = "nbrpc-guest"
 

@@ -14,7 +14,7 @@ import torch
 from conftest import as_main, run
 from torch.distributed.rpc import internal
 
-from nbrpc.serialization import RpcPickler
+from nbrpc.wire.serialization import RpcPickler
 
 
 @pytest.fixture(scope="module")

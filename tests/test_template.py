@@ -16,10 +16,9 @@ import torch.distributed.rpc as rpc
 from conftest import wait_until
 
 import nbrpc
-from nbrpc import template
 from nbrpc._util import pid_alive
+from nbrpc.deploy import settings, template
 from nbrpc.errors import WorkerStartError
-from nbrpc.launchers import local
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +64,7 @@ def test_workers_are_forked_from_a_template_without_threads():
             # the driver's terminal reaches neither.
             assert os.getsid(w.pid) == os.getsid(tp.pid) != os.getsid(0)
             with open(f"/proc/{w.pid}/cmdline", "rb") as f:
-                assert b"nbrpc.worker" in f.read()
+                assert b"nbrpc.deploy.worker" in f.read()
         assert [rpc.rpc_sync(w.name, os.getpid) for w in cluster.workers] == [w.pid for w in cluster.workers]
         assert {rpc.rpc_sync(w.name, os.getcwd) for w in cluster.workers} == {os.getcwd()}
         one, two = (rpc.rpc_sync(w.name, eval, args=(DRAW,)) for w in cluster.workers)
@@ -117,7 +116,7 @@ def test_a_fork_that_fails_is_a_clear_error_and_leaks_nothing(tmp_path):
     before = set(_children(os.getpid()))
     log = tmp_path / "output.log"
     log.write_bytes(b"")
-    env = {**os.environ, **local.FAST_ALLOC_ENV}
+    env = {**os.environ, **settings.FAST_ALLOC_ENV}
     with pytest.raises(WorkerStartError, match=r"could not be forked.*FileNotFoundError.*no-such-folder"):
         template.launch("worker9", ["-f", str(tmp_path / "kernel.json")], env, str(tmp_path / "no-such-folder"),
                         str(log))
@@ -190,11 +189,11 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _is_worker(pid: int) -> bool:
-    return b"nbrpc.worker" in _cmdline(pid)
+    return b"nbrpc.deploy.worker" in _cmdline(pid)
 
 
 def _is_template(pid: int) -> bool:
-    return b"nbrpc.template" in _cmdline(pid)
+    return b"nbrpc.deploy.template" in _cmdline(pid)
 
 
 def _children(pid: int) -> list[int]:

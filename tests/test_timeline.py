@@ -20,6 +20,7 @@ import pytest
 from _snapshots import TRACE, trace_synthetic
 
 import nbrpc
+from nbrpc.diagnostics import records
 from nbrpc.widgets import timeline_layout as tl
 from nbrpc.widgets import timeline_svg as ts
 
@@ -144,20 +145,21 @@ def test_above_the_threshold_lanes_show_busy_shares():
 
 
 def test_call_stats_per_function_and_callee():
-    rows = {(r["name"], r["callee"]): r for r in tl.call_stats(TRACE)}
+    rows = {(r["name"], r["callee"]): r for r in records.summarize(TRACE)}
     stage1 = rows[("stage1", "w1")]
     assert stage1["count"] == 2
-    assert stage1["total"] == pytest.approx(0.08) and stage1["median"] == pytest.approx(0.04)
+    # a call's time is from sent to reply: 60 and 90 ms
+    assert stage1["total"] == pytest.approx(0.15) and stage1["median"] == pytest.approx(0.075)
     assert stage1["queue"] == pytest.approx(0.025)  # queued 10 and 40 ms
     assert stage1["bytes"] == 2 * (4096 + 100 + 4096 + 50)
     assert rows[("boom", "w1")]["errors"] == 1
     lost = rows[("lost", "w2")]
     assert lost["median"] is None and lost["queue"] is None and lost["total"] == 0
-    assert [r["name"] for r in tl.call_stats(TRACE)][-1] == "lost"
+    assert [r["name"] for r in records.summarize(TRACE)][-1] == "lost"
     text = ts.summary_text(TRACE)
     assert text.splitlines()[0] == ("RPC timeline: 7 calls on 3 members over 250.0 ms; "
                                     "busy: w1 90.0 ms, w2 80.0 ms")
-    assert "stage1    w1          2  80.0 ms  40.0 ms  25.0 ms  16.3 KiB       0" in text
+    assert "stage1    w1          2  150.0 ms  75.0 ms  25.0 ms  16.3 KiB       0" in text
 
 
 def flat(intervals) -> list[float]:

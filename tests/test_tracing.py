@@ -20,7 +20,9 @@ from conftest import wait_gone
 from torch.distributed.optim import DistributedOptimizer
 
 import nbrpc
-from nbrpc import calls, clocks, records, tracing
+from nbrpc.calls.fanout import ask_members
+from nbrpc.diagnostics import records, trace
+from nbrpc.recording import clocks, recorder
 
 # Workers cannot import this file: its functions travel by value, like a notebook's.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -90,7 +92,7 @@ def test_merge_window_orphans_and_errors():
 
 
 def test_ring_keeps_the_last_halves_and_counts_the_rest():
-    ring = tracing.Ring(3)
+    ring = recorder.Ring(3)
     for t in range(5):
         ring.add([f"master:{t}", float(t)])
     assert [h[1] for h in ring.since(None)] == [2.0, 3.0, 4.0]
@@ -101,7 +103,7 @@ def test_ring_keeps_the_last_halves_and_counts_the_rest():
         ring.add([None, float(t)])
     assert len(ring.halves) == 3 and len(ring.evicted) == 3  # both bounded
     # evictions close together share a bucket: counted exactly, kept small
-    ring = tracing.Ring(2)
+    ring = recorder.Ring(2)
     for i in range(1000):
         ring.add([None, 5.0 + i * 1e-6])
     assert ring.dropped(0, 10) == 998 and len(ring.evicted) == 1
@@ -111,22 +113,22 @@ def test_a_block_end_waits_a_little_for_replies_on_their_way(monkeypatch):
     """torch answers a ``to_here`` before the ``remote`` that made its value: a block's
     end waits for such replies, at most ``limit``, and never for gradients' halves
     (which get none) or calls from before the block."""
-    monkeypatch.setattr(tracing, "_ring", tracing.Ring(10))
+    monkeypatch.setattr(recorder, "_ring", recorder.Ring(10))
 
     def half(kind, sent):
-        h = [None] * (tracing.ID + 1)  # a caller half's slots
-        h[tracing.T], h[tracing.SIDE], h[tracing.KIND] = sent, "caller", kind
-        tracing._ring.add(h)
+        h = [None] * (recorder.ID + 1)  # a caller half's slots
+        h[recorder.T], h[recorder.SIDE], h[recorder.KIND] = sent, "caller", kind
+        recorder._ring.add(h)
         return h
 
     remote, _, _ = half("remote", 5.0), half("autograd", 5.0), half("rpc_async", 1.0)
-    threading.Timer(0.05, tracing.answered, (remote,)).start()
+    threading.Timer(0.05, recorder.answered, (remote,)).start()
     began = time.monotonic()
-    tracing._settle(2.0, limit=5.0)
-    assert remote[tracing.REPLIED] is not None and time.monotonic() - began < 2.0
+    recorder.settle(2.0, limit=5.0)
+    assert remote[recorder.REPLIED] is not None and time.monotonic() - began < 2.0
     half("rpc_async", 6.0)  # a reply that never comes costs the limit, no more
     began = time.monotonic()
-    tracing._settle(2.0, limit=0.1)
+    recorder.settle(2.0, limit=0.1)
     assert 0.1 <= time.monotonic() - began < 1.0
 
 
@@ -276,7 +278,7 @@ def test_a_known_sequence_gives_exactly_its_records(traced):
     assert failed["error"] == "ValueError: meant to fail"
     assert [c["error"] for c in got if c is not failed] == [None] * 6
     # the RRef: made by remote, fetched by to_here, one id
-    rid = nbrpc.rref_ledger.rref_id(rref)
+    rid = nbrpc.recording.rref_ledger.rref_id(rref)
     assert remote["rref"] == fetch["rref"] == rid
     assert remote["reply"] is None  # the value stays with its owner
     assert fetch["reply"]["tensor"] == 4000 and fetch["request"] == {"tensor": 0, "pickle": 0}
@@ -376,7 +378,7 @@ def test_rref_helpers(traced):
         assert counter.rpc_async().bump(3).wait() == 6
         counter.remote().bump(4).to_here()
     got = t.snapshot()["calls"]
-    rid = nbrpc.rref_ledger.rref_id(counter)
+    rid = nbrpc.recording.rref_ledger.rref_id(counter)
     helpers = [c for c in got if c["kind"] == "rref_helper"]
     assert [(c["callee"], c["name"], c["rref"]) for c in helpers] == [(W1, "Counter.bump", rid)] * 3
     assert all(c["began"] is not None and c["reply"] is not None for c in helpers[:2])
@@ -398,8 +400,8 @@ def test_backward_and_optimizer_step(traced):
         ("rpc_sync", M, W1, "scaled"), ("rpc_sync", M, W2, "aten::mul"),
         # gradients go back the way the tensors came: to worker2, then worker2 -> driver,
         # driver -> worker1 (y's sender), worker1 -> driver (x's)
-        ("autograd", M, W2, tracing.GRADIENTS), ("autograd", W2, M, tracing.GRADIENTS),
-        ("autograd", M, W1, tracing.GRADIENTS), ("autograd", W1, M, tracing.GRADIENTS),
+        ("autograd", M, W2, recorder.GRADIENTS), ("autograd", W2, M, recorder.GRADIENTS),
+        ("autograd", M, W1, recorder.GRADIENTS), ("autograd", W1, M, recorder.GRADIENTS),
         ("optimizer", M, W1, "torch.distributed.optim.optimizer._script_local_optimizer_step"),
     ]
     assert {c["context"] for c in got} == {context_id}
@@ -421,7 +423,7 @@ def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
     assert len(nbrpc.trace_snapshot()["calls"]) > 10
 
     # Rings of 50 halves: 200 calls keep the last 50 on each side, the rest counted.
-    calls.ask_members(tracing.set_capacity, (50,))
+    ask_members(recorder.set_capacity, (50,))
     try:
         with nbrpc.trace() as t:
             for _ in range(200):
@@ -430,9 +432,9 @@ def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
         assert len(snap["calls"]) == 50
         assert snap["dropped"] == 150 * 2  # each side lost 150 halves
         assert [c["began"] is not None for c in snap["calls"]] == [True] * 50
-        assert all(len(r["halves"]) <= 50 for r in tracing.gather(None, {}))
+        assert all(len(r["halves"]) <= 50 for r in trace.gather(None, {}))
     finally:
-        calls.ask_members(tracing.set_capacity, (tracing.CAPACITY,))
+        ask_members(recorder.set_capacity, (recorder.CAPACITY,))
 
 
 def test_chrome_trace_of_real_calls(traced, tmp_path):

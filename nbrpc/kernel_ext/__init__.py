@@ -2,7 +2,7 @@
 
 
 def load_ipython_extension(ipython):
-    from .. import template
+    from ..deploy import template
     from .magics import RpcMagics
 
     ipython.register_magics(RpcMagics)

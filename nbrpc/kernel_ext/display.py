@@ -6,7 +6,7 @@ import sys
 
 from IPython.display import display, publish_display_data
 
-from ..cluster import text_progress
+from ..deploy.cluster import text_progress
 
 
 def in_notebook() -> bool:

@@ -9,9 +9,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .. import cluster as cluster_mod
+from ..deploy import cluster as cluster_mod
+from ..deploy.status import StatusTable
 from ..errors import NoClusterError
-from ..status import StatusTable
 from .display import KernelOutput, start_progress
 
 

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import cluster as cluster_mod
+from ..deploy import cluster as cluster_mod
 from . import dist_autograd, param_server, rpc_basics, teacher
 from ._checking import FILL_IN, _describe, _Wrong
 from .param_server import digits

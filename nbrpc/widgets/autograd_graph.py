@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import autograd
+from ..diagnostics import autograd
 from . import describe, svg
 from .base import GraphWidget, StaticView
 

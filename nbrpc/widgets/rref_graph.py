@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import traitlets
 
-from .. import rrefs
-from ..cluster import current
+from ..deploy.cluster import current
+from ..diagnostics import rrefs
 from ..errors import NoClusterError
 from . import describe, svg
 from ._live import LiveView

@@ -7,9 +7,9 @@ import time
 import anywidget
 import traitlets
 
-from ..cluster import Cluster, current
+from ..deploy.cluster import Cluster, current
+from ..deploy.status import StatusTable
 from ..errors import NoClusterError
-from ..status import StatusTable
 from ._live import Refresher, SyncLock, cluster_running
 from .base import HERE
 

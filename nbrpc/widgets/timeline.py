@@ -8,7 +8,7 @@ from pathlib import Path
 import anywidget
 import traitlets
 
-from ..cluster import current
+from ..deploy.cluster import current
 from ..errors import NoClusterError
 from . import timeline_layout as tl
 from . import timeline_svg as ts

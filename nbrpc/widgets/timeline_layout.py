@@ -13,7 +13,6 @@ them, and unit tests check them directly.
   ``aggregate_above`` calls, each lane's busy share over time instead (``busy_bars``).
 - ``busy_intervals``, ``busy_time``, ``overlap``: when members ran calls, as merged
   intervals, for measuring (the pipeline's overlap, a server's load).
-- ``call_stats``: per function and callee, count, total and median time, bytes.
 - ``ticks``: the time axis (the front end uses the same steps).
 - ``colour``: a function name's colour, the same in every snapshot and process.
 """
@@ -24,7 +23,6 @@ import collections
 import colorsys
 import hashlib
 import math
-import statistics
 from dataclasses import dataclass, field
 
 from .layout import natural_key, worker_order
@@ -152,29 +150,6 @@ def overlap(first, second) -> float:
         else:
             j += 1
     return total
-
-
-def call_stats(snapshot: dict) -> list[dict]:
-    """Per function and callee: ``count``, ``total`` and ``median`` run time (s), median
-    ``queue`` (began - sent, s), ``bytes`` both ways, ``errors``; largest total first."""
-    groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
-    for c in snapshot.get("calls", []):
-        groups[(c.get("name") or "?", c.get("callee") or "?")].append(c)
-    rows = []
-    for (name, callee), calls in groups.items():
-        runs = [c["ended"] - c["began"] for c in calls if ran(c)]
-        queues = [c["began"] - c["sent"] for c in calls if c.get("began") is not None]
-        moved = sum(_bytes(c.get("request")) + _bytes(c.get("reply")) for c in calls)
-        rows.append({"name": name, "callee": callee, "count": len(calls), "total": sum(runs),
-                     "median": statistics.median(runs) if runs else None,
-                     "queue": statistics.median(queues) if queues else None,
-                     "bytes": moved, "errors": sum(1 for c in calls if c.get("error"))})
-    rows.sort(key=lambda r: (-r["total"], -r["count"], natural_key(r["name"]), natural_key(r["callee"])))
-    return rows
-
-
-def _bytes(part: dict | None) -> int:
-    return 0 if not part else int(part.get("tensor") or 0) + int(part.get("pickle") or 0)
 
 
 def clock_bound(snapshot: dict) -> tuple[float, list[str]]:

@@ -1,0 +1,380 @@
+"""Make torch's blocking RPC calls behave in an interactive session.
+
+Wrappers, installed in every member by ``group.join``:
+
+- ``torch_compat.to_worker_info`` (every ``rpc_sync``, ``rpc_async`` and ``remote`` resolves
+  its destination through it): an unknown name raises ``UnknownWorkerError``
+  listing the workers that exist.
+- ``rpc.rpc_sync``: waits on the main thread in a way Ctrl-C (the notebook's stop
+  button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
+  deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
+  could not pickle and in failures of workers whose process has ended. An
+  interrupted call is stopped on its worker too (see ``interrupts``).
+- ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
+- ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
+  thread can be interrupted (the waiting stops; the function that built the RRef's
+  value is not stopped). Both tell the RRef ledger while it tracks.
+"""
+
+from __future__ import annotations
+
+import _thread
+import concurrent.futures
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed.rpc as rpc
+
+from .._compat import torch_compat
+from .._compat.torch_compat import UNSET_RPC_TIMEOUT, RPCExecMode
+from ..errors import (
+    RpcTimeoutError,
+    SerializationError,
+    UnknownWorkerError,
+    WorkerDiedError,
+)
+from ..recording import recorder, rref_ledger
+from ..wire import remote_errors
+from . import interrupts
+
+_torch_to_worker_info = torch_compat.to_worker_info
+_torch_rpc_sync = torch_compat.rpc_sync
+_torch_remote = torch_compat.remote
+_torch_to_here = torch_compat.to_here
+
+# How often a waiting rpc_sync asks whether its worker is still there.
+FATE_POLL = 0.5
+# Threads that wait on blocking torch calls (to_here) for the main thread; one that
+# was interrupted stays busy until its call ends.
+HELPERS = 8
+_helpers: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _no_fate(name: str) -> str | None:
+    return None
+
+
+# Worker name -> why it is gone, or None if alive: told by the running cluster.
+_fate: Callable[[str], str | None] = _no_fate
+
+
+def set_worker_fate(fate: Callable[[str], str | None] | None) -> None:
+    """Let ``fate`` say why a worker is gone (the running cluster), or nothing (None)."""
+    global _fate
+    _fate = fate or _no_fate
+
+
+def worker_fate(name: str) -> str | None:
+    """Why worker ``name`` is gone, or None while it runs (or no cluster knows it)."""
+    return _fate(name)
+
+
+def install() -> None:
+    """Put the wrappers in place (idempotent)."""
+    torch_compat.patch(torch_compat.TO_WORKER_INFO, _to_worker_info)
+    torch_compat.patch(torch_compat.RPC_SYNC, rpc_sync)
+    torch_compat.patch(torch_compat.RPC_ASYNC, rpc_async)
+    torch_compat.patch(torch_compat.REMOTE, remote)
+    torch_compat.patch(torch_compat.RREF_TO_HERE, to_here)
+
+
+def _to_worker_info(to):
+    try:
+        return _torch_to_worker_info(to)
+    except RuntimeError as e:
+        if "could not find destination" not in str(e):
+            raise
+        fate = worker_fate(to) if isinstance(to, str) else None
+        if fate:  # a worker that was lost and dropped from the group
+            raise WorkerDiedError(
+                f"worker {to!r} {fate}; the other workers keep running. Start a new "
+                f"cluster (%rpc_shutdown, then %rpc_init) to get {to!r} back"
+            ) from e
+        known = sorted(info.name for info in torch_compat.current_agent().get_worker_infos())
+        which = f"named {to!r}" if isinstance(to, str) else f"with id {to!r}"
+        msg = f"no worker {which} in this RPC group; the workers are: {', '.join(known)}"
+        raise UnknownWorkerError(msg) from e
+
+
+@torch_compat.require_initialized
+def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+    """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
+    worker too) and with named failures."""
+    half = recorder.outgoing("rpc_sync", to) if recorder.recording else None
+    fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
+    try:
+        _wait(fut, to)
+        value = fut.wait()
+    except RuntimeError as e:
+        named = _named(e, to, _label("rpc_sync", to, func), timeout)
+        if half is not None:
+            recorder.answered(half, named)
+        if named is e:
+            raise
+        raise named from e
+    except KeyboardInterrupt as e:
+        if half is not None:
+            recorder.failed(half, e)
+        raise _stopped(to, _label("rpc_sync", to, func), call_id) from None
+    except Exception as e:  # a remote exception of its own class (see remote_errors)
+        if half is not None:
+            recorder.answered(half, e)
+        raise
+    if half is not None:
+        recorder.answered(half)
+    return value
+
+
+@torch_compat.require_initialized
+def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+    """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
+    half = recorder.outgoing("rpc_async", to) if recorder.recording else None
+    fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
+    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half)
+    if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
+        torch_compat.call_thread_state.future_list.append(named)
+    return named
+
+
+class NamedFuture(torch.futures.Future):
+    """What ``rpc_async`` returns: ``wait()`` names failures as ``rpc_sync`` does and,
+    on the main thread, can be interrupted, which stops the call on its worker too.
+
+    Futures made from it (``then``) and ``value()`` keep torch's own errors.
+    """
+
+    def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
+                 half: list | None = None):
+        super().__init__()
+        self._call = (to, label, timeout, call_id)
+        self._half = half
+        fut.add_done_callback(self._settle)
+
+    def _settle(self, fut: torch.futures.Future) -> None:
+        torch_compat.keep_thread_state()
+        try:
+            value = fut.value()
+        except Exception as e:
+            if self._half is not None:
+                recorder.answered(self._half, remote_errors.original(e) or e)
+            self.set_exception(e)
+        else:
+            if self._half is not None:
+                recorder.answered(self._half)
+            self.set_result(value)
+
+    def wait(self):
+        to, label, timeout, call_id = self._call
+        try:
+            _wait(self, to)
+            return super().wait()
+        except RuntimeError as e:
+            named = _named(e, to, label, timeout)
+            if named is e:
+                raise
+            raise named from e
+        except KeyboardInterrupt:
+            raise _stopped(to, label, call_id) from None
+
+
+def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+    """``torch.distributed.rpc.remote`` with named failures, in the RRef ledger."""
+    half = recorder.outgoing("remote", to) if recorder.recording else None
+    if half is not None:
+        rref = _traced_remote(to, func, args, kwargs, timeout, half)
+    else:
+        try:
+            rref = _torch_remote(to, func, args, kwargs, timeout)
+        except RuntimeError as e:
+            named = _named(e, to, _label("remote", to, func), timeout)
+            if named is e:
+                raise
+            raise named from e
+    if rref_ledger.is_tracking():
+        rref_ledger.created(rref)
+    return rref
+
+
+def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
+    """``remote`` recorded: the function goes with the call's id (no reply is pickled:
+    the value stays with its owner), the reply is the owner's ack of the RRef."""
+    stoppable = func
+    if interrupts.can_stop(func):
+        stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), (recorder.call_id(half), False))
+    try:
+        rref = _torch_remote(to, stoppable, args, kwargs, timeout)
+    except RuntimeError as e:
+        named = _named(e, to, _label("remote", to, func), timeout)
+        recorder.failed(half, named)
+        if named is e:
+            raise
+        raise named from e
+    except BaseException as e:
+        recorder.failed(half, e)
+        raise
+    finally:
+        recorder.sent(half, func, args)
+    recorder.made_rref(half, rref)
+    torch_compat.creation_future(rref).add_done_callback(lambda fut: recorder.answered_future(half, fut))
+    return rref
+
+
+def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
+    """``PyRRef.to_here`` with named failures; on the main thread it can be interrupted."""
+    if rref.is_owner():
+        return _torch_to_here(rref, timeout)
+    owner = rref.owner_name()
+    half = recorder.outgoing("to_here", owner, rref=rref) if recorder.recording else None
+    try:
+        if threading.current_thread() is threading.main_thread():
+            value = _in_background(lambda: _fetch(rref, timeout, half), owner)
+        else:
+            value = _fetch(rref, timeout, half)
+    except RuntimeError as e:
+        named = _named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout)
+        if half is not None:
+            recorder.answered(half, named)
+        if named is e:
+            raise
+        raise named from e
+    except KeyboardInterrupt:
+        if half is not None:
+            recorder.failed(half, KeyboardInterrupt("interrupted"))
+        raise KeyboardInterrupt(
+            f"to_here() of an RRef owned by {owner!r} was interrupted; only the waiting "
+            "stopped (the fetch ends in the background)") from None
+    if half is not None:
+        recorder.answered(half)
+    if rref_ledger.is_tracking():
+        rref_ledger.fetched(rref, value)
+    return value
+
+
+def _fetch(rref, timeout: float, half: list | None):
+    """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled."""
+    if half is None:
+        return _torch_to_here(rref, timeout)
+    recorder.fetching(half)
+    try:
+        return _torch_to_here(rref, timeout)
+    finally:
+        recorder.fetching(None)
+
+
+def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: list | None = None):
+    """Send the call: a Python function goes with a new call id, so that an interrupt
+    can stop it. Returns torch's future and the call id (None: cannot be stopped).
+    ``half``: the caller's record of a recorded call (see ``recording.recorder``)."""
+    if half is None:
+        return _send(to, func, mode, args, kwargs, timeout, None)
+    try:
+        return _send(to, func, mode, args, kwargs, timeout, (recorder.call_id(half), True))
+    except BaseException as e:
+        recorder.failed(half, e)
+        raise
+    finally:
+        recorder.sent(half, func, args)
+
+
+def _send(to, func, mode: RPCExecMode, args, kwargs, timeout: float, trace: tuple | None):
+    if not interrupts.can_stop(func):
+        return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
+    stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), trace)
+    try:
+        return torch_compat.invoke_rpc(to, stoppable, mode, args, kwargs, timeout), stoppable.call_id
+    except SerializationError:
+        # Sent bare, the error names the function or argument that does not pickle.
+        return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
+
+
+def _label(how: str, to, func) -> str:
+    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    return f"{how}({name!r}, {getattr(func, '__qualname__', repr(func))})"
+
+
+def _wait(fut, to) -> None:
+    """On the main thread, wait for ``fut`` (torch's or concurrent's) in a way Ctrl-C can
+    interrupt; elsewhere, leave the waiting to the caller.
+
+    A lock released by the future's done-callback: acquiring a lock with a timeout is
+    interruptible and costs no CPU while it waits, where polling ``done()`` took a core
+    from the threads that answer the call.
+    """
+    if threading.current_thread() is threading.main_thread() and not fut.done():
+        done = _thread.allocate_lock()
+        done.acquire()
+        fut.add_done_callback(_releasing(done))
+        _await(done, to)
+
+
+def _releasing(done) -> Callable:
+    def release(_) -> None:
+        torch_compat.keep_thread_state()  # a torch thread: its next callback runs sooner
+        done.release()
+
+    return release
+
+
+def _await(done, to) -> None:
+    """Wait until ``done`` (a held lock) is released, in steps Ctrl-C can interrupt,
+    giving up if the worker is gone."""
+    name = to if isinstance(to, str) else getattr(to, "name", None)
+    while not done.acquire(timeout=FATE_POLL):
+        # A worker whose link went silent never answers, and torch would
+        # wait out the whole RPC timeout to say so.
+        if name is not None and worker_fate(name):
+            raise RuntimeError("no reply: the worker is gone")
+
+
+def _in_background(call: Callable, to):
+    """``call()`` on a helper thread while this one waits interruptibly."""
+    global _helpers
+    if _helpers is None:  # kept between calls: a new thread per call costs more than the call
+        _helpers = concurrent.futures.ThreadPoolExecutor(HELPERS, thread_name_prefix="nbrpc-wait")
+    job = _helpers.submit(call)
+    _wait(job, to)
+    return job.result()
+
+
+def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:
+    """The error for an interrupted call, after asking its worker to stop it."""
+    if call_id is None:
+        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped")
+    interrupts.send_stop(to, call_id)
+    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too")
+
+
+def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
+    """Return a clearer error for a dead worker or a timeout, the remote exception
+    itself where it was of a class torch could not keep, else ``error`` itself;
+    ``label`` names the call (``rpc_sync('worker1', f)``)."""
+    original = remote_errors.original(error)
+    if original is not None:
+        return original
+    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    fate = worker_fate(name)
+    if fate:
+        msg = (
+            f"{label} failed: worker {name!r} {fate}. Its state is "
+            "lost; the other workers keep running. Start a new cluster (%rpc_shutdown, "
+            f"then %rpc_init) to get {name!r} back. Torch said: {error}"
+        )
+        return WorkerDiedError(msg)
+    text = str(error)
+    if text.startswith(f"{SerializationError.__name__}: "):
+        # The worker could not pickle its reply; torch hands back only the text,
+        # followed by its C++ stack.
+        reason = text.split("\n\nAt:", 1)[0].split(": ", 1)[1]
+        msg = f"{label} ran on {name!r} but its reply could not be sent: {reason}"
+        return SerializationError(msg)
+    if "RPC ran for more than set timeout" in text:
+        seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
+        msg = (
+            f"{label} got no answer within {seconds:g} s (it may still "
+            "be running there). Pass timeout=SECONDS to the call, or start the cluster "
+            "with a longer default (%rpc_init --timeout SECONDS)."
+        )
+        return RpcTimeoutError(msg)
+    return error

@@ -1,0 +1,137 @@
+"""Worker bootstrap: a real ipykernel that is also a member of the driver's RPC group.
+
+The driver launches ``python -m nbrpc.deploy.worker -f CONNECTION_FILE`` with the group's
+coordinates in its environment (``settings.WorkerSettings``). The kernel binds its ZMQ ports,
+joins RPC, then serves execute requests (``%%rpc_on``) on its main thread while
+TensorPipe threads serve RPCs. A watchdog ends the process when the driver is gone.
+
+A worker on another machine starts with ``nbrpc worker --join HOST:PORT`` instead
+(``join_driver``): the driver hands it the same settings over its rendezvous, and the
+join connection, kept open, is its watchdog.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from .._util import pid_alive
+from ..group import membership as group
+from ..wire import serialization
+from .settings import WorkerSettings
+
+WATCH_INTERVAL = 0.5
+
+
+def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> None:
+    settings = WorkerSettings.from_env(os.environ)
+    if settings.driver_pid is not None:  # a worker joined from elsewhere has its lifeline instead
+        _watch_driver(settings.driver_pid, _scratch(argv or []))
+    from ipykernel.kernelapp import IPKernelApp
+
+    app = IPKernelApp.instance()
+    app.initialize(argv)
+    if on_kernel is not None:
+        on_kernel(app)
+    host, port = settings.store.rsplit(":", 1)
+    serialization.set_key(settings.key)
+    store = group.connect_store(host, int(port), settings.timeout)
+    options = group.backend_options(settings.threads, settings.timeout, settings.placement,
+                                    settings.transport)
+    group.join(store, settings.prefix, settings.name, settings.rank, options, settings.interface,
+               settings.track, settings.trace)
+    app.start()
+
+
+def join_driver(address: str, token: str, name: str | None = None) -> None:
+    """``nbrpc worker --join``: join the driver at ``address``, then serve as its worker.
+
+    The driver checks the token and grants a rank, a name and the cluster's
+    settings; the driver's store is reached through a token-checked relay; the
+    kernel's ports listen on the address that reached the driver; the join
+    connection stays open as a lifeline (this process exits when it ends).
+    """
+    import json
+    import shutil
+    import signal
+    import tempfile
+
+    from .._util import LOOPBACK
+    from .launchers import addresses, rendezvous
+    from .launchers.base import write_unbound_connection_file
+
+    store_port = rendezvous.relay_store(address, token)
+    sock, grant = rendezvous.request_join(address, token, name)
+    ip = sock.getsockname()[0]
+    settings = WorkerSettings.from_wire(grant["settings"], f"{LOOPBACK}:{store_port}",
+                                        addresses.interface_of(ip))
+    os.environ.update(settings.to_env())  # what main reads, as a local worker's
+    scratch = tempfile.mkdtemp(prefix=f"nbrpc-{grant['name']}-")
+    connection_file = os.path.join(scratch, "kernel.json")
+    write_unbound_connection_file(connection_file, ip)
+
+    # The kernel sends this process's stdout and stderr to its clients; the terminal
+    # (or the ssh session, or the batch log) still gets what this bootstrap says.
+    console = os.fdopen(os.dup(2), "w")
+
+    def say(text: str) -> None:
+        print(f"nbrpc worker {grant['name']}: {text}", file=console, flush=True)
+
+    def end(code: int, why: str = "") -> None:
+        say(f"the driver {why}; exiting" if why else "the driver ended the cluster; exiting")
+        shutil.rmtree(scratch, ignore_errors=True)
+        os._exit(code)
+
+    def on_message(message: dict) -> None:
+        if "exit" in message:
+            end(int(message["exit"]))
+        elif message.get("interrupt"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def report(app) -> None:
+        with open(app.abs_connection_file) as f:
+            rendezvous.send(sock, {"kernel": json.load(f)})
+        rendezvous.Link(sock, rendezvous.ORPHANED_AFTER, on_message, lambda why: end(3, why))
+
+    say(f"admitted by {address} (rank {grant['rank']}); kernel and RPC on {ip}")
+
+    main(["-f", connection_file], on_kernel=report)
+
+
+def leave(timeout: float = 20.0) -> None:
+    """Leave the RPC group gracefully, its RRefs deleted first (with the driver's and
+    the other workers', at the same time); the driver runs this in the kernel at shutdown."""
+    group.release_rrefs()
+    group.leave(graceful=True, timeout=timeout)
+
+
+def _scratch(argv: list[str]) -> str | None:
+    """The folder the driver made for this worker (connection file, log, sockets)."""
+    if "-f" not in argv[:-1]:
+        return None
+    folder = os.path.dirname(argv[argv.index("-f") + 1])
+    return folder if os.path.basename(folder).startswith("nbrpc-") else None
+
+
+def _watch_driver(driver_pid: int, scratch: str | None) -> None:
+    """Exit at once when the driver process ends (killed, restarted, crashed), taking
+    the folder the driver would have removed with it."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent and pid_alive(driver_pid):
+            time.sleep(WATCH_INTERVAL)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        # The RPC agent's threads would block a normal interpreter exit.
+        os._exit(3)
+
+    threading.Thread(target=watch, name="nbrpc-driver-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,186 @@
+"""Call records from members' halves, and what is made of them (pure functions).
+
+``merge`` joins the halves every member reported (``tracing.report``) by call id
+into ``CallRecord`` s on the driver's clock; ``chrome_trace`` and ``summarize`` turn
+the resulting ``TraceSnapshot`` into Chrome's trace event format (Perfetto,
+chrome://tracing) and a table per function and callee.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import statistics
+
+from ..schemas import CallRecord, TraceSnapshot
+
+__all__ = ["chrome_trace", "merge", "summarize"]
+
+_CALLER_FIELDS = ("caller", "callee", "kind", "name", "sent", "replied", "request", "reply",
+                  "parent", "context", "rref", "error")
+
+
+def merge(reports: list[dict], clocks_found: dict, start: float, end: float) -> TraceSnapshot:
+    """Join members' halves into call records on the driver's clock (pure)."""
+    callers: dict[str, dict] = {}
+    callees: dict[str, dict] = {}
+    dropped = 0
+    for r in sorted(reports, key=lambda r: r["id"]):
+        offset = clocks_found.get(r["name"], (0.0, 0.0))[0]
+        for half in r["halves"]:
+            half = _shifted(half, offset)
+            (callers if half["side"] == "caller" else callees)[half["key"]] = half
+        dropped += sum(n for t, n in r["evicted"] if start <= t + offset <= end)
+    calls: list[CallRecord] = []
+    for key, c in callers.items():
+        if not start <= c["sent"] <= end:
+            continue
+        e = callees.pop(key, None) or {}
+        record = {"id": c.get("id", key), **{f: c[f] for f in _CALLER_FIELDS}}
+        record["began"], record["ended"] = e.get("began"), e.get("ended")
+        record["thread"] = e.get("thread")
+        record["request"] = _bytes(c["request"])
+        record["reply"] = _bytes(e.get("reply") or c["reply"])
+        record["name"] = e.get("name") or c["name"]
+        record["error"] = e.get("error") or c["error"]  # the callee's own exception first
+        calls.append(record)
+    # A callee half whose caller half is gone: lost to the caller's ring (or with it).
+    dropped += sum(start <= e["began"] <= end for e in callees.values()
+                   if e["key"] not in callers)
+    names = {r["id"]: r["name"] for r in reports}
+    order = {f: i for i, f in enumerate(_RECORD_FIELDS)}
+    calls = [dict(sorted(c.items(), key=lambda kv: order[kv[0]])) for c in calls]
+    calls.sort(key=lambda c: (c["sent"], c["id"]))
+    return dict(
+        workers=[dict(name=r["name"], id=r["id"], host=r["host"], pid=r["pid"])
+                 for r in sorted(reports, key=lambda r: r["id"])],
+        calls=calls,
+        clocks=[dict(worker=names[i], offset=clocks_found.get(names[i], (0.0, 0.0))[0],
+                     bound=clocks_found.get(names[i], (0.0, 0.0))[1]) for i in sorted(names)],
+        start=start, end=end, dropped=dropped,
+    )
+
+
+_RECORD_FIELDS = ("id", "caller", "callee", "kind", "name", "sent", "began", "ended", "replied",
+                  "thread", "request", "reply", "parent", "context", "rref", "error")
+
+
+def _shifted(half: dict, offset: float) -> dict:
+    half = dict(half)
+    for f in ("t", "sent", "replied", "began", "ended"):
+        if half.get(f) is not None:
+            half[f] = half[f] + offset
+    return half
+
+
+def _bytes(pair) -> dict | None:
+    return None if pair is None else {"tensor": int(pair[0]), "pickle": int(pair[1])}
+
+
+def chrome_trace(snap: TraceSnapshot) -> dict:
+    """The snapshot in Chrome's trace event format (Perfetto, chrome://tracing): one
+    process per member, callee runs on their threads' lanes, the caller's send-to-reply
+    intervals on lanes of their own, flow arrows request and reply."""
+    pids = {w["name"]: w["id"] for w in snap["workers"]}
+    events: list[dict] = []
+
+    def pid(name: str) -> int:
+        if name not in pids:
+            pids[name] = max(pids.values(), default=-1) + 1
+        return pids[name]
+
+    def us(t: float) -> float:
+        return round((t - snap["start"]) * 1e6, 3)
+
+    threads: dict[tuple, int] = {}
+    lanes: dict[str, list[float]] = collections.defaultdict(list)  # caller -> lane ends
+    flow = itertools.count(1)
+    for c in snap["calls"]:
+        label = f"{c['name']} -> {c['callee']}"
+        args = {k: c[k] for k in ("id", "kind", "parent", "context", "rref", "error", "request", "reply")
+                if c.get(k) is not None}
+        end = c["replied"] if c["replied"] is not None else (c["ended"] or c["sent"])
+        lane = _lane(lanes[c["caller"]], c["sent"], end)
+        caller_tid = 1_000_000 + lane
+        events.append(dict(ph="X", name=label, cat="call", pid=pid(c["caller"]), tid=caller_tid,
+                           ts=us(c["sent"]), dur=max(0.0, us(end) - us(c["sent"])), args=args))
+        if c["began"] is None:
+            continue
+        key = (c["callee"], c["thread"])
+        tid = threads.setdefault(key, len([k for k in threads if k[0] == c["callee"]]) + 1)
+        began, ended = c["began"], c["ended"] if c["ended"] is not None else c["began"]
+        events.append(dict(ph="X", name=c["name"], cat="run", pid=pid(c["callee"]), tid=tid,
+                           ts=us(began), dur=max(0.0, us(ended) - us(began)), args=args))
+        # Arrows: request (send -> run), reply (run's end -> reply), each inside its slices.
+        request = next(flow)
+        events.append(dict(ph="s", name="request", cat="rpc", id=request, pid=pid(c["caller"]),
+                           tid=caller_tid, ts=us(c["sent"])))
+        events.append(dict(ph="f", bp="e", name="request", cat="rpc", id=request,
+                           pid=pid(c["callee"]), tid=tid, ts=max(us(began), us(c["sent"]))))
+        if c["replied"] is not None and c["ended"] is not None:
+            reply = next(flow)
+            events.append(dict(ph="s", name="reply", cat="rpc", id=reply, pid=pid(c["callee"]),
+                               tid=tid, ts=us(ended)))
+            events.append(dict(ph="f", bp="e", name="reply", cat="rpc", id=reply,
+                               pid=pid(c["caller"]), tid=caller_tid,
+                               ts=max(us(ended), us(c["replied"]))))
+    meta = []
+    for name, p in pids.items():
+        meta.append(dict(ph="M", name="process_name", pid=p, tid=0, ts=0, args={"name": name}))
+        meta.append(dict(ph="M", name="process_sort_index", pid=p, tid=0, ts=0, args={"sort_index": p}))
+    for (member, thread), tid in threads.items():
+        meta.append(dict(ph="M", name="thread_name", pid=pid(member), tid=tid, ts=0,
+                         args={"name": thread or "?"}))
+    for member, ends in lanes.items():
+        for lane in range(len(ends)):
+            meta.append(dict(ph="M", name="thread_name", pid=pid(member), tid=1_000_000 + lane, ts=0,
+                             args={"name": f"calls sent ({lane + 1})"}))
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms",
+            "otherData": {"clocks": snap["clocks"], "dropped": snap["dropped"]}}
+
+
+def _lane(ends: list[float], start: float, end: float) -> int:
+    """The first lane free at ``start`` (caller intervals overlap when calls are async)."""
+    for i, last in enumerate(ends):
+        if last <= start:
+            ends[i] = end
+            return i
+    ends.append(end)
+    return len(ends) - 1
+
+
+def summarize(snap: TraceSnapshot) -> list[dict]:
+    """Rows per (function, callee): ``count``; ``total`` and ``median`` time (``duration``);
+    median ``queue`` (sent to began); bytes each way and both; ``errors``; largest total first.
+    ``Trace.summary()`` and the timeline's table are both these rows."""
+    groups: dict[tuple, list] = collections.defaultdict(list)
+    for c in snap.get("calls", []):
+        groups[(c.get("name") or "?", c.get("callee") or "?")].append(c)
+    rows = []
+    for (name, callee), calls in groups.items():
+        times = [t for t in map(duration, calls) if t is not None]
+        queues = [c["began"] - c["sent"] for c in calls if c.get("began") is not None and c.get("sent") is not None]
+        request = sum(_count(c.get("request")) for c in calls)
+        reply = sum(_count(c.get("reply")) for c in calls)
+        rows.append(dict(
+            name=name, callee=callee, kind=calls[0].get("kind"), count=len(calls),
+            total=sum(times), median=statistics.median(times) if times else None,
+            queue=statistics.median(queues) if queues else None,
+            errors=sum(bool(c.get("error")) for c in calls),
+            request_bytes=request, reply_bytes=reply, bytes=request + reply,
+        ))
+    return sorted(rows, key=lambda r: (-r["total"], -r["count"], r["name"], r["callee"]))
+
+
+def duration(call: dict) -> float | None:
+    """A call's time: from sent to its reply (what the caller waited), or the callee's
+    run when no reply is known; None when neither is."""
+    if call.get("replied") is not None and call.get("sent") is not None:
+        return call["replied"] - call["sent"]
+    if call.get("ended") is not None and call.get("began") is not None:
+        return call["ended"] - call["began"]
+    return None
+
+
+def _count(part: dict | None) -> int:
+    return 0 if not part else int(part.get("tensor") or 0) + int(part.get("pickle") or 0)

@@ -1,0 +1,75 @@
+"""What ran in a recorded call: a function's name and the kind of call it makes,
+looked up once per function."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .._compat import torch_compat
+
+DESCRIPTIONS_KEPT = 4096  # functions whose name and kind are remembered per member
+# The functions an RRef helper runs on the owner, named per call by the RRef's type and method.
+RREF_HELPERS = torch_compat.RREF_HELPERS
+# Functions that live as long as their process: described once, by themselves.
+_LASTING = (type, types.BuiltinFunctionType, torch.jit.ScriptFunction)
+# ``_remembered`` per function, by code object for Python functions.
+_descriptions: dict = {}
+
+
+def describe(func) -> tuple[str, str | None, bool, bool, str | None]:
+    """``func``'s name, the kind of call it makes if special, whether torch pickles the
+    arguments itself, whether its arguments say more, and its ``__qualname__``."""
+    try:
+        found = _descriptions.get(getattr(func, "__code__", func))
+    except TypeError:  # a callable object that cannot be a dict key
+        found = None
+    if found is None or found[4] != getattr(func, "__qualname__", None):
+        found = _remembered(func)
+    return found
+
+
+def _remembered(func) -> tuple[str, str | None, bool, bool, str | None]:
+    """``_describe(func)`` and the ``__qualname__`` it was made for, remembered for the
+    next calls: by code object for a Python function (a closure made anew for each
+    call shares it, and is not kept alive by it; functions that share a decorator's
+    code differ in name), by itself for a class, builtin or TorchScript function."""
+    found = (*_describe(func), getattr(func, "__qualname__", None))
+    key = getattr(func, "__code__", None)
+    if key is None and isinstance(func, _LASTING):
+        key = func
+    if key is not None and found[4] is not None:
+        if len(_descriptions) >= DESCRIPTIONS_KEPT:
+            _descriptions.clear()
+        _descriptions[key] = found
+    return found
+
+
+def _describe(func) -> tuple[str, str | None, bool, bool]:
+    """Name of ``func``, the kind of call it makes if special, whether torch pickles
+    the arguments itself (a builtin, a TorchScript function), and whether its
+    arguments say more (``_look_at_arguments``)."""
+    builtin = torch_compat.find_builtin(func)
+    if builtin is not None:
+        return builtin, None, True, True
+    if func in RREF_HELPERS:
+        return "", "rref_helper", False, True  # named per call, by the RRef's type and method
+    if isinstance(func, torch.jit.ScriptFunction):  # "__torch__.module.name"
+        name = func.qualified_name
+        return name.removeprefix("__torch__."), _internal(name), True, True
+    name = getattr(func, "__qualname__", None) or repr(func)
+    kind = _internal(getattr(func, "__module__", None) or "")
+    return name, kind, False, kind is not None
+
+
+def _internal(module: str) -> str | None:
+    """torch's own functions (``_rref_typeof_on_owner``...) make internal calls."""
+    return "internal" if module.removeprefix("__torch__.").startswith("torch.distributed") else None
+
+
+def helper_name(rref, method: str) -> str:
+    try:
+        return f"{torch_compat.rref_type(rref).__qualname__}.{method}"
+    except Exception:
+        return f"RRef.{method}"

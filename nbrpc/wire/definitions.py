@@ -1,0 +1,302 @@
+"""Notebook definitions over RPC: one persistent namespace per process, as in a script.
+
+A script run under torch RPC is imported in every process: each process has the same
+functions and classes, bound to its own module globals. Notebook definitions (from
+``__main__``: a notebook's cells, ``%%rpc_on`` cells on a worker) exist in one process
+only, so they travel by value; this module makes them land the way the script's would.
+
+The parts:
+
+- **Identity.** Each definition a process sends gets an origin (this process, one id
+  per process incarnation) and a token; a definition received keeps the identity it
+  came with, so a worker forwarding the driver's function forwards the driver's id.
+- **Sending** (``reduce_function``, ``reduce_class``): the function's code is pickled
+  once and cached; defaults, closure, and the current values of the globals it uses
+  ("fill-ins") travel with every call, as cloudpickle's would.
+- **Receiving** (``_function_shell``/``_bind_function``, ``_class_shell``/``_bind_class``):
+  a definition coming home is the process's own object. Otherwise it is built once per
+  origin, token and version, with the process's namespace (``__main__``) as its globals;
+  fill-ins fill only names the namespace lacks, so module-level state persists per
+  process; a definition is stored under its name unless that name holds something
+  else than an earlier version of the same definition from the same origin.
+- **Per-process primitives** (``PER_PROCESS``): a lock, condition, event or semaphore
+  used as a global arrives as a fresh one, as an import would make it.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pickle
+import sys
+import threading
+import types
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import cloudpickle
+
+from .._compat import cloudpickle_compat as cp
+
+# The per-process objects a global may hold, and the recipe for a fresh one like it.
+PER_PROCESS: dict[type, Callable] = {
+    type(threading.Lock()): lambda old: (threading.Lock, ()),
+    type(threading.RLock()): lambda old: (threading.RLock, ()),
+    threading.Condition: lambda old: (threading.Condition, ()),
+    threading.Event: lambda old: (threading.Event, ()),
+    threading.Semaphore: lambda old: (threading.Semaphore, (old._value,)),
+    threading.BoundedSemaphore: lambda old: (threading.BoundedSemaphore, (old._initial_value,)),
+}
+
+_lock = threading.RLock()
+_origin = uuid.uuid4().hex
+_next_token = 0
+_identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # definition -> Identity
+_own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> this process's definition
+_received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (origin, token) -> definition
+_unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
+_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
+_code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> its pickle
+
+
+@dataclass
+class Identity:
+    """Where a definition was made, and (functions) the code that was last pickled."""
+
+    origin: str
+    token: int
+    version: int = 0
+    code: types.CodeType | None = None
+    payload: bytes = b""
+
+
+def _new_process() -> None:
+    """A forked child is a new process: new origin, nothing sent or received yet."""
+    global _origin, _lock
+    _lock = threading.RLock()
+    _origin = uuid.uuid4().hex
+    _identities.clear()
+    _own.clear()
+    _received.clear()
+    _unbuilt.clear()
+    _names.clear()
+
+
+os.register_at_fork(after_in_child=_new_process)
+
+
+def namespace() -> dict:
+    """This process's namespace for notebook definitions: ``__main__`` (a kernel's user
+    namespace, so ``%%rpc_on`` cells and RPC calls share it)."""
+    return sys.modules["__main__"].__dict__
+
+
+def is_notebook_definition(obj) -> bool:
+    """Functions and classes of ``__main__`` travel by value and are bound on arrival."""
+    if getattr(obj, "__module__", None) != "__main__":
+        return False
+    return isinstance(obj, types.FunctionType) or (
+        isinstance(obj, type) and not issubclass(obj, enum.Enum))
+
+
+def _identity(obj) -> Identity:
+    global _next_token
+    with _lock:
+        found = _identities.get(obj)
+        if found is None:
+            _next_token += 1
+            found = _identities[obj] = Identity(_origin, _next_token)
+            _own[found.token] = obj
+        return found
+
+
+# -- sending -----------------------------------------------------------------------
+
+
+def reduce_function(func: types.FunctionType) -> tuple:
+    """Pickle a notebook function: its cached code, then its state for this call."""
+    ident = _identity(func)
+    if ident.code is not func.__code__:
+        _cache_code(ident, func)
+    fills = {name: _per_process(value) for name, value in fill_ins(func).items()}
+    closure = None if func.__closure__ is None else [cp.cell_contents(c) for c in func.__closure__]
+    state = (func.__defaults__, func.__kwdefaults__, closure, dict(func.__dict__),
+             func.__annotations__, fills)
+    args = (ident.origin, ident.token, ident.version, _stored_under(func), ident.payload,
+            func.__name__, func.__qualname__, func.__doc__)
+    return (_function_shell, args, state, None, None, _bind_function)
+
+
+def _cache_code(ident: Identity, func: types.FunctionType) -> None:
+    with _lock:
+        code = func.__code__
+        payload = _code_payloads.get(code)
+        if payload is None:  # shared by every function made from this code (lambdas in a loop)
+            payload = _code_payloads[code] = cloudpickle.dumps(code)
+        ident.payload, ident.code = payload, code
+        ident.version += 1
+
+
+def fill_ins(func: types.FunctionType) -> dict:
+    """The globals ``func`` uses, with their values here."""
+    names = cp.code_globals(func.__code__)
+    scope = func.__globals__
+    return {name: scope[name] for name in names if name in scope}
+
+
+def _per_process(value):
+    recipe = PER_PROCESS.get(type(value))
+    return value if recipe is None else _Fresh(recipe(value))
+
+
+class _Fresh:
+    """A per-process object in transit: what arrives is a new one of the same kind."""
+
+    def __init__(self, recipe: tuple):
+        self.recipe = recipe
+
+    def __reduce__(self):
+        return self.recipe
+
+
+def reduce_class(cls: type) -> tuple:
+    """Pickle a notebook class: identity and skeleton first, then its attributes."""
+    ident = _identity(cls)
+    _, name, bases, type_kwargs, _, _ = cp.class_skeleton(cls)
+    args = (ident.origin, ident.token, _stored_under(cls), type(cls), name, bases, type_kwargs)
+    return (_class_shell, args, cp.class_state(cls), None, None, _bind_class)
+
+
+def _stored_under(obj) -> str | None:
+    """The global name ``obj`` is stored under where it was defined, if any."""
+    name = obj.__name__
+    scope = getattr(obj, "__globals__", None) or namespace()
+    return name if obj.__qualname__ == name and scope.get(name) is obj else None
+
+
+# -- receiving ---------------------------------------------------------------------
+
+
+def _known(origin: str, token: int, version: int = 0):
+    """This process's object for a definition, or None if it must be built."""
+    if origin == _origin:
+        return _own.get(token)
+    found = _received.get((origin, token))
+    if found is not None and _identities[found].version == version:
+        return found
+    return None
+
+
+def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes,
+                    fname: str, qualname: str, doc: str | None):
+    with _lock:
+        found = _known(origin, token, version)
+        if found is not None:
+            return found
+        code = pickle.loads(payload)
+        closure = tuple(cp.make_empty_cell() for _ in code.co_freevars) or None
+        func = types.FunctionType(code, namespace(), fname, None, closure)
+        func.__qualname__, func.__module__, func.__doc__ = qualname, "__main__", doc
+        _remember(func, origin, token, version, name, code, payload)
+        return func
+
+
+def _bind_function(func: types.FunctionType, state: tuple) -> None:
+    defaults, kwdefaults, closure, attributes, annotations, fills = state
+    with _lock:
+        if func not in _unbuilt:  # this process's own, or built before: as it is here
+            return
+        func.__defaults__, func.__kwdefaults__ = defaults, kwdefaults
+        func.__dict__.update(attributes)
+        func.__annotations__ = annotations
+        for cell, value in zip(func.__closure__ or (), closure or ()):
+            if value is not cp.EMPTY_CELL:
+                cell.cell_contents = value
+        _fill(func.__globals__, fills)
+        _store(func)
+
+
+def _class_shell(origin: str, token: int, name: str | None, metaclass: type, cname: str,
+                 bases: tuple, type_kwargs: dict):
+    with _lock:
+        found = _known(origin, token)
+        if found is not None:
+            return found
+        cls = types.new_class(cname, bases, {"metaclass": metaclass},
+                              lambda body: body.update(type_kwargs))
+        _remember(cls, origin, token, 0, name)
+        return cls
+
+
+def _bind_class(cls: type, state: tuple) -> type:
+    with _lock:
+        if cls in _unbuilt:  # a class seen before keeps its class-level state
+            cp.set_class_state(cls, state)
+        _store(cls)
+    return cls
+
+
+def _remember(obj, origin: str, token: int, version: int, name: str | None,
+              code=None, payload: bytes = b"") -> None:
+    _unbuilt.add(obj)
+    if origin != _origin:
+        _identities[obj] = Identity(origin, token, version, code, payload)
+        _received[(origin, token)] = obj
+    _names[obj] = name
+
+
+def _store(obj) -> None:
+    """Put a newly built definition under its name, unless the name holds something else."""
+    if obj not in _unbuilt:
+        return
+    _unbuilt.discard(obj)
+    name = _names.pop(obj, None)
+    if name is None or _identities.get(obj) is None:  # not top-level, or a detached copy
+        return
+    ns = namespace()
+    current = ns.get(name)
+    if current is None or _same_definition(current, obj):
+        ns[name] = obj
+
+
+def _same_definition(current, arriving) -> bool:
+    """Whether ``current`` is an earlier version of the definition ``arriving`` (same
+    origin and name): then the newer one replaces it."""
+    try:
+        ident = _identities.get(current)
+    except TypeError:
+        return False
+    return ident is not None and ident.origin == _identities[arriving].origin
+
+
+def _fill(scope: dict, fills: dict) -> None:
+    for name, value in fills.items():
+        if name not in scope:
+            scope[name] = value
+
+
+# -- explaining --------------------------------------------------------------------
+
+
+def unsendable_global(obj, pickles, seen: set | None = None) -> str | None:
+    """Name the global a notebook definition uses that cannot be sent, if that is why
+    ``obj`` failed to pickle: "the global 'lock' (lock) that locked_get uses"."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or not is_notebook_definition(obj):
+        return None
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        members = [v for v in vars(obj).values() if isinstance(v, types.FunctionType)]
+        return next(filter(None, (unsendable_global(m, pickles, seen) for m in members)), None)
+    for name, value in fill_ins(obj).items():
+        if is_notebook_definition(value):
+            found = unsendable_global(value, pickles, seen)
+            if found:
+                return found
+        elif not pickles(_per_process(value)):
+            return f"the global {name!r} ({type(value).__name__}) that {obj.__qualname__} uses"
+    return None
+
+

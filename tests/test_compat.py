@@ -1,0 +1,129 @@
+"""Every private name of torch, cloudpickle and jupyter_client that nbrpc uses is still
+there and does what nbrpc needs, in one place (``nbrpc/_compat``).
+
+An upgrade that renames or removes one fails here, by name, rather than deep in a
+cluster start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed.rpc as rpc
+from jupyter_client.blocking import BlockingKernelClient
+from torch._C._distributed_rpc import PyRRef
+
+from nbrpc._compat import cloudpickle_compat as cp
+from nbrpc._compat import jupyter_compat, torch_compat
+
+
+def test_torchs_private_methods_are_there_and_a_missing_one_is_named(monkeypatch):
+    torch_compat.check()  # the private methods of torch's C++ classes
+    assert {"SYNC", "ASYNC"} <= set(torch_compat.RPCExecMode.__members__)
+    monkeypatch.setattr(torch_compat, "METHODS", (*torch_compat.METHODS, (PyRRef, "_no_such_method")))
+    with pytest.raises(AttributeError, match=r"lacks PyRRef._no_such_method"):
+        torch_compat.check()
+
+
+def test_the_names_nbrpc_spells_out_are_torchs(cluster):
+    @rpc.functions.async_execution
+    def later():
+        pass
+
+    assert hasattr(later, torch_compat.ASYNC_EXECUTION_MARK)
+    # torch's options take the keyword (and refuse one they do not know)
+    rpc.TensorPipeRpcBackendOptions(**{torch_compat.TRANSPORTS_OPTION: ["uv"]})
+    with pytest.raises(TypeError):
+        rpc.TensorPipeRpcBackendOptions(**{torch_compat.TRANSPORTS_OPTION + "_": ["uv"]})
+    # the keys of torch's dynamic membership in a live group's store: the member list,
+    # and the join/leave lock (free, and left by the last leave or join)
+    members = torch.distributed.PrefixStore(cluster._driver.prefix, cluster._driver.store)
+    listed = members.get(torch_compat.STORE_MEMBERS_KEY).decode()
+    assert {entry.rsplit("-", 1)[0] for entry in listed.split(",") if entry} >= {"master", "worker1", "worker2"}
+    assert members.get(torch_compat.STORE_LOCK_KEY) == b""
+
+
+def test_cloudpickles_private_names_do_what_definitions_needs():
+    def outer():
+        value = 41
+
+        def inner(x):
+            return json.dumps(x) + str(value)
+
+        return inner
+
+    inner = outer()
+    assert cp.cell_contents(inner.__closure__[0]) == 41
+    assert cp.cell_contents(cp.make_empty_cell()) is cp.EMPTY_CELL
+    assert "json" in cp.code_globals(inner.__code__)
+
+    class Point:
+        scale = 2
+
+        def norm(self):
+            return 3
+
+    _, name, bases, _, _, _ = cp.class_skeleton(Point)
+    assert (name, bases) == ("Point", (object,))
+    state = cp.class_state(Point)
+    shell = type("Point", (object,), {})
+    cp.set_class_state(shell, state)
+    assert shell.scale == 2 and shell().norm() == 3
+
+
+def test_jupyter_clients_private_name_adapts_the_protocol():
+    client = BlockingKernelClient()
+    jupyter_compat.take_kernel_info(client, {"content": {"protocol_version": "4.1"}})
+    assert client.session.adapt_version == 4
+
+
+def test_the_patch_points_exist_in_torch():
+    for name in ("PICKLER", "UNPICKLER", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
+                 "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD"):
+        for owner, attribute in getattr(torch_compat, name):
+            assert hasattr(owner, attribute), (name, owner, attribute)
+    from torch.distributed.optim import optimizer
+
+    assert all(callable(getattr(optimizer, name)) for name in torch_compat.OPTIMIZER_STEPS)
+
+
+INSTALL_AND_UNINSTALL = """
+import json
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+from torch._C._distributed_rpc import PyRRef
+from torch.distributed.rpc import api, internal
+
+from nbrpc._compat import torch_compat
+from nbrpc.calls import backward, patches, wrappers
+from nbrpc.wire import serialization
+
+def now():
+    return [api._to_worker_info, api.rpc_sync, rpc.rpc_sync, api.rpc_async, api.remote, rpc.remote,
+            internal._pickler, internal._unpickler, internal._handle_exception,
+            PyRRef.__init__, PyRRef.to_here, dist_autograd.backward]
+
+torch_before = now()
+patches.install(track=True)
+installed = now()
+torch_compat.uninstall()
+print(json.dumps({
+    "replaced": [a is not b for a, b in zip(torch_before, installed)],
+    "ours": [installed[1] is wrappers.rpc_sync, installed[4] is wrappers.remote,
+             installed[6] is serialization.RpcPickler, installed[11] is backward.backward],
+    "restored": [a is b for a, b in zip(torch_before, now())],
+}))
+"""
+
+
+def test_install_puts_every_patch_in_place_and_uninstall_takes_it_back(tmp_path):
+    done = subprocess.run([sys.executable, "-c", INSTALL_AND_UNINSTALL], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(report["replaced"]) and all(report["ours"]), report
+    assert all(report["restored"]), report
