@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import select
 import signal
 import socket
 import time
+
+import psutil
 
 LOOPBACK = "127.0.0.1"
 
@@ -29,25 +33,16 @@ def listening_socket(host: str = LOOPBACK, port: int = 0) -> socket.socket:
 
 
 def listening_ports(pid: int) -> set[int]:
-    """TCP ports (IPv4) process ``pid`` listens on, from /proc: its sockets by inode."""
-    inodes = set()
+    """TCP ports (IPv4) process ``pid`` listens on."""
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
+        connections = psutil.Process(pid).net_connections(kind="tcp4")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    with open(f"/proc/{pid}/net/tcp") as f:
-        rows = [line.split() for line in f.readlines()[1:]]
-    return {int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes}
+    return {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
 
 
-# The kernel's "this task is exiting" flag (PF_EXITING in /proc/PID/stat's flags).
+# The kernel's "this task is exiting" flag (PF_EXITING in /proc/PID/stat's flags),
+# which psutil does not read.
 _EXITING = 0x4
 
 
@@ -72,18 +67,16 @@ def pid_alive(pid: int) -> bool:
 def pid_stopped(pid: int) -> bool:
     """True while ``pid`` is stopped (SIGSTOP, a debugger): it runs no code and answers nothing."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
         return False
 
 
-def start_time(pid: int) -> str | None:
-    """When ``pid`` started (clock ticks since boot): with the pid, it names one process."""
+def start_time(pid: int) -> float | None:
+    """When ``pid`` started: with the pid, it names one process."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
 
 
@@ -161,15 +154,37 @@ def muted_stderr():
         os.close(saved)
 
 
-def process_usage(pid: int | str = "self") -> dict:
-    """Open descriptors, resident memory (MB) and threads of a process, from /proc."""
-    status = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            status[key] = value.split()
-    return {"descriptors": len(os.listdir(f"/proc/{pid}/fd")),
-            "rss_mb": int(status["VmRSS"][0]) / 1024, "threads": int(status["Threads"][0])}
+def process_usage(pid: int | None = None) -> dict:
+    """Open descriptors, resident memory (MB) and threads of a process (this one by default)."""
+    process = psutil.Process(pid)
+    with process.oneshot():
+        return {"descriptors": process.num_fds(), "rss_mb": process.memory_info().rss / 2**20,
+                "threads": process.num_threads()}
+
+
+class JsonLines:
+    """JSON objects, one per line, over a stream socket (the template's requests and replies)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self._buffer = sock, b""
+
+    def send(self, message: dict) -> None:
+        self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def receive(self, timeout: float) -> dict | None:
+        """The next message; None once the peer closed; ``TimeoutError`` if none came
+        within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            readable, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
+            if not readable:
+                raise TimeoutError(f"no message within {timeout:g} s")
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
 
 
 # Enough descriptors for thousands of workers over a kernel's life (see raise_fd_limit).

@@ -1,4 +1,5 @@
-"""Snapshots in DESIGN.md's schemas, for the widget tests (and a browser's kernel)."""
+"""Snapshots in the schemas of ``nbrpc.schemas`` (the README's RRef and autograd snapshots),
+for the widget tests (and a browser's kernel)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 
 import nbrpc
@@ -154,6 +155,16 @@ def ip():
 
 
 @pytest.fixture(scope="module")
+def shell(ip, cluster):
+    """The IPython shell as a kernel's ``__main__``, with torch and RPC imported, and the
+    module's cluster running."""
+    with as_main(ip):
+        run(ip, "import os, threading, time\nimport torch\nimport torch.nn as nn\n"
+                "import torch.distributed.rpc as rpc")
+        yield ip
+
+
+@pytest.fixture(scope="module")
 def cluster():
     """A running driver + worker1, worker2 cluster shared by a test module."""
     c = nbrpc.start(2, progress=None, timeout=30)
@@ -167,7 +178,7 @@ class Pids:
     """Processes a test started (and their descendants), by pid and start time."""
 
     def __init__(self):
-        self.known: dict[int, str | None] = {}
+        self.known: dict[int, float | None] = {}
 
     def add(self, *pids: int) -> None:
         for pid in pids:
@@ -177,7 +188,7 @@ class Pids:
     def add_tree(self, pid: int) -> None:
         """``pid`` and every process below it, as they are now."""
         self.add(pid)
-        for child in _children(pid):
+        for child in children(pid):
             self.add_tree(child)
 
     def alive(self) -> list[int]:
@@ -191,19 +202,12 @@ class Pids:
         return self.alive()
 
 
-def _children(pid: int) -> list[int]:
-    found = []
+def children(pid: int) -> list[int]:
+    """Pids of the processes ``pid`` started that still run (its direct children)."""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return found
+        return [p.pid for p in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
 
 
 # How long a driver script in a subprocess may take to start its cluster (loaded machine).
@@ -266,6 +270,41 @@ class Driver:
         self.pids.add(*workers)
         assert len(workers) == 2 and all(pid_alive(p) for p in workers)
         return workers
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """Driver + worker1, worker2, recording every call from the start (trace=True)."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    c = nbrpc.start(2, progress=None, timeout=30, trace=True)
+    pids = [w.pid for w in c.workers]
+    yield c
+    c.shutdown()
+    assert not wait_gone(pids), "shutdown left worker processes running"
+
+
+@pytest.fixture
+def kernel(pids, tmp_path):
+    """A real ipykernel (the notebook's kernel) in ``tmp_path``: its manager and a ready
+    client; ended, and checked gone, at the end."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path))
+    pids.add(km.provisioner.pid)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        pid = km.provisioner.pid if km.has_kernel else None
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+        km.cleanup_resources()
+        assert pid is None or not wait_gone([pid], timeout=5)
 
 
 @pytest.fixture

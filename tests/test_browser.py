@@ -37,7 +37,7 @@ import nbformat
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import wait_gone
+from conftest import wait_gone, wait_until
 
 import nbrpc
 from nbrpc._util import kill_pids, pid_alive
@@ -282,14 +282,11 @@ def wait_executed(page) -> dict:
     return page.evaluate("async () => (await window.__nbrpcBusy).content")
 
 
-def wait_until(check, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(check, what: str, timeout: float = 30):
+    """``check()``'s value once true; fail naming ``what`` if it is not within ``timeout`` s."""
+    value = wait_until(check, timeout, interval=0.1)
+    assert value, f"timed out waiting for {what}"
+    return value
 
 
 def run_new_cell(page, source: str):
@@ -321,7 +318,7 @@ def show_rref_graph(page) -> tuple[str, str]:
     expected = evaluate(page, "sorted([r['id'], r['owner']] for r in nbrpc.rref_snapshot()['rrefs'])")
     ra, rb = evaluate(page, "[nbrpc.recording.rref_ledger.rref_id(ra), nbrpc.recording.rref_ledger.rref_id(rb)]")
     assert sorted(owner for _, owner in expected) == ["p1", "p2"]
-    wait_until(lambda: page.locator(".nbrpc-host [data-id]").count() == 2, what="the two RRefs")
+    wait_for(lambda: page.locator(".nbrpc-host [data-id]").count() == 2, what="the two RRefs")
     shown = page.eval_on_selector_all(".nbrpc-host [data-id]",
                                       "nodes => nodes.map(n => [n.dataset.id, n.getAttribute('fill')])")
     assert sorted(i for i, _ in shown) == sorted(i for i, _ in expected)
@@ -336,7 +333,7 @@ def pin(page, rref_id: str) -> None:
     node(page, rref_id).click()
     page.locator(".nbrpc-pin").wait_for(state="visible")
     assert f"RRef {rref_id}" in page.locator(".nbrpc-pin").inner_text()
-    wait_until(lambda: evaluate(page, "g.selected") == rref_id, what="g.selected in the kernel")
+    wait_for(lambda: evaluate(page, "g.selected") == rref_id, what="g.selected in the kernel")
 
 
 def live_update(page, pinned: str) -> float:
@@ -346,7 +343,7 @@ def live_update(page, pinned: str) -> float:
     """
     start_execute(page, "rc = rpc.remote('p1', torch.ones, args=((5,),))\nimport time\ntime.sleep(15)")
     began = time.monotonic()
-    wait_until(lambda: page.locator(".nbrpc-host [data-id]").count() == 3, timeout=12,
+    wait_for(lambda: page.locator(".nbrpc-host [data-id]").count() == 3, timeout=12,
                what="the new RRef while the cell runs")
     seen_after = time.monotonic() - began
     assert evaluate_busy(page), "the cell had already finished: the update did not come while busy"
@@ -377,7 +374,7 @@ def test_rref_graph_in_jupyterlab(page):
     assert fork.count() == 1 and not fork.is_visible()
     page.locator(".nbrpc-forks-toggle input").check()
     fork.wait_for(state="visible")
-    wait_until(lambda: evaluate(page, "g.show_forks") is True, what="g.show_forks in the kernel")
+    wait_for(lambda: evaluate(page, "g.show_forks") is True, what="g.show_forks in the kernel")
 
     # the worker filter: p2 owns rb; ra went to p2 only for one call, so p2 holds it no more
     page.locator(".nbrpc-filter").select_option("p2")
@@ -386,7 +383,7 @@ def test_rref_graph_in_jupyterlab(page):
     page.locator(".nbrpc-filter").select_option("p1")
     node(page, rb).wait_for(state="hidden")
     assert node(page, ra).is_visible()
-    wait_until(lambda: evaluate(page, "g.worker") == "p1", what="g.worker in the kernel")
+    wait_for(lambda: evaluate(page, "g.worker") == "p1", what="g.worker in the kernel")
     page.locator(".nbrpc-filter").select_option("")
     node(page, rb).wait_for(state="visible")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -463,7 +460,7 @@ def test_autograd_graph_in_jupyterlab(page):
     # hovering lights the edges of the function
     assert cell.locator('.nbrpc-lit[data-dst="w1:2"]').count() == 1
     cell.locator('.nbrpc-host [data-id="w1:4"]').click()
-    wait_until(lambda: evaluate(page, "ag.selected") == "w1:4", what="ag.selected in the kernel")
+    wait_for(lambda: evaluate(page, "ag.selected") == "w1:4", what="ag.selected in the kernel")
     cell.locator(".nbrpc-filter").select_option("w1")
     cell.locator('.nbrpc-host [data-id="master:0"]').wait_for(state="hidden")
     assert cell.locator('.nbrpc-host [data-id="w1:0"]').is_visible()
@@ -544,14 +541,14 @@ def test_timeline_in_jupyterlab(page):
         page.wait_for_timeout(50)
         return ticks(cell) != before and shown_share(cell) < 0.5
 
-    wait_until(wheel_in, timeout=30, what="the axis to follow the zoom")
+    wait_for(wheel_in, timeout=30, what="the axis to follow the zoom")
     assert 0 < shown_share(cell) < 0.5  # a few wheel steps in: under half the window shows
     cell.locator(".nbrpc-tl-reset").click()
-    wait_until(lambda: shown_share(cell) == 1, timeout=5, what="show all")
+    wait_for(lambda: shown_share(cell) == 1, timeout=5, what="show all")
 
     # click to pin: the kernel hears of it
     bar.click()
-    wait_until(lambda: evaluate(page, "tl.selected") == spins[0], what="tl.selected in the kernel")
+    wait_for(lambda: evaluate(page, "tl.selected") == spins[0], what="tl.selected in the kernel")
     cell.locator(".nbrpc-pin").wait_for(state="visible")
     cell.locator(".nbrpc-timeline-view").screenshot(path=str(ARTIFACTS / "timeline.png"))
 
@@ -559,7 +556,7 @@ def test_timeline_in_jupyterlab(page):
     start_execute(page, "futs = [rpc.rpc_async('p2', spin, args=(0.2,)) for _ in range(2)]\n"
                         "[f.wait() for f in futs]\ntime.sleep(8)")
     began = time.monotonic()
-    wait_until(lambda: cell.locator(".nbrpc-host .nbrpc-tl-bar").count() >= len(spins) + 2, timeout=8,
+    wait_for(lambda: cell.locator(".nbrpc-host .nbrpc-tl-bar").count() >= len(spins) + 2, timeout=8,
                what="the new calls while the cell runs")
     seen_after = time.monotonic() - began
     assert evaluate_busy(page), "the cell had already finished: the update did not come while busy"

@@ -10,17 +10,10 @@ import os
 
 import nbformat
 import pytest
-from conftest import as_main, run
+from conftest import run
 from nbclient import NotebookClient
 
 from nbrpc.errors import SerializationError
-
-
-@pytest.fixture(scope="module")
-def ip(ip, cluster):
-    with as_main(ip):
-        run(ip, "import os, threading\nimport torch\nimport torch.distributed.rpc as rpc")
-        yield ip
 
 
 def on_worker(cluster, name: str, expression: str):
@@ -41,8 +34,8 @@ def on_worker(cluster, name: str, expression: str):
 # -- the three cases of a script under torch RPC -------------------------------------
 
 
-def test_a_global_lock_is_made_fresh_on_the_worker(ip):
-    assert run(ip, """
+def test_a_global_lock_is_made_fresh_on_the_worker(shell):
+    assert run(shell, """
 lock = threading.Lock()
 def locked_get():
     with lock:
@@ -50,15 +43,15 @@ def locked_get():
 rpc.rpc_sync("worker1", locked_get)
 """) == 1
     # the worker has its own lock, not a copy of the driver's state
-    ip.user_ns["lock"].acquire()
+    shell.user_ns["lock"].acquire()
     try:
-        assert run(ip, 'rpc.rpc_sync("worker1", locked_get, timeout=5)') == 1
+        assert run(shell, 'rpc.rpc_sync("worker1", locked_get, timeout=5)') == 1
     finally:
-        ip.user_ns["lock"].release()
+        shell.user_ns["lock"].release()
 
 
-def test_module_state_lives_on_in_each_process(ip, cluster):
-    assert run(ip, """
+def test_module_state_lives_on_in_each_process(shell, cluster):
+    assert run(shell, """
 state = None
 def get_state():
     global state
@@ -68,13 +61,13 @@ def get_state():
     return state[0]
 rpc.rpc_sync("worker1", get_state), rpc.rpc_sync("worker1", get_state)
 """) == (1, 2)
-    assert ip.user_ns["state"] is None  # the driver's own stays untouched
-    assert run(ip, 'rpc.rpc_sync("worker2", get_state)') == 1  # each worker its own
+    assert shell.user_ns["state"] is None  # the driver's own stays untouched
+    assert run(shell, 'rpc.rpc_sync("worker2", get_state)') == 1  # each worker its own
     assert on_worker(cluster, "worker1", "state") == "[2]"
 
 
-def test_a_call_coming_back_runs_the_drivers_own_function(ip):
-    assert run(ip, """
+def test_a_call_coming_back_runs_the_drivers_own_function(shell):
+    assert run(shell, """
 def call_back():
     return rpc.rpc_sync("master", get_state)
 rpc.rpc_sync("worker1", call_back), rpc.rpc_sync("worker1", call_back), state
@@ -84,30 +77,30 @@ rpc.rpc_sync("worker1", call_back), rpc.rpc_sync("worker1", call_back), state
 # -- the namespace is the worker kernel's ---------------------------------------------
 
 
-def test_rpc_on_sees_what_rpc_did_and_the_other_way_round(ip, cluster):
-    run(ip, """
+def test_rpc_on_sees_what_rpc_did_and_the_other_way_round(shell, cluster):
+    run(shell, """
 counter = 0
 def bump(by):
     global counter
     counter += by
     return counter
 """)
-    assert run(ip, 'rpc.rpc_sync("worker2", bump, args=(5,))') == 5
+    assert run(shell, 'rpc.rpc_sync("worker2", bump, args=(5,))') == 5
     assert on_worker(cluster, "worker2", "counter") == "5"
     cluster.run("counter = 100", "worker2")
-    assert run(ip, 'rpc.rpc_sync("worker2", bump, args=(1,))') == 101
-    assert ip.user_ns["counter"] == 0
+    assert run(shell, 'rpc.rpc_sync("worker2", bump, args=(1,))') == 101
+    assert shell.user_ns["counter"] == 0
 
 
-def test_a_redefined_function_reaches_the_workers(ip, cluster):
-    assert run(ip, """
+def test_a_redefined_function_reaches_the_workers(shell, cluster):
+    assert run(shell, """
 def version():
     return "first"
 def report():
     return version()
 rpc.rpc_sync("worker1", report)
 """) == "first"
-    assert run(ip, """
+    assert run(shell, """
 def version():
     return "second"
 rpc.rpc_sync("worker1", report)
@@ -115,11 +108,11 @@ rpc.rpc_sync("worker1", report)
     assert on_worker(cluster, "worker1", "version()") == "'second'"
     # a function the worker defined itself is its own: the driver's does not replace it
     cluster.run("def version():\n    return 'worker'", "worker2")
-    assert run(ip, 'rpc.rpc_sync("worker2", report)') == "worker"
+    assert run(shell, 'rpc.rpc_sync("worker2", report)') == "worker"
 
 
-def test_classes_round_trip_and_keep_class_state_per_process(ip, cluster):
-    run(ip, """
+def test_classes_round_trip_and_keep_class_state_per_process(shell, cluster):
+    run(shell, """
 class Counter:
     made = 0
     def __init__(self, start):
@@ -132,18 +125,18 @@ def make_two():
     Counter(0)
     return Counter(7), Counter.made
 """)
-    c, made = run(ip, 'rpc.rpc_sync("worker1", make_two)')
+    c, made = run(shell, 'rpc.rpc_sync("worker1", make_two)')
     assert made == 2 and c.value == 7
-    assert type(c) is ip.user_ns["Counter"]  # back home: the driver's own class
-    assert ip.user_ns["Counter"].made == 0  # whose class-level state is its own
-    _, made = run(ip, 'rpc.rpc_sync("worker1", make_two)')
+    assert type(c) is shell.user_ns["Counter"]  # back home: the driver's own class
+    assert shell.user_ns["Counter"].made == 0  # whose class-level state is its own
+    _, made = run(shell, 'rpc.rpc_sync("worker1", make_two)')
     assert made == 4  # the worker's class kept its count between calls
-    moved = run(ip, 'rpc.rpc_sync("worker2", Counter.add, args=(Counter(1), 2))')
-    assert type(moved) is ip.user_ns["Counter"] and moved.value == 3
+    moved = run(shell, 'rpc.rpc_sync("worker2", Counter.add, args=(Counter(1), 2))')
+    assert type(moved) is shell.user_ns["Counter"] and moved.value == 3
 
 
-def test_closures_recursion_and_lambdas_in_globals(ip):
-    assert run(ip, """
+def test_closures_recursion_and_lambdas_in_globals(shell):
+    assert run(shell, """
 def factorial(n):
     return 1 if n <= 1 else n * factorial(n - 1)
 def is_even(n):
@@ -164,11 +157,11 @@ def use_all():
 rpc.rpc_sync("worker2", use_all)
 """) == (120, True, True, 81, 1, 2)
     # the closure bound on the worker keeps counting there, as it would in a script
-    assert run(ip, 'rpc.rpc_sync("worker2", use_all)')[4:] == (3, 4)
-    assert run(ip, "step()") == 1
+    assert run(shell, 'rpc.rpc_sync("worker2", use_all)')[4:] == (3, 4)
+    assert run(shell, "step()") == 1
 
 
-def test_worker_definitions_go_to_the_driver_and_to_other_workers(ip, cluster):
+def test_worker_definitions_go_to_the_driver_and_to_other_workers(shell, cluster):
     cluster.run("""
 import os
 hits = 0
@@ -178,17 +171,17 @@ def made_on_worker1():
     return os.getpid(), hits
 """, "worker1")
     pids = {w.name: w.pid for w in cluster.workers}
-    fn = run(ip, 'rpc.rpc_sync("worker1", lambda: __import__("__main__").made_on_worker1)')
-    assert ip.user_ns["made_on_worker1"] is fn  # stored under its name here too
+    fn = run(shell, 'rpc.rpc_sync("worker1", lambda: __import__("__main__").made_on_worker1)')
+    assert shell.user_ns["made_on_worker1"] is fn  # stored under its name here too
     assert fn() == (os.getpid(), 1)  # on the driver's globals (hits filled in as 0)
-    assert run(ip, 'rpc.rpc_sync("worker2", made_on_worker1)') == (pids["worker2"], 2)
+    assert run(shell, 'rpc.rpc_sync("worker2", made_on_worker1)') == (pids["worker2"], 2)
     # back on worker1 it is worker1's own function, counting on worker1's globals
-    assert run(ip, 'rpc.rpc_sync("worker1", made_on_worker1)') == (pids["worker1"], 1)
-    assert run(ip, 'rpc.rpc_sync("worker1", made_on_worker1)') == (pids["worker1"], 2)
+    assert run(shell, 'rpc.rpc_sync("worker1", made_on_worker1)') == (pids["worker1"], 1)
+    assert run(shell, 'rpc.rpc_sync("worker1", made_on_worker1)') == (pids["worker1"], 2)
 
 
-def test_per_process_primitives_arrive_fresh(ip):
-    got = run(ip, """
+def test_per_process_primitives_arrive_fresh(shell):
+    got = run(shell, """
 event = threading.Event(); event.set()
 condition = threading.Condition()
 semaphore = threading.BoundedSemaphore(3)
@@ -201,8 +194,8 @@ rpc.rpc_sync("worker1", primitives)
     assert got == ("Event", False, "Condition", 3, True)
 
 
-def test_an_unsendable_global_is_named_with_the_fix(ip):
-    run(ip, """
+def test_an_unsendable_global_is_named_with_the_fix(shell):
+    run(shell, """
 import socket
 listener = socket.socket()
 def serve():
@@ -211,34 +204,34 @@ def entry():
     return serve()
 """)
     with pytest.raises(SerializationError) as caught:
-        run(ip, 'rpc.rpc_sync("worker1", entry)')
+        run(shell, 'rpc.rpc_sync("worker1", entry)')
     message = str(caught.value)
     assert "the global 'listener' (socket) that serve uses" in message
     assert "%%rpc_on all" in message
-    run(ip, "listener.close()")
+    run(shell, "listener.close()")
 
 
-def test_an_unchanged_function_is_pickled_once(ip):
+def test_an_unchanged_function_is_pickled_once(shell):
     from nbrpc.wire import definitions
 
-    run(ip, "def cached(x):\n    return x + 1")
-    cached = ip.user_ns["cached"]
+    run(shell, "def cached(x):\n    return x + 1")
+    cached = shell.user_ns["cached"]
     for _ in range(3):
-        assert run(ip, 'rpc.rpc_sync("worker1", cached, args=(1,))') == 2
+        assert run(shell, 'rpc.rpc_sync("worker1", cached, args=(1,))') == 2
     identity = definitions._identities[cached]
     assert identity.version == 1
     cached.__code__ = (lambda x: x + 2).__code__
-    assert run(ip, 'rpc.rpc_sync("worker1", cached, args=(1,))') == 3
+    assert run(shell, 'rpc.rpc_sync("worker1", cached, args=(1,))') == 3
     assert identity.version == 2
 
 
-def test_lambdas_made_per_call_do_not_pile_up(ip):
-    total = run(ip, """
+def test_lambdas_made_per_call_do_not_pile_up(shell):
+    total = run(shell, """
 total = sum(rpc.rpc_sync("worker1", lambda x: x + i, args=(1,)) for i in range(300))
 total
 """)
     assert total == sum(range(1, 301))
-    kept = run(ip, """
+    kept = run(shell, """
 def kept_definitions():
     import gc
     from nbrpc.wire import definitions

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import errno
 import operator
-import os
 import socket
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 import torch.distributed.rpc as rpc
@@ -25,24 +25,8 @@ from nbrpc.group import membership as group
 
 def worker_children() -> set[int]:
     """Pids of worker kernels this process started."""
-    me, pids = str(os.getpid()), set()
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = f.read().rsplit(")", 1)[1].split()[1]
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except (OSError, IndexError):
-            continue
-        if ppid == me and b"nbrpc.deploy.worker" in cmdline:
-            pids.add(int(entry))
-    return pids
+    return {p.pid for p in psutil.Process().children() if "nbrpc.deploy.worker" in " ".join(p.cmdline())}
 
-
-@pytest.fixture(scope="module")
-def ip(ip, cluster):
-    run(ip, "import time\nimport torch\nimport torch.distributed.rpc as rpc")
-    return ip
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +60,7 @@ def test_unknown_worker_in_rpc_calls(cluster, call):
     assert "the workers are: master, worker1, worker2" in message
 
 
-def test_unknown_worker_in_run_runs_nowhere(cluster, ip):
+def test_unknown_worker_in_run_runs_nowhere(cluster, shell):
     with pytest.raises(nbrpc.UnknownWorkerError) as info:
         cluster.run("ran_here = True", "worker1,worker3")
     assert "'worker3'" in str(info.value)
@@ -86,7 +70,7 @@ def test_unknown_worker_in_run_runs_nowhere(cluster, ip):
     assert rpc.rpc_sync("worker1", eval, args=(check,)) is False
 
     with pytest.raises(nbrpc.UnknownWorkerError) as info:
-        ip.run_cell_magic("rpc_on", "worker3", "ran_here = True")
+        shell.run_cell_magic("rpc_on", "worker3", "ran_here = True")
     assert "'worker3'" in str(info.value) and "worker1, worker2" in str(info.value)
     assert rpc.rpc_sync("worker1", eval, args=(check,)) is False
 
@@ -114,11 +98,11 @@ def test_unpicklable_argument_is_named(cluster):
         rpc.rpc_sync("worker1", print, args=(1,), kwargs={"sep": " ", "guard": lock})
 
 
-def test_unpicklable_global_is_named_with_the_function_using_it(ip):
-    run(ip, "held = (i for i in range(3))")
+def test_unpicklable_global_is_named_with_the_function_using_it(shell):
+    run(shell, "held = (i for i in range(3))")
     expected = r"cannot send the global 'held' \(generator\) that <lambda> uses over RPC"
     with pytest.raises(nbrpc.SerializationError, match=expected):
-        run(ip, 'rpc.rpc_sync("worker1", lambda: next(held))')
+        run(shell, 'rpc.rpc_sync("worker1", lambda: next(held))')
 
 
 def test_unpicklable_result_names_the_worker(cluster):
@@ -135,8 +119,8 @@ def test_unpicklable_result_names_the_worker(cluster):
 # -- exceptions in remote code ---------------------------------------------------
 
 
-def test_exception_in_remote_function_shows_worker_and_traceback(ip):
-    run(ip, """
+def test_exception_in_remote_function_shows_worker_and_traceback(shell):
+    run(shell, """
 def failing_step(x):
     raise ValueError(f"bad value {x}")
 """)
@@ -148,7 +132,7 @@ def failing_step(x):
     }
     for code in attempts.values():
         with pytest.raises(ValueError) as info:
-            run(ip, code)
+            run(shell, code)
         message = str(info.value)
         assert f"On WorkerInfo(id={worker_id}, name=worker1):" in message
         assert "ValueError('bad value 5')" in message
@@ -156,8 +140,8 @@ def failing_step(x):
         assert ", in failing_step" in message
 
 
-def test_exception_of_a_notebook_class_keeps_its_class(ip):
-    run(ip, """
+def test_exception_of_a_notebook_class_keeps_its_class(shell):
+    run(shell, """
 class ShardMissing(LookupError):
     pass
 class NeedsTwoArguments(Exception):
@@ -171,14 +155,14 @@ def fail_oddly():
     for call in ('rpc.rpc_sync("worker1", lose_shard, args=(7,))',
                  'rpc.rpc_async("worker1", lose_shard, args=(7,)).wait()',
                  'rpc.remote("worker1", lose_shard, args=(7,)).to_here()'):
-        with pytest.raises(ip.user_ns["ShardMissing"]) as info:
-            run(ip, call)
-        assert type(info.value) is ip.user_ns["ShardMissing"], call  # the notebook's own class
+        with pytest.raises(shell.user_ns["ShardMissing"]) as info:
+            run(shell, call)
+        assert type(info.value) is shell.user_ns["ShardMissing"], call  # the notebook's own class
         assert "ShardMissing('shard 7 is gone')" in str(info.value)
         assert ", in lose_shard" in str(info.value)
     # a class torch cannot re-create from a message keeps torch's text
     with pytest.raises(RuntimeError, match="Failed to create original exception type"):
-        run(ip, 'rpc.rpc_sync("worker1", fail_oddly)')
+        run(shell, 'rpc.rpc_sync("worker1", fail_oddly)')
 
 
 def test_exception_in_run_shows_worker_and_traceback(cluster):
@@ -252,18 +236,18 @@ BAD_LINES = [
 
 
 @pytest.mark.parametrize("line, expected", BAD_LINES, ids=[line for line, _ in BAD_LINES])
-def test_invalid_rpc_init_options_raise_usage_error(ip, line, expected):
+def test_invalid_rpc_init_options_raise_usage_error(shell, line, expected):
     # A cluster runs: an option that got past validation would fail differently.
     before = worker_children()
     with pytest.raises(UsageError) as info:
-        ip.run_line_magic("rpc_init", line)
+        shell.run_line_magic("rpc_init", line)
     assert expected in str(info.value)
     assert worker_children() == before
 
 
-def test_rpc_init_while_a_cluster_runs(ip, cluster):
+def test_rpc_init_while_a_cluster_runs(shell, cluster):
     before = worker_children()
-    attempts = (lambda: ip.run_line_magic("rpc_init", "-n 1"), lambda: nbrpc.start(1, progress=None))
+    attempts = (lambda: shell.run_line_magic("rpc_init", "-n 1"), lambda: nbrpc.start(1, progress=None))
     for attempt in attempts:
         with pytest.raises(nbrpc.ClusterRunningError) as info:
             attempt()

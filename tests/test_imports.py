@@ -124,7 +124,7 @@ def test_the_layer_check_sees_an_import_upward(tmp_path):
     ledger = tmp_path / "nbrpc" / "recording" / "rref_ledger.py"
     ledger.write_text(ledger.read_text() + "\n\ndef _late():\n    from ..deploy import cluster\n")
     (found,) = _layer_breaks(tmp_path / "nbrpc")
-    assert found.startswith("nbrpc/recording/rref_ledger.py:") and "nbrpc.deploy.cluster (deploy)" in found
+    assert found.startswith("nbrpc/recording/rref_ledger.py:") and "imports nbrpc.deploy" in found
 
 
 def test_modules_stay_small_and_few_stay_flat():

@@ -22,7 +22,6 @@ import pytest
 import torch
 import torch.distributed.rpc as rpc
 from conftest import Pids, wait_gone, wait_until
-from jupyter_client import KernelManager
 
 import nbrpc
 from nbrpc._compat import torch_compat
@@ -279,25 +278,6 @@ def _execute(kc, code: str, timeout: float = SUBPROCESS_START) -> str:
     assert content["status"] == "ok", f"{content.get('ename')}: {content.get('evalue')}"
     return "".join(out)
 
-
-@pytest.fixture
-def kernel(pids):
-    """A real ipykernel (the notebook's kernel) and a client; ended at the end."""
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel()
-    pids.add(km.provisioner.pid)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=SUBPROCESS_START)
-        yield km, kc
-    finally:
-        kc.stop_channels()
-        pid = km.provisioner.pid if km.has_kernel else None
-        if km.has_kernel:
-            pids.add(pid)
-            km.shutdown_kernel(now=True)
-        assert pid is None or not wait_gone([pid], timeout=5)
 
 
 def test_kernel_restart_ends_workers(kernel, pids):

@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.distributed.rpc as rpc
 from conftest import run, wait_gone, wait_until
-from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
 import nbrpc
@@ -307,22 +306,9 @@ def streamed(messages, name: str = "stdout") -> str:
                    if m["msg_type"] == "stream" and m["content"]["name"] == name)
 
 
-@pytest.fixture
-def kernel(tmp_path):
-    manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(cwd=str(tmp_path))
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        yield client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
-        manager.cleanup_resources()
-
 
 def test_real_kernel_shows_worker_output_rich_output_and_errors(kernel):
+    _, kernel = kernel
     for code in ("%load_ext nbrpc", "%rpc_init -n 1"):
         _, reply = execute(kernel, code)
         assert reply["status"] == "ok", reply
@@ -358,6 +344,7 @@ def test_real_kernel_shows_worker_output_rich_output_and_errors(kernel):
 
 
 def test_load_ext_warms_the_template_for_the_first_cluster(kernel):
+    _, kernel = kernel
     def value(expression: str):
         _, reply = execute(kernel, "", user_expressions={"v": expression})
         return eval(reply["user_expressions"]["v"]["data"]["text/plain"])

@@ -9,35 +9,27 @@ from __future__ import annotations
 
 import pickle
 
-import pytest
 import torch
-from conftest import as_main, run
+from conftest import run
 from torch.distributed.rpc import internal
 
 from nbrpc.wire.serialization import RpcPickler
-
-
-@pytest.fixture(scope="module")
-def ip(ip, cluster):
-    with as_main(ip):
-        run(ip, "import os\nimport torch\nimport torch.nn as nn\nimport torch.distributed.rpc as rpc")
-        yield ip
 
 
 def pid_of(cluster, name: str) -> int:
     return next(w.pid for w in cluster.workers if w.name == name)
 
 
-def test_cells_define_in_main_which_workers_cannot_import(ip):
-    run(ip, "def where(): pass")
-    assert ip.user_ns["where"].__module__ == "__main__"
+def test_cells_define_in_main_which_workers_cannot_import(shell):
+    run(shell, "def where(): pass")
+    assert shell.user_ns["where"].__module__ == "__main__"
     # torch's own pickler stores it by reference to __main__.where, which a worker lacks
-    assert b"__main__" in pickle.dumps(ip.user_ns["where"])
+    assert b"__main__" in pickle.dumps(shell.user_ns["where"])
     assert internal._pickler is RpcPickler
 
 
-def test_lambda_as_target(ip, cluster):
-    result = run(ip, """
+def test_lambda_as_target(shell, cluster):
+    result = run(shell, """
 lambda_result = rpc.rpc_sync("worker1", lambda x: (os.getpid(), x * 2 + 1), args=(torch.arange(3.0),))
 lambda_result
 """)
@@ -46,8 +38,8 @@ lambda_result
     assert torch.equal(value, torch.tensor([1.0, 3.0, 5.0]))
 
 
-def test_closure_over_a_local_with_rpc_async(ip, cluster):
-    run(ip, """
+def test_closure_over_a_local_with_rpc_async(shell, cluster):
+    run(shell, """
 def make_scaler(factor):
     offset = torch.tensor([0.5, -0.5])
     def scale(x):
@@ -56,13 +48,13 @@ def make_scaler(factor):
 
 scaled = rpc.rpc_async("worker2", make_scaler(5), args=(torch.ones(2),)).wait()
 """)
-    pid, value = ip.user_ns["scaled"]
+    pid, value = shell.user_ns["scaled"]
     assert pid == pid_of(cluster, "worker2")
     assert torch.equal(value, torch.tensor([5.5, 4.5]))
 
 
-def test_functions_as_arguments_and_return_values(ip):
-    run(ip, """
+def test_functions_as_arguments_and_return_values(shell):
+    run(shell, """
 def apply(fn, value):
     return fn(value)
 
@@ -72,14 +64,14 @@ def make_adder(n):
 squared = rpc.rpc_sync("worker1", apply, args=(lambda v: v ** 2, 7))
 adder = rpc.rpc_sync("worker2", make_adder, args=(10,))
 """)
-    assert ip.user_ns["squared"] == 49
-    adder = ip.user_ns["adder"]
+    assert shell.user_ns["squared"] == 49
+    adder = shell.user_ns["adder"]
     assert adder.__module__ == "__main__"
     assert adder(5) == 15
 
 
-def test_class_instance_round_trip(ip):
-    run(ip, """
+def test_class_instance_round_trip(shell):
+    run(shell, """
 class Point:
     def __init__(self, x, y):
         self.x, self.y = x, y
@@ -95,19 +87,19 @@ point_rref = rpc.remote("worker2", Point, args=(3, 4))
 norm2 = point_rref.rpc_sync().norm2()
 fetched = point_rref.to_here()
 """)
-    Point = ip.user_ns["Point"]
-    moved = ip.user_ns["moved"]
+    Point = shell.user_ns["Point"]
+    moved = shell.user_ns["moved"]
     # The class comes back as the driver's own class, not a copy of it.
     assert type(moved) is Point
     assert (moved.x, moved.y) == (4, 2)
-    assert ip.user_ns["point_rref"].owner().name == "worker2"
-    assert ip.user_ns["norm2"] == 25
-    fetched = ip.user_ns["fetched"]
+    assert shell.user_ns["point_rref"].owner().name == "worker2"
+    assert shell.user_ns["norm2"] == 25
+    fetched = shell.user_ns["fetched"]
     assert type(fetched) is Point and (fetched.x, fetched.y) == (3, 4)
 
 
-def test_nn_module_subclass_created_remotely(ip, cluster):
-    run(ip, """
+def test_nn_module_subclass_created_remotely(shell, cluster):
+    run(shell, """
 class MyModule(nn.Module):
     def __init__(self, bias=1.0):
         super().__init__()
@@ -126,13 +118,13 @@ module_rref = rpc.remote("worker1", MyModule)
 module_out = module_rref.rpc_sync().forward(torch.ones(3))
 module_pid = module_rref.rpc_sync().where()
 """)
-    assert ip.user_ns["module_rref"].owner().name == "worker1"
-    assert ip.user_ns["module_pid"] == pid_of(cluster, "worker1")
-    assert torch.equal(ip.user_ns["module_out"].detach(), torch.tensor([4.0, 13.0]))
+    assert shell.user_ns["module_rref"].owner().name == "worker1"
+    assert shell.user_ns["module_pid"] == pid_of(cluster, "worker1")
+    assert torch.equal(shell.user_ns["module_out"].detach(), torch.tensor([4.0, 13.0]))
 
 
-def test_module_with_kwargs_over_rpc_async_and_rref_passed_on(ip):
-    run(ip, """
+def test_module_with_kwargs_over_rpc_async_and_rref_passed_on(shell):
+    run(shell, """
 module_rref2 = rpc.remote("worker2", MyModule, kwargs={"bias": -1.0})
 via_async = module_rref2.rpc_async().forward(torch.ones(3)).wait()
 # An RRef as an argument: worker1 calls the module that lives on worker2.
@@ -142,14 +134,14 @@ via_other = rpc.rpc_sync(
 local_copy = module_rref2.to_here()
 """)
     expected = torch.tensor([2.0, 11.0])
-    assert torch.equal(ip.user_ns["via_async"].detach(), expected)
-    assert torch.equal(ip.user_ns["via_other"].detach(), expected)
-    local_copy = ip.user_ns["local_copy"]
-    assert type(local_copy) is ip.user_ns["MyModule"]
+    assert torch.equal(shell.user_ns["via_async"].detach(), expected)
+    assert torch.equal(shell.user_ns["via_other"].detach(), expected)
+    local_copy = shell.user_ns["local_copy"]
+    assert type(local_copy) is shell.user_ns["MyModule"]
     assert torch.equal(local_copy(torch.ones(3)).detach(), expected)
 
 
-def test_worker_returns_instance_of_class_defined_on_the_worker(ip, cluster):
+def test_worker_returns_instance_of_class_defined_on_the_worker(shell, cluster):
     cluster.run(
         """
 class Point3:
@@ -164,40 +156,40 @@ def make_point():
 """,
         "worker1",
     )
-    run(ip, 'from_worker = rpc.rpc_sync("worker1", lambda: __import__("__main__").make_point())')
-    point = ip.user_ns["from_worker"]
+    run(shell, 'from_worker = rpc.rpc_sync("worker1", lambda: __import__("__main__").make_point())')
+    point = shell.user_ns["from_worker"]
     assert type(point).__name__ == "Point3"
     # worker1 stored it under its name; so does the driver, which had no Point3
-    assert ip.user_ns["Point3"] is type(point)
+    assert shell.user_ns["Point3"] is type(point)
     assert (point.x, point.y, point.z) == (1, 2, 3)
     assert point.total() == 6
     # ...and it goes back to the worker as the worker's own class.
-    run(ip, """
+    run(shell, """
 same_class = rpc.rpc_sync(
     "worker1", lambda p: type(p) is __import__("__main__").Point3, args=(from_worker,)
 )
 """)
-    assert ip.user_ns["same_class"] is True
+    assert shell.user_ns["same_class"] is True
 
 
-def test_tensors_stay_out_of_the_pickle_stream(ip):
-    run(ip, """
+def test_tensors_stay_out_of_the_pickle_stream(shell):
+    run(shell, """
 big = torch.randn(10 * 2**20 // 4)  # 10 MB of float32
 def total(t):
     return t.sum()
 holds_big = lambda: big.sum()
 """)
-    big = ip.user_ns["big"]
+    big = shell.user_ns["big"]
     assert big.nbytes == 10 * 2**20
     pickler = internal._internal_rpc_pickler
     cases = {
-        "argument": internal.PythonUDF(ip.user_ns["total"], (big,), {}),
-        "closure": internal.PythonUDF(ip.user_ns["holds_big"], (), {}),
-        "class instance": internal.PythonUDF(ip.user_ns["Point"], (big, 0), {}),
+        "argument": internal.PythonUDF(shell.user_ns["total"], (big,), {}),
+        "closure": internal.PythonUDF(shell.user_ns["holds_big"], (), {}),
+        "class instance": internal.PythonUDF(shell.user_ns["Point"], (big, 0), {}),
     }
     for what, udf in cases.items():
         payload, tensors = pickler.serialize(udf)
         assert len(payload) < 20_000, f"{what}: {len(payload)} bytes pickled"
         assert any(t is big for t in tensors), f"{what}: tensor not in the tensor table"
     # and the whole tensor arrives intact
-    assert torch.equal(run(ip, 'rpc.rpc_sync("worker2", lambda t: t.clone(), args=(big,))'), big)
+    assert torch.equal(run(shell, 'rpc.rpc_sync("worker2", lambda t: t.clone(), args=(big,))'), big)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed.rpc as rpc
-from conftest import wait_until
+from conftest import children, wait_until
 
 import nbrpc
 from nbrpc._util import pid_alive
@@ -113,7 +113,7 @@ def test_a_fork_that_fails_is_a_clear_error_and_leaks_nothing(tmp_path):
     template.prestart()
     tp = template.current()
     assert tp.wait_ready(60)
-    before = set(_children(os.getpid()))
+    before = set(children(os.getpid()))
     log = tmp_path / "output.log"
     log.write_bytes(b"")
     env = {**os.environ, **settings.FAST_ALLOC_ENV}
@@ -121,7 +121,7 @@ def test_a_fork_that_fails_is_a_clear_error_and_leaks_nothing(tmp_path):
         template.launch("worker9", ["-f", str(tmp_path / "kernel.json")], env, str(tmp_path / "no-such-folder"),
                         str(log))
     time.sleep(0.2)
-    leaked = [p for p in set(_children(os.getpid())) - before if pid_alive(p)]
+    leaked = [p for p in set(children(os.getpid())) - before if pid_alive(p)]
     assert leaked == []
     assert template.current() is tp and tp.alive() and _threads(tp.pid) == 1
 
@@ -194,14 +194,3 @@ def _is_worker(pid: int) -> bool:
 
 def _is_template(pid: int) -> bool:
     return b"nbrpc.deploy.template" in _cmdline(pid)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return found

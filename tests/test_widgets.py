@@ -7,7 +7,11 @@ checks what a person sees.
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,7 +110,12 @@ def test_autograd_layout_keeps_functions_in_their_lanes_and_rows_apart():
 
 def test_rref_svg_is_deterministic_and_well_formed():
     drawing = svg.rref_svg(RREF)
-    assert drawing == svg.rref_svg(copy.deepcopy(RREF))
+    # the same picture in another process, whose string hashes are salted differently
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from _snapshots import RREF; "
+            "from nbrpc.widgets import svg; sys.stdout.write(svg.rref_svg(RREF))")
+    other = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
+                           text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert other.stdout == drawing
     shuffled = dict(RREF, rrefs=list(reversed(RREF["rrefs"])), events=list(reversed(RREF["events"])))
     assert svg.rref_svg(shuffled) == drawing
     root = parse(drawing)

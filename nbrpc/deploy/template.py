@@ -5,8 +5,9 @@ a process that has imported them (and nbrpc's worker code) once, has started no 
 (no OpenMP pool, no ZMQ context, no RPC agent), and forks a worker per request. Each
 worker then makes its own kernel, keys, ports and RPC agent, as a fresh one does.
 
-Driver side (``launch``): the first local cluster starts the template
-(``python -m nbrpc.deploy.template FD``) with one end of a socket pair; requests and
+This module is the driver's side (``launch``); ``template_process`` is the template's.
+The first local cluster starts the template
+(``python -m nbrpc.deploy.template_process FD``) with one end of a socket pair; requests and
 replies are JSON lines on it, nothing on the filesystem or the network. The template
 lives as long as the driver: it exits when the socket closes or the driver is gone,
 and the driver ends it by pid at exit. The template sits in its own session, and so
@@ -28,17 +29,14 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import json
 import os
-import select
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 
-from .._util import kill_pids, pid_alive
+from .._util import JsonLines, kill_pids
 from ..errors import WorkerStartError
 from .settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV
 
@@ -108,15 +106,14 @@ class Template:
                      TEMPLATE_ROOM_ENV: "." * _ENV_ROOM}
         self.env_room = _environ_size(spawn_env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbrpc.deploy.template", str(theirs.fileno()), " " * _ARGV_ROOM],
+            [sys.executable, "-m", "nbrpc.deploy.template_process", str(theirs.fileno()), " " * _ARGV_ROOM],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env=spawn_env, cwd=os.getcwd(), start_new_session=True,
         )
         theirs.close()
-        self.sock = mine
+        self.sock, self.lines = mine, JsonLines(mine)
         self.ready: dict | None = None
         self.started, self.ready_after = time.monotonic(), None  # seconds it took to be ready
-        self._buffer = b""
         atexit.register(self.close)
 
     @property
@@ -128,17 +125,17 @@ class Template:
 
     def wait_ready(self, timeout: float) -> bool:
         if self.ready is None:
-            self.ready = self._receive(time.monotonic() + timeout)
+            self.ready = self._receive(timeout)
             self.ready_after = time.monotonic() - self.started
         return self.ready is not None
 
     def fork(self, request: dict) -> int | str | None:
         """The forked worker's pid, the reason it could not start, or None if the template is gone."""
         try:
-            self.sock.sendall(json.dumps(request).encode() + b"\n")
+            self.lines.send(request)
         except OSError:
             return None
-        reply = self._receive(time.monotonic() + REPLY_TIMEOUT)
+        reply = self._receive(REPLY_TIMEOUT)
         if reply is None:
             return None
         if "reap" in reply:
@@ -148,19 +145,12 @@ class Template:
                 pass
         return reply["pid"] if "pid" in reply else str(reply.get("error", reply))
 
-    def _receive(self, deadline: float) -> dict | None:
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            try:
-                readable, _, _ = select.select([self.sock], [], [], max(0.0, left))
-                chunk = self.sock.recv(65536) if readable else b""
-            except (OSError, ValueError):
-                chunk = b""
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+    def _receive(self, timeout: float) -> dict | None:
+        """The template's next message; None if it is gone or silent for ``timeout`` s."""
+        try:
+            return self.lines.receive(timeout)
+        except (TimeoutError, OSError, ValueError):
+            return None
 
     def close(self) -> None:
         """End the template by pid (its forked workers are not its children any more)."""
@@ -247,196 +237,3 @@ def _become_subreaper() -> None:
 
 
 # -- the template process ----------------------------------------------------------
-
-
-def serve(fd: int) -> None:
-    """Import everything a worker needs, say ready, then fork a worker per request."""
-    import random  # noqa: F401
-
-    import ipykernel.ipkernel  # noqa: F401
-    import ipykernel.kernelapp  # noqa: F401
-    import jupyter_client  # noqa: F401
-    import torch  # noqa: F401
-    import torch.distributed.rpc  # noqa: F401
-
-    import nbrpc.deploy.worker  # noqa: F401
-
-    sock = socket.socket(fileno=fd)
-    driver = os.getppid()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the driver ends it, by pid
-    sock.sendall(json.dumps({"ready": os.getpid(), "threads": _threads()}).encode() + b"\n")
-    buffer = b""
-    while True:
-        readable, _, _ = select.select([sock], [], [], WATCH_INTERVAL)
-        if os.getppid() != driver or not pid_alive(driver):
-            os._exit(0)
-        if not readable:
-            continue
-        chunk = sock.recv(65536)
-        if not chunk:
-            os._exit(0)
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            reply = _fork(json.loads(line), sock)
-            sock.sendall(json.dumps(reply).encode() + b"\n")
-
-
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def _fork(request: dict, sock: socket.socket) -> dict:
-    if _threads() != 1:
-        return {"error": f"the template runs {_threads()} threads and cannot fork safely"}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    status_r, status_w = os.pipe()
-    try:
-        middle = os.fork()
-    except OSError as e:
-        os.close(status_r)
-        os.close(status_w)
-        return {"error": f"fork failed: {e}"}
-    if middle == 0:  # the middle process: fork the worker and exit, handing it to the driver
-        try:
-            os.close(status_r)
-            sock.close()
-            me = os.getpid()  # read before the fork: the worker may outlive it at once
-            if os.fork() == 0:
-                _become_worker(request, status_w, me)
-            os._exit(0)
-        except BaseException as e:
-            _say(status_w, f"error fork failed: {e}")
-            os._exit(1)
-    os.close(status_w)
-    status = b""
-    while True:
-        chunk = os.read(status_r, 4096)
-        if not chunk:
-            break
-        status += chunk
-    os.close(status_r)
-    os.waitpid(middle, 0)
-    word, _, rest = status.decode(errors="replace").partition(" ")
-    if word == "ok":
-        return {"pid": int(rest)}
-    if word == "failed":  # the driver reaps it: it is the driver's child by now
-        pid, _, why = rest.partition(" ")
-        return {"error": why, "reap": int(pid)}
-    return {"error": rest or "the forked worker ended before it could start"}
-
-
-def _say(fd: int, text: str) -> None:
-    try:
-        os.write(fd, text.encode())
-    except OSError:
-        pass
-
-
-def _become_worker(request: dict, status_w: int, middle: int) -> None:
-    """In the forked worker: become what ``python -m nbrpc.deploy.worker ARGV`` would be, then run it."""
-    try:
-        deadline = time.monotonic() + 10
-        while os.getppid() == middle and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        if os.getppid() != request["driver"]:
-            raise RuntimeError("the driver ended before the worker started")
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        template_dir = os.getcwd()
-        os.chdir(request["cwd"])
-        if sys.path and sys.path[0] == template_dir:  # python -m puts its start folder first
-            sys.path[0] = request["cwd"]
-        os.environ.clear()
-        os.environ.update(request["env"])
-        import nbrpc.deploy.worker
-
-        sys.argv = [nbrpc.deploy.worker.__file__, *request["argv"]]
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(null)
-        os.close(log)
-    except BaseException as e:
-        _say(status_w, f"failed {os.getpid()} {type(e).__name__}: {e}")
-        os._exit(1)
-    # The template forks the next worker while this one finishes here; what fails
-    # from now on is in the worker's output, as for a launched worker.
-    _say(status_w, f"ok {os.getpid()}")
-    os.close(status_w)
-    code = 0
-    try:
-        _reseed()
-        if "OPENBLAS_NUM_THREADS" not in request["env"]:
-            _restore_blas_threads()
-        # libc's environment now lives in copies: the original area is free to rewrite.
-        _rewrite_area(47, b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0"
-                                   for k, v in os.environ.items()))
-        _rewrite_area(45, b"\0".join(os.fsencode(a) for a in
-                                      [sys.executable, "-m", "nbrpc.deploy.worker", *request["argv"]]))
-        nbrpc.deploy.worker.main(request["argv"])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    try:
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
-
-
-def _reseed() -> None:
-    """Fresh random streams: every fork would otherwise draw the template's numbers."""
-    import random
-
-    import torch
-
-    random.seed()
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
-    torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-
-
-def _restore_blas_threads() -> None:
-    """The BLAS pool a fresh process would have had (one thread per usable core)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line}
-    except OSError:
-        return
-    for path in paths:
-        lib = ctypes.CDLL(path)
-        for symbol in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-                       "openblas_set_num_threads64_", "openblas_set_num_threads"):
-            if hasattr(lib, symbol):
-                getattr(lib, symbol)(len(os.sched_getaffinity(0)))
-                break
-
-
-def _rewrite_area(field: int, text: bytes) -> None:
-    """Write ``text`` over this process's argument (45) or environment (47) area.
-
-    ``field`` indexes /proc/self/stat after the command name: the area's start,
-    then its end. What does not fit is cut; the rest is zeroed.
-    """
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        start, end = int(fields[field]), int(fields[field + 1])
-    except (OSError, IndexError, ValueError):
-        return
-    text = text[: end - start - 1]
-    ctypes.memmove(start, text + b"\0" * (end - start - len(text)), end - start)
-
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]))

@@ -7,37 +7,33 @@ interface that owns the address its peers can reach.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import socket
-import struct
+
+import psutil
 
 from ..._util import LOOPBACK
 
-_SIOCGIFADDR = 0x8915
 # Any routable address works: connecting a UDP socket sends nothing, it only asks
 # the kernel which source address its routes would use.
 _PROBE = "192.0.2.1"
 
 
-def interface_addresses() -> dict[str, str]:
-    """Each network interface with an IPv4 address, mapped to that address."""
+def interface_addresses() -> dict[str, list[str]]:
+    """Each network interface with IPv4 addresses, mapped to them (psutil: any length of
+    name, every address an interface has)."""
     found = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                reply = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
-            except OSError:
-                continue
-            found[name] = socket.inet_ntoa(reply[20:24])
+    for name, addresses in psutil.net_if_addrs().items():
+        ipv4 = [a.address for a in addresses if a.family == socket.AF_INET]
+        if ipv4:
+            found[name] = ipv4
     return found
 
 
 def interface_of(address: str) -> str | None:
     """The interface that owns ``address`` on this machine, or None."""
     for name, owned in interface_addresses().items():
-        if owned == address:
+        if address in owned:
             return name
     return None
 
@@ -58,7 +54,7 @@ def resolve_bind(bind: str | None, toward: str | None = None) -> tuple[str, str]
     owned = interface_addresses()
     if bind:
         if bind in owned:
-            return owned[bind], bind
+            return owned[bind][0], bind
         try:
             address = socket.gethostbyname(bind)
         except OSError as e:
@@ -85,5 +81,5 @@ def resolve_bind(bind: str | None, toward: str | None = None) -> tuple[str, str]
     return address, interface
 
 
-def _listing(owned: dict[str, str]) -> str:
-    return ", ".join(f"{address} ({name})" for name, address in owned.items()) or "none"
+def _listing(owned: dict[str, list[str]]) -> str:
+    return ", ".join(f"{address} ({name})" for name, addresses in owned.items() for address in addresses) or "none"
