@@ -6,6 +6,7 @@ The whole path across hosts (real workers in network namespaces) is in
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import struct
@@ -203,3 +204,15 @@ def test_the_printed_command_parses_whatever_the_token():
         program, *argv = command.split()
         args = cli.parser().parse_args(argv)
         assert (program, args.join, args.token) == ("nbrpc", "127.0.0.1:29999", command.rsplit(" ", 1)[1])
+
+
+def test_frames_come_whole_across_reads_and_garbage_is_refused():
+    first, second = (json.dumps(m).encode() for m in ({"a": 1}, {"b": 2}))
+    data = b"".join(struct.pack("!I", len(body)) + body for body in (first, second))
+    messages, rest = rendezvous.frames(data[:-3])  # the second frame not whole yet
+    assert messages == [{"a": 1}] and rest == data[4 + len(first):-3]
+    assert rendezvous.frames(rest + data[-3:]) == ([{"b": 2}], b"")
+    with pytest.raises(ConnectionError, match="larger than"):
+        rendezvous.frames(struct.pack("!I", rendezvous.MAX_FRAME + 1))
+    with pytest.raises(ConnectionError, match="not an nbrpc message"):
+        rendezvous.frames(struct.pack("!I", 3) + b"[1]")

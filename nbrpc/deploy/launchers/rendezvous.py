@@ -51,11 +51,30 @@ def send(sock: socket.socket, message: dict) -> None:
 
 def receive(sock: socket.socket) -> dict:
     """The next frame; ``ConnectionError`` if the peer closed or sent garbage."""
-    (size,) = struct.unpack("!I", _exactly(sock, 4))
+    return _decode(_exactly(sock, _size(_exactly(sock, 4))))
+
+
+def frames(buffer: bytes) -> tuple[list[dict], bytes]:
+    """The whole frames at the start of ``buffer`` (bytes read so far), and the rest;
+    ``ConnectionError`` for garbage."""
+    messages = []
+    while len(buffer) >= 4 and len(buffer) >= 4 + _size(buffer[:4]):
+        size = _size(buffer[:4])
+        messages.append(_decode(buffer[4:4 + size]))
+        buffer = buffer[4 + size:]
+    return messages, buffer
+
+
+def _size(header: bytes) -> int:
+    (size,) = struct.unpack("!I", header)
     if size > MAX_FRAME:
         raise ConnectionError(f"frame of {size} bytes is larger than {MAX_FRAME}")
+    return size
+
+
+def _decode(data: bytes) -> dict:
     try:
-        message = json.loads(_exactly(sock, size))
+        message = json.loads(data)
     except ValueError as e:
         raise ConnectionError(f"not an nbrpc message: {e}") from e
     if not isinstance(message, dict):
@@ -225,10 +244,11 @@ class Link:
                     return self._lose(f"sent nothing for {self.silent_limit:g} s (unreachable)")
                 continue
             heard = time.monotonic()
-            buffer += chunk
-            while len(buffer) >= 4 and len(buffer) >= 4 + struct.unpack("!I", buffer[:4])[0]:
-                size = struct.unpack("!I", buffer[:4])[0]
-                message, buffer = json.loads(buffer[4:4 + size]), buffer[4 + size:]
+            try:
+                messages, buffer = frames(buffer + chunk)
+            except ConnectionError as e:
+                return self._lose(f"sent what is not an nbrpc message ({e})")
+            for message in messages:
                 if "ping" not in message:
                     self.on_message(message)
 
