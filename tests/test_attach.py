@@ -216,3 +216,9 @@ def test_frames_come_whole_across_reads_and_garbage_is_refused():
         rendezvous.frames(struct.pack("!I", rendezvous.MAX_FRAME + 1))
     with pytest.raises(ConnectionError, match="not an nbrpc message"):
         rendezvous.frames(struct.pack("!I", 3) + b"[1]")
+
+
+def test_a_misspelt_launcher_option_is_named():
+    with pytest.raises(TypeError, match=r"unexpected options 'atach'.*attach=N"):
+        nbrpc.Cluster(atach=2)
+    assert type(nbrpc.Cluster(attach=2, port=0).launcher).__name__ == "AttachLauncher"

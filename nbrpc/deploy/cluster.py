@@ -84,6 +84,8 @@ class Cluster:
         Record every RPC in every member (bounded per member), for
         ``nbrpc.trace_snapshot()`` and the timeline; without it, record blocks with
         ``with nbrpc.trace() as t:``.
+    attach, bind, port, hosts, ssh, python
+        Where the workers come from (default: local kernels), read by ``launchers.choose``.
     attach
         Wait for this many workers started elsewhere with ``nbrpc worker --join``
         (the command, with its token, is printed and in ``join_command``); more
@@ -122,23 +124,17 @@ class Cluster:
         progress: Progress | None = text_progress,
         track: bool = True,
         trace: bool = False,
-        attach: int | None = None,
-        bind: str | None = None,
-        port: int = 0,
-        hosts: str | Iterable[str] | None = None,
-        ssh: str = "ssh",
-        python: str | None = None,
         gpus: bool = False,
         device_maps: dict | str | None = None,
         transport: str | None = None,
         warm_start: bool | None = None,
+        **where,
     ):
         # torch binds RRefs to the first agent, so the driver keeps its first name.
         self._kept_name = driver_name is None and group.driver_name() is not None
         driver_name = driver_name if driver_name is not None else group.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
-        self.launcher = launchers.choose(n, names, driver_name, attach, bind, port, hosts, ssh, python,
-                                         self.warm_start)
+        self.launcher = launchers.choose(n, names, driver_name, self.warm_start, **where)
         for label, value in (("threads", threads), ("timeout", timeout),
                              ("startup_timeout", startup_timeout)):
             if not value > 0:

@@ -22,9 +22,14 @@ from .ssh import SshLauncher, parse_hosts
 __all__ = ["Admission", "Launcher", "Worker", "choose"]
 
 
-def choose(n: int | None, names, driver_name: str, attach: int | None, bind: str | None, port: int,
-           hosts, ssh: str, python: str | None, warm_start: bool) -> Launcher:
-    """The launcher a cluster's options ask for, checked before anything starts."""
+def choose(n: int | None, names, driver_name: str, warm_start: bool, *, attach: int | None = None,
+           bind: str | None = None, port: int = 0, hosts=None, ssh: str = "ssh", python: str | None = None,
+           **unknown) -> Launcher:
+    """The launcher a cluster's options ask for (the options of every launcher are
+    here, not in ``Cluster``), checked before anything starts."""
+    if unknown:
+        raise TypeError(f"Cluster() got unexpected options {', '.join(map(repr, sorted(unknown)))}; "
+                        "workers come from local kernels, attach=N, or hosts=... (with bind, port, ssh, python)")
     if attach is None and hosts is None:
         if bind is not None or port:
             raise ValueError("bind and port are for workers on other machines: add attach=N or hosts=...")
