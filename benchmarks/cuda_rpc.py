@@ -2,9 +2,12 @@
 
 The recipe ("Direct Device-to-Device Communication with TensorPipe CUDA RPC") as
 published, with its ``mp.spawn`` / ``init_rpc`` boilerplate replaced by
-``nbrpc.start(names=["worker1"], driver_name="worker0", device_maps={"worker1": {0: 1}})``.
-Needs two GPUs; elsewhere it says why it did not run and exits 0. Writes
-``build/bench_cuda.json``.
+``nbrpc.Cluster(names=["worker1"], driver_name="worker0", device_maps={"worker1": {0: R}})``.
+Two layouts: with two GPUs the recipe's own (worker0 on cuda:0, worker1 on cuda:1, map
+0 -> 1); with one GPU both processes on cuda:0 (map 0 -> 0, TensorPipe's CUDA IPC
+channel between processes), the remote module's device the one change to the recipe.
+Without a GPU it says why it did not run and exits 0. Writes ``build/bench_cuda.json``
+with the layout it measured.
 
     python benchmarks/cuda_rpc.py [ROUNDS]
 """
@@ -45,11 +48,11 @@ class MyModule(nn.Module):
         return [rpc.RRef(p) for p in self.parameters()]
 
 
-def measure(comm_mode):
+def measure(comm_mode, remote_device="cuda:1"):
     # local module on "worker0/cuda:0"
     lm = MyModule("cuda:0", comm_mode)
-    # remote module on "worker1/cuda:1"
-    rm = rpc.remote("worker1", MyModule, args=("cuda:1", comm_mode))
+    # remote module on "worker1/cuda:1" (cuda:0 with one GPU)
+    rm = rpc.remote("worker1", MyModule, args=(remote_device, comm_mode))
     # prepare random inputs
     x = torch.randn(1000, 1000).cuda(0)
 
@@ -71,23 +74,27 @@ def measure(comm_mode):
 
 def main(rounds: int = 3) -> int:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count < 2:
-        print(f"skipped: the recipe needs 2 GPUs and torch sees {count} "
-              "(torch.cuda.is_available() is %s)" % torch.cuda.is_available())
+    if count < 1:
+        print("skipped: the recipe needs a GPU and torch sees none "
+              f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
         return 0
+    remote = 1 if count >= 2 else 0
+    layout = (f"worker0 on cuda:0, worker1 on cuda:{remote}, device map 0 -> {remote}"
+              + ("" if remote else " (one GPU: both processes on it, CUDA IPC between them)"))
+    print(f"layout: {layout}")
     times = {"cpu": [], "cuda": []}
     with nbrpc.Cluster(names=["worker1"], driver_name="worker0", threads=128,
-                       device_maps={"worker1": {0: 1}}):
-        measure("cuda")  # warm-up: CUDA contexts, channels, kernels
+                       device_maps={"worker1": {0: remote}}):
+        measure("cuda", f"cuda:{remote}")  # warm-up: CUDA contexts, channels, kernels
         for _ in range(rounds):  # the modes take turns
             for mode in times:
-                times[mode].append(measure(mode))
+                times[mode].append(measure(mode, f"cuda:{remote}"))
     best = {mode: min(values) for mode, values in times.items()}
     print(f"best of {rounds}: cpu {best['cpu']:.3f} s, cuda {best['cuda']:.3f} s, "
           f"speed-up {best['cpu'] / best['cuda']:.1f}x on {torch.cuda.get_device_name(0)}")
     REPORT.parent.mkdir(exist_ok=True)
     REPORT.write_text(json.dumps({
-        "device": torch.cuda.get_device_name(0), "gpus": count, "host": platform.node(),
+        "device": torch.cuda.get_device_name(0), "gpus": count, "layout": layout, "host": platform.node(),
         "torch": torch.__version__, "seconds": times, "speedup": best["cpu"] / best["cuda"],
     }, indent=1))
     return 0
