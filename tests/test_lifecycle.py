@@ -474,7 +474,8 @@ def test_tracking_off_and_on_again(clusters, pids):
 
     cluster = clusters(1, track=False)
     _start(cluster, pids)
-    assert rpc.remote is rref_ledger._torch_remote
+    # off: torch's own RRef constructor, and the ledger keeps nothing
+    assert not rref_ledger.is_tracking() and rpc.PyRRef.__init__ is torch_compat.rref_init
     held = rpc.remote("worker1", torch.ones, args=((2,),))
     with pytest.raises(RuntimeError, match="tracking is off .* track=False"):
         nbrpc.rref_snapshot()
@@ -487,6 +488,7 @@ def test_tracking_off_and_on_again(clusters, pids):
     held = rpc.remote("worker1", torch.ones, args=((2,),))
     assert [r["summary"] for r in nbrpc.rref_snapshot()["rrefs"]] == ["Tensor[2] float32"]
     assert rpc.rpc_sync("worker1", rref_ledger.is_tracking) is True
+    assert rpc.PyRRef.__init__ is rref_ledger._init
     del held
 
 

@@ -7,7 +7,7 @@ the group with its owner, creator and holders, and the recent events.
 
 from __future__ import annotations
 
-from ..calls import wrappers as calls
+from ..calls.fanout import ask_members
 from ..recording.rref_ledger import EVENTS_KEPT, report
 from ..schemas import RRefSnapshot
 
@@ -16,7 +16,7 @@ __all__ = ["merge", "rref_snapshot"]
 
 def gather(timeout: float = 5.0) -> list[dict]:
     """Every member's ``report``, asked in parallel; unreachable members are left out."""
-    return sorted(calls.ask_members(report, (timeout,), timeout), key=lambda r: r["id"])
+    return sorted(ask_members(report, (timeout,), timeout), key=lambda r: r["id"])
 
 
 def rref_snapshot(timeout: float = 5.0) -> RRefSnapshot:

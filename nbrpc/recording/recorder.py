@@ -36,7 +36,7 @@ import torch
 
 from .._compat import torch_compat
 from . import clocks, functions
-from .ring import Ring
+from .ring import CAPACITY, Ring  # noqa: F401 (CAPACITY: the ring's default, read by set_capacity's callers)
 from .rref_ledger import rref_id
 
 SETTLE = 0.5  # seconds at most a block's end waits for replies still on their way
