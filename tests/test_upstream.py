@@ -1,0 +1,136 @@
+"""The upstream corpus: every program of pytorch/examples ``distributed/rpc/`` and the code of
+PyTorch's RPC tutorials, ported into notebook cells (``tests/upstream/<program>.py``, cells
+separated by ``# %%`` lines, each file's header naming its source and every change), run in a
+fresh kernel through nbclient and checked on what the original prints or computes."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import cell_text, execute_cells
+
+pytestmark = pytest.mark.slow
+
+UPSTREAM = Path(__file__).parent / "upstream"
+# A cell that is only this line is replaced by the named file of tests/upstream/ (code that
+# upstream imports from a package that cannot be installed here, copied from that package).
+INCLUDE = re.compile(r"# include (_\w+\.py)")
+# One notebook may take this long; the whole module stays within about 5 minutes on 2 idle cores.
+CELL_TIMEOUT = 240
+
+
+def port(program: str) -> list[str]:
+    """The cells of ``tests/upstream/<program>.py`` (its header dropped, includes filled in)."""
+    text = (UPSTREAM / f"{program}.py").read_text()
+    cells = [c.strip() for c in re.split(r"^# %%.*\n", text, flags=re.M)[1:]]
+    return [(UPSTREAM / m.group(1)).read_text() if (m := INCLUDE.fullmatch(c)) else c for c in cells]
+
+
+def index_of(cells: list[str], start: str) -> int:
+    """The index of the one cell that starts with ``start``."""
+    (found,) = [i for i, c in enumerate(cells) if c.startswith(start)]
+    return found
+
+
+def floats(pattern: str, text: str) -> list[tuple[float, ...]]:
+    return [tuple(float(g) for g in m.groups()) for m in re.finditer(pattern, text)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_script(source: str, folder: Path, pids, timeout: float = 180) -> str:
+    """Run ``source`` as a script (a fresh interpreter, its own session); return its stdout."""
+    script = folder / "script.py"
+    script.write_text(source)
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pids.add_tree(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pids.end()
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"the script ran over {timeout} s; its stderr:\n{err[-3000:]}")
+    assert proc.returncode == 0, f"the script failed ({proc.returncode}):\n{err[-3000:]}"
+    return out
+
+
+# --- rl ---------------------------------------------------------------------------------------
+
+RL_EPISODE = r"Episode (\d+)\tLast reward: ([\d.]+)\tAverage reward: ([\d.]+)"
+
+RL_SPAWN = '''
+def run_worker(rank, world_size):
+    os.environ['MASTER_ADDR'] = 'localhost'
+    os.environ['MASTER_PORT'] = '{port}'
+    if rank == 0:
+        # rank0 is the agent
+        rpc.init_rpc(AGENT_NAME, rank=rank, world_size=world_size)
+{agent}
+    else:
+        # other ranks are the observer
+        rpc.init_rpc(OBSERVER_NAME.format(rank), rank=rank, world_size=world_size)
+        # observers passively waiting for instructions from agents
+    rpc.shutdown()
+
+
+def main():
+    mp.spawn(
+        run_worker,
+        args=(args.world_size, ),
+        nprocs=args.world_size,
+        join=True
+    )
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+def check_rl(notebook, cells, folder, pids):
+    agent = index_of(cells, "# rank 0 of run_worker")
+    printed = cell_text(notebook.cells[agent])
+    episodes = floats(RL_EPISODE, printed)
+    assert [e[0] for e in episodes] == [10, 20, 30, 40], printed
+    assert all(0 < e[1] <= 500 for e in episodes), printed
+    assert episodes[-1][2] > episodes[0][2], f"the running reward did not grow:\n{printed}"
+    # One observer: the run is deterministic with the seed, so the script run under mp.spawn with
+    # torch's own init_rpc, built from the same cells, prints the same lines.
+    body = "\n".join(line for line in cells[agent].splitlines() if line != "world_size = args.world_size")
+    script = cells[index_of(cells, "import argparse")] + RL_SPAWN.format(
+        port=free_port(), agent=textwrap.indent(body, " " * 8))
+    assert run_script(script, folder, pids) == printed
+
+
+CHECKS = {
+    "rl": check_rl,
+}
+GPU = {"cuda_rpc"}
+PROGRAMS = sorted(p.stem for p in UPSTREAM.glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("program", [pytest.param(p, marks=[pytest.mark.gpu] if p in GPU else [])
+                                     for p in PROGRAMS])
+def test_upstream_program_runs_from_cells(program, tmp_path, pids):
+    cells = port(program)
+    notebook = execute_cells(tmp_path, cells, timeout=CELL_TIMEOUT)
+    CHECKS[program](notebook, cells, tmp_path, pids)
+
+
+def test_every_port_names_its_source_and_is_checked():
+    for program in PROGRAMS:
+        header = (UPSTREAM / f"{program}.py").read_text().split("# %%")[0]
+        assert re.search(r"Upstream: pytorch/(examples|tutorials), \S+, commit [0-9a-f]{40}", header), program
+        assert "Changes" in header, program
+    assert set(CHECKS) == set(PROGRAMS)
