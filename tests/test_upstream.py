@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import cell_text, execute_cells
 
 pytestmark = pytest.mark.slow
@@ -113,7 +112,25 @@ def check_rl(notebook, cells, folder, pids):
     assert run_script(script, folder, pids) == printed
 
 
+# --- parameter_server -------------------------------------------------------------------------
+
+def check_parameter_server(notebook, cells, folder, pids):
+    for rank in (1, 2):
+        printed = cell_text(notebook.cells[index_of(cells, f"%%rpc_on trainer_{rank}\n")])
+        losses = floats(rf"\[trainer_{rank}\] Rank {rank} training batch (\d+) loss ([\d.]+)", printed)
+        assert [b for b, _ in losses] == [0, 5, 10, 15, 20, 25], printed
+        assert losses[-1][1] < 0.75 * losses[0][1], f"trainer_{rank}'s loss did not fall:\n{printed}"
+        for line in ("Training complete!", "Getting accuracy...."):
+            assert f"[trainer_{rank}] {line}\n" in printed, printed
+        # The server prints as the first trainer's remote() builds it, once, under its lock.
+        built = "Using 0 GPUs to train\nPutting first 2 convs on cpu\nPutting rest of layers on cpu\n"
+        assert printed.count(built) == (rank == 1), printed
+        (accuracy,) = floats(rf"\[trainer_{rank}\] Accuracy ([\d.]+)", printed)
+        assert accuracy[0] > 0.4, printed  # of 10 classes
+
+
 CHECKS = {
+    "parameter_server": check_parameter_server,
     "rl": check_rl,
 }
 GPU = {"cuda_rpc"}
