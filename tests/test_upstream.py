@@ -129,7 +129,28 @@ def check_parameter_server(notebook, cells, folder, pids):
         assert accuracy[0] > 0.4, printed  # of 10 classes
 
 
+# --- rnn ---------------------------------------------------------------------------------------
+
+def check_rnn(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "# the trainer's branch of run_worker")])
+    assert printed == "".join(f"Training epoch {epoch}\n" for epoch in range(10))
+
+
+# --- batch_reinforce -----------------------------------------------------------------------------
+
+def check_batch_reinforce(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "def run_agent(")])
+    episodes = floats(r"Episode (\d+)\tLast reward: ([\d.]+)\tAverage reward: ([\d.]+)", printed)
+    # batch=True, then batch=False, ten episodes each
+    assert [int(e[0]) for e in episodes] == list(range(10)) * 2, printed
+    assert all(1 <= e[1] <= 100 and e[2] <= 100 for e in episodes), printed  # NUM_STEPS
+    (timing,) = floats(r"^2, ([\d.]+), ([\d.]+)$", printed.splitlines()[-1])
+    assert all(t > 0 for t in timing), printed
+
+
 CHECKS = {
+    "batch_reinforce": check_batch_reinforce,
+    "rnn": check_rnn,
     "parameter_server": check_parameter_server,
     "rl": check_rl,
 }
