@@ -148,7 +148,18 @@ def check_batch_reinforce(notebook, cells, folder, pids):
     assert all(t > 0 for t in timing), printed
 
 
+# --- pipeline ----------------------------------------------------------------------------------
+
+def check_pipeline(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "# main(): the master's part of each run")])
+    runs = re.findall(r"((?:Processing batch \d\n)*)number of splits = (\d+), execution time = ([\d.]+)\n", printed)
+    assert [split for _, split, _ in runs] == ["1", "2", "4", "8"], printed
+    assert all(batches == "Processing batch 0\nProcessing batch 1\nProcessing batch 2\n" for batches, _, _ in runs)
+    assert "".join(f"{b}number of splits = {s}, execution time = {t}\n" for b, s, t in runs) == printed
+
+
 CHECKS = {
+    "pipeline": check_pipeline,
     "batch_reinforce": check_batch_reinforce,
     "rnn": check_rnn,
     "parameter_server": check_parameter_server,
