@@ -158,7 +158,19 @@ def check_pipeline(notebook, cells, folder, pids):
     assert "".join(f"{b}number of splits = {s}, execution time = {t}\n" for b, s, t in runs) == printed
 
 
+# --- batch_parameter_server ----------------------------------------------------------------------
+
+def check_batch_parameter_server(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "# rank 0 of run(): the parameter server")])
+    lines = [line.split(" ", 1)[1] for line in printed.splitlines()]  # the time goes
+    assert lines[0] == "Start training" and lines[-1] == "Finish training", printed
+    # 2 trainers x 2 batches reach the server; every 2nd update steps the optimizer
+    assert sum(re.fullmatch(r"PS got [01]/2 updates", line) is not None for line in lines) == 4, printed
+    assert lines.count("PS updated model") == 2, printed
+
+
 CHECKS = {
+    "batch_parameter_server": check_batch_parameter_server,
     "pipeline": check_pipeline,
     "batch_reinforce": check_batch_reinforce,
     "rnn": check_rnn,
