@@ -1,0 +1,198 @@
+"""The upstream corpus: every program of pytorch/examples ``distributed/rpc/`` and the code of
+PyTorch's RPC tutorials, ported into notebook cells (``tests/upstream/<program>.py``, cells
+separated by ``# %%`` lines, each file's header naming its source and every change), run in a
+fresh kernel through nbclient and checked on what the original prints or computes."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import cell_text, execute_cells
+
+pytestmark = pytest.mark.slow
+
+UPSTREAM = Path(__file__).parent / "upstream"
+# A cell that is only this line is replaced by the named file of tests/upstream/ (code that
+# upstream imports from a package that cannot be installed here, copied from that package).
+INCLUDE = re.compile(r"# include (_\w+\.py)")
+# One notebook may take this long; the whole module stays within about 5 minutes on 2 idle cores.
+CELL_TIMEOUT = 240
+
+
+def port(program: str) -> list[str]:
+    """The cells of ``tests/upstream/<program>.py`` (its header dropped, includes filled in)."""
+    text = (UPSTREAM / f"{program}.py").read_text()
+    cells = [c.strip() for c in re.split(r"^# %%.*\n", text, flags=re.M)[1:]]
+    return [(UPSTREAM / m.group(1)).read_text() if (m := INCLUDE.fullmatch(c)) else c for c in cells]
+
+
+def index_of(cells: list[str], start: str) -> int:
+    """The index of the one cell that starts with ``start``."""
+    (found,) = [i for i, c in enumerate(cells) if c.startswith(start)]
+    return found
+
+
+def floats(pattern: str, text: str) -> list[tuple[float, ...]]:
+    return [tuple(float(g) for g in m.groups()) for m in re.finditer(pattern, text)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_script(source: str, folder: Path, pids, timeout: float = 180) -> str:
+    """Run ``source`` as a script (a fresh interpreter, its own session); return its stdout."""
+    script = folder / "script.py"
+    script.write_text(source)
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pids.add_tree(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pids.end()
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"the script ran over {timeout} s; its stderr:\n{err[-3000:]}")
+    assert proc.returncode == 0, f"the script failed ({proc.returncode}):\n{err[-3000:]}"
+    return out
+
+
+# --- rl ---------------------------------------------------------------------------------------
+
+RL_EPISODE = r"Episode (\d+)\tLast reward: ([\d.]+)\tAverage reward: ([\d.]+)"
+
+RL_SPAWN = '''
+def run_worker(rank, world_size):
+    os.environ['MASTER_ADDR'] = 'localhost'
+    os.environ['MASTER_PORT'] = '{port}'
+    if rank == 0:
+        # rank0 is the agent
+        rpc.init_rpc(AGENT_NAME, rank=rank, world_size=world_size)
+{agent}
+    else:
+        # other ranks are the observer
+        rpc.init_rpc(OBSERVER_NAME.format(rank), rank=rank, world_size=world_size)
+        # observers passively waiting for instructions from agents
+    rpc.shutdown()
+
+
+def main():
+    mp.spawn(
+        run_worker,
+        args=(args.world_size, ),
+        nprocs=args.world_size,
+        join=True
+    )
+
+if __name__ == '__main__':
+    main()
+'''
+
+
+def check_rl(notebook, cells, folder, pids):
+    agent = index_of(cells, "# rank 0 of run_worker")
+    printed = cell_text(notebook.cells[agent])
+    episodes = floats(RL_EPISODE, printed)
+    assert [e[0] for e in episodes] == [10, 20, 30, 40], printed
+    assert all(0 < e[1] <= 500 for e in episodes), printed
+    assert episodes[-1][2] > episodes[0][2], f"the running reward did not grow:\n{printed}"
+    # One observer: the run is deterministic with the seed, so the script run under mp.spawn with
+    # torch's own init_rpc, built from the same cells, prints the same lines.
+    body = "\n".join(line for line in cells[agent].splitlines() if line != "world_size = args.world_size")
+    script = cells[index_of(cells, "import argparse")] + RL_SPAWN.format(
+        port=free_port(), agent=textwrap.indent(body, " " * 8))
+    assert run_script(script, folder, pids) == printed
+
+
+# --- parameter_server -------------------------------------------------------------------------
+
+def check_parameter_server(notebook, cells, folder, pids):
+    for rank in (1, 2):
+        printed = cell_text(notebook.cells[index_of(cells, f"%%rpc_on trainer_{rank}\n")])
+        losses = floats(rf"\[trainer_{rank}\] Rank {rank} training batch (\d+) loss ([\d.]+)", printed)
+        assert [b for b, _ in losses] == [0, 5, 10, 15, 20, 25], printed
+        assert losses[-1][1] < 0.75 * losses[0][1], f"trainer_{rank}'s loss did not fall:\n{printed}"
+        for line in ("Training complete!", "Getting accuracy...."):
+            assert f"[trainer_{rank}] {line}\n" in printed, printed
+        # The server prints as the first trainer's remote() builds it, once, under its lock.
+        built = "Using 0 GPUs to train\nPutting first 2 convs on cpu\nPutting rest of layers on cpu\n"
+        assert printed.count(built) == (rank == 1), printed
+        (accuracy,) = floats(rf"\[trainer_{rank}\] Accuracy ([\d.]+)", printed)
+        assert accuracy[0] > 0.4, printed  # of 10 classes
+
+
+# --- rnn ---------------------------------------------------------------------------------------
+
+def check_rnn(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "# the trainer's branch of run_worker")])
+    assert printed == "".join(f"Training epoch {epoch}\n" for epoch in range(10))
+
+
+# --- batch_reinforce -----------------------------------------------------------------------------
+
+def check_batch_reinforce(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "def run_agent(")])
+    episodes = floats(r"Episode (\d+)\tLast reward: ([\d.]+)\tAverage reward: ([\d.]+)", printed)
+    # batch=True, then batch=False, ten episodes each
+    assert [int(e[0]) for e in episodes] == list(range(10)) * 2, printed
+    assert all(1 <= e[1] <= 100 and e[2] <= 100 for e in episodes), printed  # NUM_STEPS
+    (timing,) = floats(r"^2, ([\d.]+), ([\d.]+)$", printed.splitlines()[-1])
+    assert all(t > 0 for t in timing), printed
+
+
+# --- pipeline ----------------------------------------------------------------------------------
+
+def check_pipeline(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "# main(): the master's part of each run")])
+    runs = re.findall(r"((?:Processing batch \d\n)*)number of splits = (\d+), execution time = ([\d.]+)\n", printed)
+    assert [split for _, split, _ in runs] == ["1", "2", "4", "8"], printed
+    assert all(batches == "Processing batch 0\nProcessing batch 1\nProcessing batch 2\n" for batches, _, _ in runs)
+    assert "".join(f"{b}number of splits = {s}, execution time = {t}\n" for b, s, t in runs) == printed
+
+
+# --- batch_parameter_server ----------------------------------------------------------------------
+
+def check_batch_parameter_server(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "# rank 0 of run(): the parameter server")])
+    lines = [line.split(" ", 1)[1] for line in printed.splitlines()]  # the time goes
+    assert lines[0] == "Start training" and lines[-1] == "Finish training", printed
+    # 2 trainers x 2 batches reach the server; every 2nd update steps the optimizer
+    assert sum(re.fullmatch(r"PS got [01]/2 updates", line) is not None for line in lines) == 4, printed
+    assert lines.count("PS updated model") == 2, printed
+
+
+CHECKS = {
+    "batch_parameter_server": check_batch_parameter_server,
+    "pipeline": check_pipeline,
+    "batch_reinforce": check_batch_reinforce,
+    "rnn": check_rnn,
+    "parameter_server": check_parameter_server,
+    "rl": check_rl,
+}
+GPU = {"cuda_rpc"}
+PROGRAMS = sorted(p.stem for p in UPSTREAM.glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("program", [pytest.param(p, marks=[pytest.mark.gpu] if p in GPU else [])
+                                     for p in PROGRAMS])
+def test_upstream_program_runs_from_cells(program, tmp_path, pids):
+    cells = port(program)
+    notebook = execute_cells(tmp_path, cells, timeout=CELL_TIMEOUT)
+    CHECKS[program](notebook, cells, tmp_path, pids)
+
+
+def test_every_port_names_its_source_and_is_checked():
+    for program in PROGRAMS:
+        header = (UPSTREAM / f"{program}.py").read_text().split("# %%")[0]
+        source = r"Upstream: pytorch/(examples|tutorials), .+?,\s+(# )?commit [0-9a-f]{40}"
+        assert re.search(source, header, re.S), program
+        assert "Changes" in header, program
+    assert set(CHECKS) == set(PROGRAMS)
