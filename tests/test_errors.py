@@ -25,7 +25,14 @@ from nbrpc.group import membership as group
 
 def worker_children() -> set[int]:
     """Pids of worker kernels this process started."""
-    return {p.pid for p in psutil.Process().children() if "nbrpc.deploy.worker" in " ".join(p.cmdline())}
+    found = set()
+    for child in psutil.Process().children():
+        try:
+            if "nbrpc.deploy.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.Error:  # ended, or a zombie, meanwhile
+            pass
+    return found
 
 
 

@@ -9,12 +9,18 @@ from nbrpc.group import membership as group
 
 SHM_DRIVER = """
 import json, os
+import psutil
 import torch.distributed.rpc as rpc
 import nbrpc
 
 def polls(pid):
     # TensorPipe's shared-memory transport runs one busy-polling reactor thread per member
-    names = [open(f"/proc/{pid}/task/{t}/comm").read().strip() for t in os.listdir(f"/proc/{pid}/task")]
+    names = []
+    for thread in psutil.Process(pid).threads():
+        try:
+            names.append(psutil.Process(thread.id).name())
+        except psutil.NoSuchProcess:  # a thread that ended meanwhile
+            pass
     return "TP_SHM_reactor" in names
 
 cluster = nbrpc.start(2, transport="shm", progress=None)
