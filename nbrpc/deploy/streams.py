@@ -1,10 +1,12 @@
-"""A worker kernel's stdout and stderr: what a call writes goes to the driver.
+"""A worker kernel's stdout, stderr and displays: what a call writes goes to the driver.
 
 ``WorkerStream`` is ipykernel's ``OutStream`` (the kernel app's ``outstream_class``)
 that offers each write to ``calls.output`` first: a thread serving a call, or any
 thread while no cell runs on this kernel, writes for the driver's running cell;
 the rest (a ``%%rpc_on`` cell, and what its threads write meanwhile) the kernel
 publishes as before. Warnings and ``logging`` write through the same streams.
+The kernel's display publisher does the same with ``display``, ``update_display``
+and ``clear_output`` (``install`` puts it in place).
 """
 
 from __future__ import annotations
@@ -35,9 +37,29 @@ def publish(pieces: list[tuple]) -> None:
             OutStream.write(stream, piece[2])
 
 
+def _publisher(shell):
+    """The shell's display publisher, offering each display and clear to ``output``."""
+    base = type(shell.display_pub)
+
+    class WorkerDisplayPublisher(base):
+        def publish(self, data, metadata=None, *, transient=None, update=False, **kwargs):
+            if not output.take(("display", data, metadata or {}, transient or {}, update)):
+                super().publish(data, metadata, transient=transient, update=update, **kwargs)
+
+        def clear_output(self, wait=False):
+            if not output.take(("clear", wait)):
+                super().clear_output(wait)
+
+    old = shell.display_pub
+    new = WorkerDisplayPublisher(parent=shell, shell=shell)
+    new.session, new.pub_socket, new.topic = old.session, old.pub_socket, old.topic
+    return new
+
+
 def install(app, name: str) -> None:
     """Route worker ``name``'s output to the driver, once the kernel ``app`` has its
     shell and the worker joined the group."""
+    app.shell.display_pub = _publisher(app.shell)
     events = app.shell.events
     events.register("pre_execute", lambda: output.set_kernel_busy(True))
     events.register("post_execute", lambda: output.set_kernel_busy(False))
