@@ -13,6 +13,8 @@ import time
 import pytest
 from conftest import cell_text, execute, execute_cells, streamed
 
+from nbrpc.calls.output import LineTagger
+
 SETUP = '''\
 import logging, sys, threading, time, warnings
 import torch.distributed.rpc as rpc
@@ -176,3 +178,29 @@ def test_background_output_with_no_cell_running_goes_to_the_next_cell(kernel):
     assert streamed(following) == "[worker1] while idle\n"
     _, reply = execute(client, "%rpc_shutdown")
     assert reply["status"] == "ok", reply
+
+
+class Collected:
+    def __init__(self):
+        self.texts = []
+
+    def stream(self, worker, name, text):
+        self.texts.append((name, text))
+
+
+def test_line_tagger_keeps_partial_lines_and_tags_each_redraw_of_a_bar():
+    shown = Collected()
+    tagger = LineTagger("worker1", shown)
+    for text in ("hello", " ", "1", "\n", "\r 10%|#", "\r 20%|##", "\r100%|###", "\n", "\n", "tail"):
+        tagger.feed("stdout", text)
+    tagger.feed("stderr", "oops\n")
+    tagger.flush()
+    assert shown.texts == [
+        ("stdout", "[worker1] hello 1\n"),
+        ("stdout", "[worker1]  10%|#\r"),
+        ("stdout", "[worker1]  20%|##\r"),
+        ("stdout", "[worker1] 100%|###\n"),
+        ("stdout", "[worker1] \n"),
+        ("stderr", "[worker1] oops\n"),
+        ("stdout", "[worker1] tail\n"),
+    ]

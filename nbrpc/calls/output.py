@@ -115,7 +115,11 @@ def send(final: bool = False) -> None:
         with _lock:
             pieces = _outbox[:]
             del _outbox[:]
-        if not pieces or _name is None:
+        if not pieces:
+            return
+        if _name is None:  # no longer routing (leaving): the kernel's clients still listen
+            if _fallback is not None:
+                _fallback(pieces)
             return
         try:
             fut = torch_compat.invoke_rpc(0, deliver, torch_compat.RPCExecMode.SYNC,
