@@ -9,3 +9,9 @@ not the cost of shipping a function by value.
 def echo(value):
     """Return ``value``: the smallest useful call, and a round trip for tensors."""
     return value
+
+
+def chatty(value):
+    """Print one line, then return ``value``: a call whose output goes to the driver."""
+    print("step", value)
+    return value

@@ -107,6 +107,29 @@ def cell_text(cell, kind: str = "stream") -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == kind)
 
 
+def execute(client, code: str, timeout: float = 120, **kwargs):
+    """Run ``code`` in the kernel; return (iopub messages of this request, reply)."""
+    msg_id = client.execute(code, **kwargs)
+    deadline = time.monotonic() + timeout
+    messages = []
+    while True:
+        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        messages.append(msg)
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return messages, reply["content"]
+
+
+def streamed(messages, name: str = "stdout") -> str:
+    return "".join(m["content"]["text"] for m in messages
+                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+
 @contextlib.contextmanager
 def as_main(shell):
     """The shell's namespace is ``__main__`` inside, as in a kernel (IPython's test

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import run, wait_gone, wait_until
+from conftest import execute, run, streamed, wait_gone, wait_until
 from nbclient import NotebookClient
 
 import nbrpc
@@ -281,30 +281,6 @@ def test_rrefs_work_in_a_later_cluster(ip):
 
 
 # -- a real kernel -----------------------------------------------------------------
-
-
-def execute(client, code: str, timeout: float = 120, **kwargs):
-    """Run ``code`` in the kernel; return (iopub messages of this request, reply)."""
-    msg_id = client.execute(code, **kwargs)
-    deadline = time.monotonic() + timeout
-    messages = []
-    while True:
-        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-        messages.append(msg)
-    while True:
-        reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return messages, reply["content"]
-
-
-def streamed(messages, name: str = "stdout") -> str:
-    return "".join(m["content"]["text"] for m in messages
-                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
-
 
 
 def test_real_kernel_shows_worker_output_rich_output_and_errors(kernel):

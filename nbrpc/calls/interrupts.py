@@ -4,7 +4,8 @@ Parts:
 
 - ``Stoppable``: what the caller sends instead of a Python function. It carries a
   call id; on the worker it records which RPC thread runs the call, runs it, and
-  forgets the thread again.
+  forgets the thread again. What the call writes is sent to the driver before its
+  reply leaves (see ``output``).
 - ``stop(call_id)``: run on the worker by a small RPC from the caller; raises
   ``KeyboardInterrupt`` in the thread running that call, and in no other.
 - ``send_stop``: the caller's side of it.
@@ -26,6 +27,7 @@ import torch
 
 from .._compat import torch_compat
 from ..recording import recorder as tracing
+from . import output
 
 _lock = threading.Lock()
 # call id -> id of the thread running it, in this process (as a worker).
@@ -73,17 +75,21 @@ class Stoppable:
 
     def __call__(self, *args, **kwargs):
         torch_compat.keep_thread_state()
-        if self.trace is None:
-            return self._run(args, kwargs)
-        half = tracing.started(self.trace, self.func, args)
-        error = None
+        output.begin()
         try:
-            return self._run(args, kwargs)
-        except BaseException as e:
-            error = e
-            raise
+            if self.trace is None:
+                return self._run(args, kwargs)
+            half = tracing.started(self.trace, self.func, args)
+            error = None
+            try:
+                return self._run(args, kwargs)
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                tracing.finished(half, self.trace, error)
         finally:
-            tracing.finished(half, self.trace, error)
+            output.end()
 
     def _run(self, args, kwargs):
         me = threading.get_ident()

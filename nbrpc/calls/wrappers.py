@@ -11,6 +11,8 @@ Wrappers, installed in every member by ``group.join``:
   could not pickle and in failures of workers whose process has ended. An
   interrupted call is stopped on its worker too (see ``interrupts``).
 - ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
+- ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
+  driver, see ``output``).
 - ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
   thread can be interrupted (the waiting stops; the function that built the RRef's
   value is not stopped). Both tell the RRef ledger while it tracks.
@@ -36,7 +38,7 @@ from ..errors import (
 )
 from ..recording import recorder, rref_ledger
 from ..wire import remote_errors
-from . import interrupts
+from . import interrupts, output
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
@@ -185,7 +187,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
         rref = _traced_remote(to, func, args, kwargs, timeout, half)
     else:
         try:
-            rref = _torch_remote(to, func, args, kwargs, timeout)
+            rref = _plain_remote(to, func, args, kwargs, timeout)
         except RuntimeError as e:
             named = _named(e, to, _label("remote", to, func), timeout)
             if named is e:
@@ -196,9 +198,23 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     return rref
 
 
+def _plain_remote(to, func, args, kwargs, timeout: float):
+    """torch's ``remote``; a Python function goes as a ``Stoppable``, so that what it
+    writes is sent to the driver before the owner confirms the RRef."""
+    output.before_call()
+    if not interrupts.can_stop(func):
+        return _torch_remote(to, func, args, kwargs, timeout)
+    try:
+        return _torch_remote(to, interrupts.Stoppable(func, interrupts.new_call_id()), args, kwargs, timeout)
+    except SerializationError:
+        # Sent bare, the error names the function or argument that does not pickle.
+        return _torch_remote(to, func, args, kwargs, timeout)
+
+
 def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
     """``remote`` recorded: the function goes with the call's id (no reply is pickled:
     the value stays with its owner), the reply is the owner's ack of the RRef."""
+    output.before_call()
     stoppable = func
     if interrupts.can_stop(func):
         stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), (recorder.call_id(half), False))
@@ -278,6 +294,7 @@ def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: lis
 
 
 def _send(to, func, mode: RPCExecMode, args, kwargs, timeout: float, trace: tuple | None):
+    output.before_call()
     if not interrupts.can_stop(func):
         return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
     stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), trace)

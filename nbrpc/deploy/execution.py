@@ -3,15 +3,17 @@
 One loop on the calling thread polls every target's IOPub socket, so outputs from
 all workers arrive as they happen and are handed to an ``Output`` (the kernel
 extension shows them in the cell; the default prints them, tagged by worker).
+``clear_output`` and ``update_display_data`` pass through as nbclient and Jupyter
+front ends apply them (a progress display redraws in place).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Protocol
 
 import zmq
 
+from ..calls import output as output_mod
 from ..errors import RemoteError
 from .launchers.base import Worker
 
@@ -23,40 +25,14 @@ class Output(Protocol):
 
     def stream(self, worker: str, name: str, text: str) -> None: ...
 
-    def display(self, worker: str, data: dict, metadata: dict) -> None: ...
+    def display(self, worker: str, data: dict, metadata: dict, transient: dict | None = None,
+                update: bool = False) -> None: ...
+
+    def clear(self, worker: str, wait: bool) -> None: ...
 
 
-class PrintOutput:
-    """Plain-text output for scripts and terminals: every line tagged ``[worker]``."""
-
-    def stream(self, worker, name, text):
-        out = sys.stderr if name == "stderr" else sys.stdout
-        out.write(text)
-        out.flush()
-
-    def display(self, worker, data, metadata):
-        print(f"[{worker}] {data.get('text/plain', '')}")
-
-
-class _LineTagger:
-    """Prefix complete lines with the worker's name; hold partial lines back."""
-
-    def __init__(self, worker: str, output: Output):
-        self.worker, self.output, self.pending = worker, output, {}
-
-    def feed(self, name: str, text: str) -> None:
-        text = self.pending.pop(name, "") + text
-        head, sep, tail = text.rpartition("\n")
-        if tail:
-            self.pending[name] = tail
-        if sep:
-            tagged = "".join(f"[{self.worker}] {line}\n" for line in head.split("\n"))
-            self.output.stream(self.worker, name, tagged)
-
-    def flush(self) -> None:
-        for name, text in self.pending.items():
-            self.output.stream(self.worker, name, f"[{self.worker}] {text}\n")
-        self.pending.clear()
+# Plain text for scripts and terminals: every line tagged ``[worker]``.
+PrintOutput = output_mod.PrintOutput
 
 
 def run(code: str, workers: list[Worker], output: Output, timeout: float | None = None) -> None:
@@ -65,7 +41,7 @@ def run(code: str, workers: list[Worker], output: Output, timeout: float | None 
     A ``KeyboardInterrupt`` while waiting interrupts the workers' kernels too.
     """
     pending = {w.client.execute(code, allow_stdin=False): w for w in workers}
-    taggers = {w.name: _LineTagger(w.name, output) for w in workers}
+    taggers = {w.name: output_mod.LineTagger(w.name, output) for w in workers}
     failures: dict[str, tuple[str, str, list[str]]] = {}
     poller = zmq.Poller()
     for w in workers:
@@ -98,9 +74,14 @@ def _handle(msg, pending, taggers, failures, output) -> None:
     kind, content = msg["msg_type"], msg["content"]
     if kind == "stream":
         taggers[worker.name].feed(content["name"], content["text"])
-    elif kind in ("display_data", "execute_result"):
+    elif kind in ("display_data", "execute_result", "update_display_data"):
+        # A display id comes along, so a later update (a progress display) finds it.
         taggers[worker.name].flush()
-        output.display(worker.name, content["data"], content.get("metadata", {}))
+        output.display(worker.name, content["data"], content.get("metadata", {}),
+                       content.get("transient"), kind == "update_display_data")
+    elif kind == "clear_output":
+        taggers[worker.name].flush()
+        output.clear(worker.name, content.get("wait", False))
     elif kind == "error":
         failures[worker.name] = (content["ename"], content["evalue"], content["traceback"])
     elif kind == "status" and content["execution_state"] == "idle":

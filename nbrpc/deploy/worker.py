@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable
 
 from .._util import pid_alive
+from ..calls import output
 from ..group import membership as group
 from ..wire import serialization
+from . import streams
 from .settings import WorkerSettings
 
 WATCH_INTERVAL = 0.5
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
+    app.outstream_class = streams.OUTSTREAM_CLASS
     app.initialize(argv)
     if on_kernel is not None:
         on_kernel(app)
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
                                     settings.transport)
     group.join(store, settings.prefix, settings.name, settings.rank, options, settings.interface,
                settings.track, settings.trace)
+    streams.install(app, settings.name)
     app.start()
 
 
@@ -105,6 +109,7 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
 def leave(timeout: float = 20.0) -> None:
     """Leave the RPC group gracefully, its RRefs deleted first (with the driver's and
     the other workers', at the same time); the driver runs this in the kernel at shutdown."""
+    output.stop_routing()
     group.release_rrefs()
     group.leave(graceful=True, timeout=timeout)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+import threading
 
-from IPython.display import display, publish_display_data
+from IPython.display import clear_output, display, publish_display_data
 
+from ..calls import output
 from ..deploy.cluster import text_progress
 
 
@@ -47,5 +49,54 @@ class KernelOutput:
         out.write(text)
         out.flush()
 
-    def display(self, worker: str, data: dict, metadata: dict) -> None:
-        publish_display_data(data, metadata)
+    def display(self, worker: str, data: dict, metadata: dict, transient: dict | None = None,
+                update: bool = False) -> None:
+        publish_display_data(data, metadata, transient=transient, update=update)
+
+    def clear(self, worker: str, wait: bool) -> None:
+        clear_output(wait=wait)
+
+
+class CellOutput:
+    """What workers write outside ``%%rpc_on`` (calls, background threads): shown in
+    the running cell, tagged; with no cell running, held until the next one starts.
+
+    ``deliver`` runs on the driver's RPC threads, whose writes ipykernel puts in the
+    cell it runs now; the IPython events ``pre_run_cell`` and ``post_run_cell`` tell
+    whether one runs (the extension is loaded from a cell, so one does at first).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running = True
+        self._held: list[tuple] = []
+        self._shown = output.Shown(KernelOutput())
+
+    def deliver(self, worker: str, pieces: list[tuple], final: bool) -> None:
+        with self._lock:
+            if self._running:
+                self._shown.show(worker, pieces, final)
+            else:
+                self._held.append((worker, pieces, final))
+
+    def pre_run_cell(self, info=None) -> None:
+        with self._lock:
+            self._running = True
+            held, self._held = self._held, []
+            for batch in held:
+                self._shown.show(*batch)
+
+    def post_run_cell(self, result=None) -> None:
+        with self._lock:
+            self._shown.flush()  # a partial line ends with its cell
+            self._running = False
+
+    def register(self, shell) -> None:
+        shell.events.register("pre_run_cell", self.pre_run_cell)
+        shell.events.register("post_run_cell", self.post_run_cell)
+        output.set_sink(self.deliver)
+
+    def unregister(self, shell) -> None:
+        shell.events.unregister("pre_run_cell", self.pre_run_cell)
+        shell.events.unregister("post_run_cell", self.post_run_cell)
+        output.set_sink(None)
