@@ -15,6 +15,7 @@ from .errors import (  # noqa: E402
     AutogradContextError,
     ClusterRunningError,
     DeviceMapError,
+    JobRefusedError,
     NoClusterError,
     RemoteError,
     RpcTimeoutError,
@@ -23,6 +24,7 @@ from .errors import (  # noqa: E402
     WorkerDiedError,
     WorkerStartError,
 )
+from .launchers.slurm import SlurmOptions  # noqa: E402
 from .rrefs import rref_snapshot  # noqa: E402
 from .tracing import Trace, trace, trace_snapshot  # noqa: E402
 
@@ -33,11 +35,13 @@ __all__ = [
     "ClusterRunningError",
     "DeviceMapError",
     "ClusterStatus",
+    "JobRefusedError",
     "NoClusterError",
     "RRefGraph",
     "RemoteError",
     "RpcTimeoutError",
     "SerializationError",
+    "SlurmOptions",
     "Timeline",
     "Trace",
     "UnknownWorkerError",

@@ -97,6 +97,11 @@ class Cluster:
         a polling thread keeps a core busy in every member, also at rest). Default:
         the one this process joined with for an earlier cluster (fixed until it
         exits), else ``"uv"``.
+    slurm
+        Start the workers in a Slurm job (one task each; inside an allocation, a step of
+        it): ``True``, or the job's options as a dict or ``nbrpc.SlurmOptions``
+        (partition, time_limit, account, nodes, tasks_per_node, cpus_per_task,
+        gpus_per_task, args, queue_timeout). ``bind`` and ``port`` apply as for attach.
     warm_start
         Fork local workers from a warm template process that has imported torch
         and ipykernel once (default: on, unless ``NBRPC_WARM_START=0``); off, each
@@ -126,13 +131,14 @@ class Cluster:
         device_maps: dict | str | None = None,
         transport: str | None = None,
         warm_start: bool | None = None,
+        slurm=None,
     ):
         # torch binds RRefs to the first agent, so the driver keeps its first name.
         self._kept_name = driver_name is None and group.driver_name() is not None
         driver_name = driver_name if driver_name is not None else group.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
         self.launcher = launchers.choose(n, names, driver_name, attach, bind, port, hosts, ssh, python,
-                                         self.warm_start)
+                                         self.warm_start, slurm)
         for label, value in (("threads", threads), ("timeout", timeout),
                              ("startup_timeout", startup_timeout)):
             if not value > 0:
@@ -286,7 +292,7 @@ class Cluster:
                 except (RuntimeError, TimeoutError):
                     counts = _no_counts()
             rows.append(dict(name=w.name, rank=w.rank, host=w.host, pid=w.pid, state=w.state,
-                             devices=self._devices_label(w.name), **counts))
+                             devices=self._devices_label(w.name), **counts, **({"job": w.job} if w.job else {})))
         return rows
 
     def __repr__(self) -> str:

@@ -3,6 +3,8 @@
 - ``local``: worker kernels on this machine (the default), all sockets on loopback.
 - ``attach``: workers started by anything else with ``nbrpc worker --join``.
 - ``ssh``: worker kernels on other hosts started over SSH, joining as ``attach``'s do.
+- ``slurm``: workers as the tasks of a Slurm job (or a step of the current
+  allocation), joining as ``attach``'s do.
 
 ``rendezvous`` (the driver's join service and the worker's side of it) and
 ``addresses`` (which local address reaches the workers) serve the last two.
@@ -17,14 +19,25 @@ from ..settings import check_name
 from .attach import AttachLauncher
 from .base import Admission, Launcher, Worker
 from .local import LocalLauncher
+from .slurm import SlurmLauncher, SlurmOptions
 from .ssh import SshLauncher, parse_hosts
 
 __all__ = ["Admission", "Launcher", "Worker", "choose"]
 
 
 def choose(n: int | None, names, driver_name: str, attach: int | None, bind: str | None, port: int,
-           hosts, ssh: str, python: str | None, warm_start: bool) -> Launcher:
+           hosts, ssh: str, python: str | None, warm_start: bool, slurm=None) -> Launcher:
     """The launcher a cluster's options ask for, checked before anything starts."""
+    slurm = SlurmOptions.from_value(slurm)
+    if slurm is not None:
+        if attach is not None or hosts is not None:
+            raise ValueError("give slurm (workers in a Slurm job), attach=N or hosts=..., only one")
+        if not isinstance(port, int) or not 0 <= port < 65536:
+            raise ValueError(f"port must be a number from 0 (a free one) to 65535, got {port!r}")
+        worker_names = _worker_names(n, names)
+        _check_names(worker_names, driver_name)
+        slurm.python = slurm.python or python
+        return SlurmLauncher(len(worker_names), worker_names, slurm, driver_name, bind, port)
     if attach is None and hosts is None:
         if bind is not None or port:
             raise ValueError("bind and port are for workers on other machines: add attach=N or hosts=...")
