@@ -399,3 +399,52 @@ def test_magics_in_a_notebook_status_shows_the_job_and_kernel_shutdown_cancels_i
     # The kernel shut down with the second cluster running: its job ends with it.
     assert wait_until(lambda: not slurm.queue(), CANCELLED_WITHIN), slurm.queue()
     print(f"\nkernel shutdown: job {second} gone from squeue {time.monotonic() - ended:.2f} s after the kernel ended")
+
+
+@pytest.mark.parametrize("how", ["restart", "SIGKILL"])
+def test_kernel_restart_or_kill_cancels_the_job(slurm, queue_empty, tmp_path, how):
+    from jupyter_client import KernelManager
+
+    kernel = KernelManager(kernel_name="python3")
+    kernel.start_kernel(cwd=str(tmp_path))
+    client = kernel.client()
+    client.start_channels()
+    printed = []
+
+    def collect(message):
+        if message["msg_type"] == "stream":
+            printed.append(message["content"]["text"])
+
+    try:
+        client.wait_for_ready(timeout=60)
+        reply = client.execute_interactive(
+            "%load_ext nbrpc\n%rpc_init -n 1 --slurm --bind 127.0.0.1\nimport nbrpc\n"
+            "print('JOB', nbrpc.current().launcher.job)", timeout=START, output_hook=collect)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        job = re.search(r"JOB (\d+)", "".join(printed)).group(1)
+        workers = [int(p) for p in _worker_pids_of(slurm)]
+        assert workers and slurm.job_state(job) == "RUNNING"  # the worker and its store relay
+        began = time.monotonic()
+        if how == "restart":
+            kernel.restart_kernel(now=False)
+        else:
+            os.kill(kernel.provisioner.process.pid, signal.SIGKILL)
+        assert wait_until(lambda: not any(line.startswith(f"{job} ") for line in slurm.queue()),
+                          CANCELLED_WITHIN), slurm.queue()
+        print(f"\nkernel {how}: job {job} gone from squeue in {time.monotonic() - began:.2f} s")
+        assert not wait_gone(workers, 5)
+    finally:
+        client.stop_channels()
+        kernel.shutdown_kernel(now=True)
+
+
+def test_notebook_progress_shows_the_pending_reason(slurm, queue_empty, blocker, tmp_path):
+    notebook = execute_cells(tmp_path, [
+        "%load_ext nbrpc",
+        "%rpc_init -n 1 --slurm --bind 127.0.0.1 --queue-timeout 4",
+    ], timeout=300, allow_errors=True)
+    error = next(o for o in notebook.cells[1].outputs if o.output_type == "error")
+    assert error.ename == "WorkerStartError" and "still pending" in error.evalue
+    state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    labels = [w["state"]["value"] for w in state.values() if w["model_name"] == "LabelModel"]
+    assert len(labels) == 1 and re.fullmatch(r"job \d+ pending: Resources, [45] s", labels[0]), labels
