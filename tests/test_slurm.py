@@ -176,7 +176,7 @@ say(shutdown=time.monotonic() - t, folder_left=os.path.exists(c.launcher.folder)
     assert slurm.queue() == []
     assert slurm.job_state(job) in ("COMPLETED", "CANCELLED")
     assert not wait_gone([w[3] for w in up["workers"]], 5)
-    print(f"\nslurm job {job}: cluster up {up and 'after'} {gone - began - ended['shutdown']:.1f} s "
+    print(f"\nslurm job {job}: cluster up after {gone - began - ended['shutdown']:.1f} s "
           f"(driver included), shutdown with the job gone from squeue in {ended['shutdown']:.2f} s")
 
 
