@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the browser and multi-host tests need from Debian: chromium (driven by Playwright),
-# iproute2 (network namespaces) and OpenSSH (the SSH launcher). Installed where we can
+# iproute2 (network namespaces), OpenSSH (the SSH launcher), and Slurm with munge (the Slurm
+# launcher's tests start their own munged, slurmctld and slurmd). Installed where we can
 # (root with apt-get); elsewhere those tests skip and print why.
 set -uo pipefail
 missing=()
@@ -8,6 +9,8 @@ command -v chromium >/dev/null || missing+=(chromium)
 command -v ip >/dev/null || missing+=(iproute2)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v ssh >/dev/null || missing+=(openssh-client)
+{ command -v sbatch >/dev/null && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ]; } || missing+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || missing+=(munge)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "system packages: cannot install ${missing[*]} (needs root and apt-get); the tests that need them will skip" >&2

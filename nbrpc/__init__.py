@@ -10,6 +10,7 @@ if "torch" not in sys.modules:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from .deploy.cluster import Cluster, current  # noqa: E402
+from .deploy.launchers.slurm import SlurmOptions  # noqa: E402
 from .diagnostics.autograd import autograd_snapshot, last_recorded, record_autograd  # noqa: E402
 from .diagnostics.rrefs import rref_snapshot  # noqa: E402
 from .diagnostics.trace import Trace, set_report_writer, trace, trace_snapshot  # noqa: E402
@@ -17,6 +18,7 @@ from .errors import (  # noqa: E402
     AutogradContextError,
     ClusterRunningError,
     DeviceMapError,
+    JobRefusedError,
     NoClusterError,
     RemoteError,
     RpcTimeoutError,
@@ -33,11 +35,13 @@ __all__ = [
     "ClusterRunningError",
     "DeviceMapError",
     "ClusterStatus",
+    "JobRefusedError",
     "NoClusterError",
     "RRefGraph",
     "RemoteError",
     "RpcTimeoutError",
     "SerializationError",
+    "SlurmOptions",
     "Timeline",
     "Trace",
     "UnknownWorkerError",

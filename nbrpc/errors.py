@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ClusterRunningError",
     "DeviceMapError",
+    "JobRefusedError",
     "JoinRefusedError",
     "NoClusterError",
     "RemoteError",
@@ -50,6 +51,10 @@ class NoClusterError(RuntimeError):
 
 class JoinRefusedError(PermissionError):
     """The driver refused a worker's join (wrong or missing token, a name taken)."""
+
+
+class JobRefusedError(ValueError):
+    """The batch system refused the workers' job (``sbatch``'s own message)."""
 
 
 class AutogradContextError(LookupError):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import _thread
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -372,6 +373,13 @@ def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
         return original
     name = to if isinstance(to, str) else getattr(to, "name", str(to))
     fate = worker_fate(name)
+    if not fate and "EOF" in str(error):
+        # The worker's process ended (killed, or ended by its scheduler): torch saw its
+        # connection drop a moment before the launcher's watch on the process did.
+        deadline = time.monotonic() + 2.0
+        while not fate and time.monotonic() < deadline:
+            time.sleep(0.05)
+            fate = worker_fate(name)
     if fate:
         msg = (
             f"{label} failed: worker {name!r} {fate}. Its state is "

@@ -84,7 +84,7 @@ class Cluster:
         Record every RPC in every member (bounded per member), for
         ``nbrpc.trace_snapshot()`` and the timeline; without it, record blocks with
         ``with nbrpc.trace() as t:``.
-    attach, bind, port, hosts, ssh, python
+    attach, bind, port, hosts, ssh, python, slurm
         Where the workers come from (default: local kernels), read by ``launchers.choose``.
     attach
         Wait for this many workers started elsewhere with ``nbrpc worker --join``
@@ -105,6 +105,11 @@ class Cluster:
         a polling thread keeps a core busy in every member, also at rest). Default:
         the one this process joined with for an earlier cluster (fixed until it
         exits), else ``"uv"``.
+    slurm
+        Start the workers in a Slurm job (one task each; inside an allocation, a step of
+        it): ``True``, or the job's options as a dict or ``nbrpc.SlurmOptions``
+        (partition, time_limit, account, nodes, tasks_per_node, cpus_per_task,
+        gpus_per_task, args, queue_timeout). ``bind`` and ``port`` apply as for attach.
     warm_start
         Fork local workers from a warm template process that has imported torch
         and ipykernel once (default: on, unless ``NBRPC_WARM_START=0``); off, each
@@ -290,7 +295,7 @@ class Cluster:
                 except (RuntimeError, TimeoutError):
                     counts = _no_counts()
             rows.append(dict(name=w.name, rank=w.rank, host=w.host, pid=w.pid, state=w.state,
-                             devices=self._devices_label(w.name), **counts))
+                             devices=self._devices_label(w.name), **counts, **({"job": w.job} if w.job else {})))
         return rows
 
     def __repr__(self) -> str:

@@ -16,16 +16,21 @@ class StatusTable:
     def __init__(self, rows: list[dict]):
         self.rows = rows
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        # Workers in a batch job (Slurm) add its id.
+        return STATUS_COLUMNS + (("job",) if any(row.get("job") for row in self.rows) else ())
+
     def _cells(self) -> list[list[str]]:
-        return [["-" if row.get(c) is None else str(row[c]) for c in STATUS_COLUMNS] for row in self.rows]
+        return [["-" if row.get(c) is None else str(row[c]) for c in self.columns] for row in self.rows]
 
     def __repr__(self) -> str:
-        table = [list(STATUS_COLUMNS), *self._cells()]
-        widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_COLUMNS))]
+        table = [list(self.columns), *self._cells()]
+        widths = [max(len(r[i]) for r in table) for i in range(len(self.columns))]
         return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table)
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{c}</th>" for c in STATUS_COLUMNS)
+        head = "".join(f"<th>{c}</th>" for c in self.columns)
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in cells) + "</tr>"
             for cells in self._cells()

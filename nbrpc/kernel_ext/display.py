@@ -25,17 +25,21 @@ def start_progress():
         return text_progress
     import ipywidgets
 
-    bar = None
+    bar = label = box = None
 
     def report(done: int, total: int, message: str) -> None:
-        nonlocal bar
+        nonlocal bar, label, box
         if bar is None:
             bar = ipywidgets.IntProgress(value=0, min=0, max=total, description="workers")
-            display(bar)
+            label = ipywidgets.Label()  # the latest event ("job 4321 pending: Resources, 40 s")
+            box = ipywidgets.HBox([bar, label])
+            display(box)
         bar.value = done
         bar.description = f"{done}/{total} joined"
+        label.value = message
         if done == total and "up in" in message:
-            bar.close()
+            for widget in (label, bar, box):
+                widget.close()
             print(f"nbrpc: {message}")
 
     return report

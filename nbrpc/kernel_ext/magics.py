@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from ..deploy import cluster as cluster_mod
 from ..deploy.status import StatusTable
-from ..errors import NoClusterError
+from ..errors import JobRefusedError, NoClusterError
 from .display import KernelOutput, start_progress
 
 
@@ -34,6 +34,25 @@ def _unquoted(value: str) -> str:
 def _device_maps(values: list[str] | None) -> str | None:
     """Every ``--device-map`` as one text map (``devices.parse_device_maps`` reads it)."""
     return ";".join(_unquoted(v) for v in values) if values else None
+
+
+_SLURM_FLAGS = ("partition", "time_limit", "account", "nodes", "tasks_per_node", "cpus_per_task",
+                "gpus_per_task", "queue_timeout")
+
+
+def _slurm_options(args) -> dict | None:
+    """The job's options from ``--slurm`` and its flags (which need it)."""
+    given = {flag: getattr(args, flag) for flag in _SLURM_FLAGS if getattr(args, flag) is not None}
+    if args.slurm_args is not None:
+        given["args"] = _unquoted(args.slurm_args)
+    if not args.slurm:
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in (*given,))
+            raise UsageError(f"%rpc_init: {flags} {'is' if len(given) == 1 else 'are'} for Slurm jobs: add --slurm")
+        return None
+    if args.gpus and "gpus_per_task" not in given:
+        given["gpus_per_task"] = 1  # one GPU per worker, as --gpus means for local workers
+    return given
 
 
 def _running() -> cluster_mod.Cluster:
@@ -74,6 +93,22 @@ class RpcMagics(Magics):
     @argument("--device-map", action="append", default=None, metavar="MAP",
               help='[SOURCE->]TARGET=FROM:TO[,FROM:TO]; repeat the flag or join maps with ";", '
                    'e.g. "worker1=0:1" or "worker1=0:1;worker1->worker2=1:0"')
+    @argument("--slurm", action="store_true",
+              help="start the workers as the tasks of a Slurm job (sbatch + srun), or as a step "
+                   "of the current allocation when SLURM_JOB_ID is set")
+    @argument("--slurm-args", default=None, metavar="ARGS",
+              help='further sbatch (or srun) arguments for --slurm, e.g. "-p gpu -t 30 --gres=gpu:1"')
+    @argument("--partition", default=None, help="Slurm partition (--slurm)")
+    @argument("--time-limit", default=None, metavar="TIME",
+              help="the job's time limit, as sbatch --time: 30 (minutes), 2:00:00 (--slurm; default 1:00:00)")
+    @argument("--account", default=None, help="Slurm account to charge (--slurm)")
+    @argument("--nodes", type=int, default=None, help="Slurm nodes for the job (--slurm)")
+    @argument("--tasks-per-node", type=int, default=None, help="workers per node (--slurm)")
+    @argument("--cpus-per-task", type=int, default=None, help="CPUs per worker (--slurm)")
+    @argument("--gpus-per-task", type=int, default=None, help="GPUs per worker (--slurm)")
+    @argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
+              help="cancel the job if it waits longer in the queue (--slurm; default: wait, "
+                   "the stop button cancels it)")
     @line_cell_magic
     def rpc_init(self, line: str, cell: str | None = None):
         """Start worker kernels and join them with this kernel in one torch RPC group.
@@ -83,9 +118,10 @@ class RpcMagics(Magics):
         args = _parse(self.rpc_init, line)
         given = dict(threads=args.threads, timeout=args.timeout, startup_timeout=args.startup_timeout,
                      port=args.port, ssh=_unquoted(args.ssh) if args.ssh is not None else None)
+        slurm = _slurm_options(args)
         try:
             cluster = cluster_mod.Cluster(
-                args.n, names=args.names, driver_name=args.driver_name,
+                args.n, names=args.names, driver_name=args.driver_name, slurm=slurm,
                 progress=start_progress(), track=not args.no_track, trace=args.trace,
                 attach=args.attach, hosts=args.hosts, bind=args.bind,
                 gpus=args.gpus, device_maps=_device_maps(args.device_map), transport=args.transport,
@@ -94,7 +130,10 @@ class RpcMagics(Magics):
             )
         except ValueError as e:
             raise UsageError(f"%rpc_init: {e}") from e
-        cluster.start()
+        try:
+            cluster.start()
+        except JobRefusedError as e:
+            raise UsageError(f"%rpc_init: {e}") from e
         if cell and cell.strip():
             cluster.run(cell, "all", KernelOutput())
             self.shell.run_cell(cell, store_history=False)

@@ -3,6 +3,8 @@
 - ``local``: worker kernels on this machine (the default), all sockets on loopback.
 - ``attach``: workers started by anything else with ``nbrpc worker --join``.
 - ``ssh``: worker kernels on other hosts started over SSH, joining as ``attach``'s do.
+- ``slurm``: workers as the tasks of a Slurm job (or a step of the current
+  allocation), joining as ``attach``'s do.
 
 ``rendezvous`` (the driver's join service and the worker's side of it) and
 ``addresses`` (which local address reaches the workers) serve the last two.
@@ -17,6 +19,7 @@ from ..settings import check_name
 from .attach import AttachLauncher
 from .base import Admission, Launcher, Worker
 from .local import LocalLauncher
+from .slurm import SlurmLauncher, SlurmOptions
 from .ssh import SshLauncher, parse_hosts
 
 __all__ = ["Admission", "Launcher", "Worker", "choose"]
@@ -24,12 +27,23 @@ __all__ = ["Admission", "Launcher", "Worker", "choose"]
 
 def choose(n: int | None, names, driver_name: str, warm_start: bool, *, attach: int | None = None,
            bind: str | None = None, port: int = 0, hosts=None, ssh: str = "ssh", python: str | None = None,
-           **unknown) -> Launcher:
+           slurm=None, **unknown) -> Launcher:
     """The launcher a cluster's options ask for (the options of every launcher are
     here, not in ``Cluster``), checked before anything starts."""
     if unknown:
         raise TypeError(f"Cluster() got unexpected options {', '.join(map(repr, sorted(unknown)))}; "
-                        "workers come from local kernels, attach=N, or hosts=... (with bind, port, ssh, python)")
+                        "workers come from local kernels, attach=N, hosts=... (with bind, port, ssh, "
+                        "python) or slurm=True")
+    slurm = SlurmOptions.from_value(slurm)
+    if slurm is not None:
+        if attach is not None or hosts is not None:
+            raise ValueError("give slurm (workers in a Slurm job), attach=N or hosts=..., only one")
+        if not isinstance(port, int) or not 0 <= port < 65536:
+            raise ValueError(f"port must be a number from 0 (a free one) to 65535, got {port!r}")
+        worker_names = _worker_names(n, names)
+        _check_names(worker_names, driver_name)
+        slurm.python = slurm.python or python
+        return SlurmLauncher(len(worker_names), worker_names, slurm, driver_name, bind, port)
     if attach is None and hosts is None:
         if bind is not None or port:
             raise ValueError("bind and port are for workers on other machines: add attach=N or hosts=...")

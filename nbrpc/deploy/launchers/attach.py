@@ -145,6 +145,11 @@ class AttachLauncher:
         """Lines naming workers this launcher started that have not joined yet."""
         return []
 
+    def _new_worker(self, name: str, hello: dict, peer: tuple) -> RemoteWorker:
+        """The worker a join admits (a launcher may know more about it)."""
+        return RemoteWorker(name, 0, host=str(hello.get("host", "?")), ip=peer[0],
+                            pid=hello.get("pid"), state="joining")
+
     def _reserved(self) -> set[str]:
         """Names kept for workers this launcher started, until they join."""
         return set()
@@ -191,8 +196,7 @@ class AttachLauncher:
             if self.closing:
                 raise JoinRefusedError("the cluster is shutting down")
             name = self._grant_name(hello.get("name"))
-            w = RemoteWorker(name, 0, host=str(hello.get("host", "?")),
-                             ip=peer[0], pid=hello.get("pid"), state="joining")
+            w = self._new_worker(name, hello, peer)
             w.launcher = self._claim(name)
             settings = self.cluster.admit(w)
         try:

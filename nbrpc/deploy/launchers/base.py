@@ -48,6 +48,7 @@ class Worker:
     state: str = "starting"
     connection_file: str = ""
     client: BlockingKernelClient | None = field(default=None, repr=False)
+    job: str | None = None  # the batch job it runs in (Slurm: "4321", or "4321.2" for a step)
 
     def alive(self) -> bool:
         raise NotImplementedError

@@ -1,0 +1,70 @@
+"""What a Slurm job of workers asks for: ``%rpc_init --slurm`` flags, ``nbrpc.start(slurm=...)``."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class SlurmOptions:
+    """What the workers' job asks Slurm for (``%rpc_init --slurm`` flags, ``nbrpc.start(slurm=...)``).
+
+    ``time_limit`` is Slurm's ``--time`` (``"30"`` minutes, ``"2:00:00"``); ``args`` are
+    further ``sbatch`` arguments (``"-p gpu --gres=gpu:1"``), given last so they win;
+    ``queue_timeout`` is how long the job may wait in the queue (None: as long as it
+    takes; interrupting the start cancels it); ``folder`` holds each job's token and
+    output and must be visible to the compute nodes (default ``~/.nbrpc/slurm``).
+    """
+
+    partition: str | None = None
+    time_limit: str = "1:00:00"
+    account: str | None = None
+    nodes: int | None = None
+    tasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    gpus_per_task: int | None = None
+    args: str | list[str] = field(default_factory=list)
+    job_name: str | None = None
+    queue_timeout: float | None = None
+    python: str | None = None
+    folder: str | None = None
+
+    @classmethod
+    def from_value(cls, value) -> SlurmOptions | None:
+        """``True``, a dict of options, or ``SlurmOptions``; ``None``/``False``: no Slurm."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"unknown Slurm option{'s' * (len(unknown) > 1)} {', '.join(unknown)}; "
+                                 f"the options are {', '.join(sorted(known))}")
+            return cls(**value)
+        raise ValueError(f"slurm must be True, a dict of options or nbrpc.SlurmOptions, got {value!r}")
+
+    def checked(self) -> SlurmOptions:
+        for label in ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_task"):
+            value = getattr(self, label)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"slurm {label} must be a whole number >= 1, got {value!r}")
+        if self.queue_timeout is not None and not self.queue_timeout > 0:
+            raise ValueError(f"queue_timeout must be a positive number of seconds or None, got {self.queue_timeout!r}")
+        if isinstance(self.args, str):
+            self.args = shlex.split(self.args)
+        self.args = [str(a) for a in self.args]
+        return self
+
+    def resources(self) -> list[str]:
+        """The resource flags both ``sbatch`` and ``srun`` take."""
+        flags = []
+        for flag, value in (("--nodes", self.nodes), ("--ntasks-per-node", self.tasks_per_node),
+                            ("--cpus-per-task", self.cpus_per_task), ("--gpus-per-task", self.gpus_per_task)):
+            if value is not None:
+                flags.append(f"{flag}={value}")
+        return flags
