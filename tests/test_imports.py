@@ -51,7 +51,6 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
     expected = {"calls", "cluster", "errors", "execution", "group", "serialization", "worker",
                 "launchers", "launchers.local", "launchers.attach", "launchers.ssh", "launchers.rendezvous",
                 "launchers.addresses", "rrefs", "rref_ledger", "torch_compat", "settings", "autograd", "lab",
-                "lab.teacher",
                 "definitions", "remote_errors", "schemas", "status"}
     assert expected <= set(report["runtime"])
     assert report["headless"] == []
