@@ -233,11 +233,14 @@ def double_on_owner(rref):
 '''
 
 
-def test_a_runaway_submission_is_stopped_and_leaves_nothing(course):
+def test_a_runaway_submission_is_stopped_and_leaves_nothing(tmp_path):
     # Lab 1 solved but for its last exercise, which loops for ever here and on a worker
     # and ignores the interrupt: its test cell, the score cell and %rpc_shutdown each run
     # into the time limit, and nbgrader kills the kernel at the end.
-    folder, assignment = course["folder"], "01_rpc_basics"
+    folder, assignment = tmp_path, "01_rpc_basics"
+    shutil.copy(LABS / "nbgrader_config.py", folder)
+    shutil.copytree(LABS / "source" / assignment, folder / "source" / assignment)
+    nbgrader(folder, "generate_assignment", assignment)
     source, runaway = notebooks(folder, assignment, "source", "release")
     for grade_id, cell in cells(runaway).items():
         if cell.metadata["nbgrader"]["solution"]:

@@ -11,10 +11,13 @@ c = get_config()  # noqa: F821 (nbgrader's config loader provides it)
 c.CourseDirectory.course_id = "nbrpc-labs"
 
 # Each cell gets at most this many seconds when a submission is graded; then nbgrader
-# interrupts the kernel (an interrupted RPC is stopped on its worker too), records the
-# cell as failed, and goes on with the next. The longest cell of a correct solution takes
+# interrupts the kernel, records the cell as failed, and goes on with the next. The longest cell of a correct solution takes
 # about 15 s on 2 loaded cores.
 c.Execute.timeout = 120
+# A kernel that ignores the interrupt (student code catching KeyboardInterrupt) sends no
+# output after it: go on to the next cell (each then runs into the limit, and the kernel is
+# killed at the end) rather than give up on the whole submission, which would go ungraded.
+c.Execute.raise_on_iopub_timeout = False
 # What a cell stopped at the time limit shows, in the autograded notebook and the feedback.
 c.Execute.error_on_timeout = {
     "ename": "CellTimeoutError",
