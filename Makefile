@@ -23,6 +23,7 @@ test: $(READY)
 	bash .ci/system-packages.sh
 	$(PY) -m pytest tests
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg --ignore=tutorials/labs tutorials
+	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials/labs/source
 
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc tests benchmarks

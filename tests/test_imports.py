@@ -72,7 +72,7 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
                 "wire.serialization", "deploy.worker", "deploy.launchers.local", "deploy.launchers.attach",
                 "deploy.launchers.ssh", "deploy.launchers.rendezvous", "deploy.launchers.addresses",
                 "diagnostics.rrefs", "recording.rref_ledger", "_compat.torch_compat", "deploy.settings",
-                "diagnostics.autograd", "diagnostics.trace", "lab.teacher", "wire.definitions",
+                "diagnostics.autograd", "diagnostics.trace", "lab.rpc_basics", "wire.definitions",
                 "wire.remote_errors", "schemas", "deploy.status"}
     assert expected <= set(report["runtime"]), expected - set(report["runtime"])
     assert report["headless"] == []

@@ -1,19 +1,20 @@
-"""Checks for the teaching labs in ``tutorials/labs``: one ✓ or ✗ line per exercise.
+"""Checks for the teaching labs in ``tutorials/labs``, the nbgrader course's test cells.
 
 Parts:
 
-- ``check(exercise, *answer)`` runs one exercise's checker against the live cluster and
-  prints one line: ✓ with what was verified, ✗ with what is wrong and a hint, or ✗
-  "not done yet". It never raises (the stop button's ``KeyboardInterrupt`` aside), so
-  a notebook with unsolved exercises runs to its end.
+- ``check(exercise, *answer)`` runs one exercise's checker against the live cluster: it
+  prints ✓ with what was verified, or raises ``CheckFailed`` whose message is ✗ with what
+  is wrong and a hint (or ✗ "not done yet"). Raising is what makes nbgrader's autograded
+  test cell score 0; the error shows as those lines alone, not as a traceback.
 - ``summary()`` prints how many exercises of the lab pass; ``results()`` returns them.
 - The checkers, one per exercise, in the ``CHECKS`` of each lab's module: ``rpc_basics``,
   ``dist_autograd`` and ``param_server`` (with the lab's data, ``digits``). They call the
   student's code with their own inputs and verify values on the workers. What they send
   to workers lives at module level, so workers import it by reference. ``_checking``
   holds what they share: calling the student's code, and the errors that become ✗ lines.
-- ``teacher``: ``solve`` fills a lab notebook with its reference solutions and ``grade``
-  runs a notebook headless and collects its check lines; both also as ``python -m nbrpc.lab``.
+
+Generating the student version and grading are nbgrader's (``tutorials/labs`` is its
+course directory: ``nbgrader generate_assignment``, ``nbgrader autograde``).
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..deploy import cluster as cluster_mod
-from . import dist_autograd, param_server, rpc_basics, teacher
-from ._checking import FILL_IN, _describe, _Wrong
+from . import dist_autograd, param_server, rpc_basics
+from ._checking import FILL_IN, CheckFailed, _describe, _Wrong
 from .param_server import digits
-from .teacher import grade, solve
 
-__all__ = ["Result", "check", "digits", "grade", "results", "solve", "summary"]
+__all__ = ["CheckFailed", "Result", "check", "digits", "results", "summary"]
 
 # The workers each lab's %rpc_init cell starts; checks run on exactly these.
 LAB_WORKERS = {
@@ -41,9 +41,8 @@ LAB_WORKERS = {
 _CHECKS: dict[str, Callable[..., str]] = {
     **rpc_basics.CHECKS, **dist_autograd.CHECKS, **param_server.CHECKS}
 
-# Reachable here too: the command line's entry point, what the checks send to workers,
-# and the lab's Counter (tests subclass it).
-main, read_solutions = teacher.main, teacher.read_solutions
+# Reachable here too: what the checks send to workers, and the lab's Counter (tests
+# subclass it).
 cube, sine = dist_autograd.cube, dist_autograd.sine
 _Counter = rpc_basics._Counter
 
@@ -73,11 +72,19 @@ _last_lab: list[str] = []
 
 
 def check(exercise: str, *answer) -> None:
-    """Check ``answer`` (the student's functions) for ``exercise`` and print ✓ or ✗."""
+    """Check ``answer`` (the student's functions) for ``exercise``: print ✓, or raise ✗.
+
+    Raises
+    ------
+    CheckFailed
+        The answer is wrong or not done yet; its message is the ✗ line and the hint.
+    """
     result = _run_check(exercise, answer)
     if exercise in _CHECKS:
         _results[exercise] = result
         _last_lab[:] = [exercise.split(".")[0]]
+    if not result.passed:
+        raise CheckFailed(result.line())
     print(result.line(), flush=True)
 
 

@@ -5,7 +5,7 @@ Parts:
 - ``_Checks``: one lab's checkers by exercise name, each registered with
   ``@CHECKS.exercise("lab.name")``.
 - ``_Wrong`` and ``_NotDone``: what a checker raises to report a mistake or an unfinished
-  exercise; ``check`` turns them into ✗ lines.
+  exercise; ``check`` turns them into ✗ lines, raised as ``CheckFailed``.
 - ``_call`` calls the student's code and turns its errors into those, with a hint for
   known mistakes (``_HINTS``).
 - ``_describe``, ``_show``, ``_close`` and ``_loss_is``: errors and values in a line,
@@ -15,6 +15,7 @@ Parts:
 from __future__ import annotations
 
 import re
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,17 @@ class _Checks(dict[str, Callable[..., str]]):
             self[name] = checker
             return checker
         return register
+
+
+class CheckFailed(AssertionError):
+    """An exercise's check failed; the message is its ✗ line and hint.
+
+    An ``AssertionError``, as the failure of any test cell, so nbgrader scores the cell 0.
+    A notebook shows the message alone: the checker's frames would only hide it.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return str(self).splitlines()
 
 
 class _Wrong(Exception):
@@ -98,13 +110,23 @@ def _call(fn, *args, what: str, returns: bool = True, none_hint: str = FILL_IN, 
 
 
 def _unfinished(error: Exception) -> str | None:
-    """The name in a skeleton's ``NotImplementedError("name")``, local or from a worker."""
+    """The function still raising ``NotImplementedError`` in ``error``, here or on a worker.
+
+    A skeleton's ``NotImplementedError("name")`` names it; nbgrader's stub,
+    ``NotImplementedError()``, is named by the innermost frame of the traceback.
+    """
     text = str(error)
     found = re.search(r"NotImplementedError\((['\"])(\w*)\1\)", text)
     if found:
         return found.group(2)
+    if re.search(r"On WorkerInfo\(id=\d+, name=[^)]+\):\nNotImplementedError\(\)", text):
+        frames = re.findall(r", in (\w+)\n", text.split("\nAt:\n")[0])
+        return frames[-1] if frames else ""
     if isinstance(error, NotImplementedError) and "On WorkerInfo" not in text:
-        return text if text.isidentifier() else ""
+        if text.isidentifier():
+            return text
+        frames = traceback.extract_tb(error.__traceback__)
+        return frames[-1].name if frames else ""
     return None
 
 

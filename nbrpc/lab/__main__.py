@@ -1,8 +1,0 @@
-"""``python -m nbrpc.lab solve|grade ...``: see ``nbrpc.lab.teacher.main``."""
-
-import sys
-
-from .teacher import main
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The labs as an nbgrader course: real ``nbgrader`` commands on a copy of ``tutorials/labs``.
+
+For each lab, in a course folder of its own: ``generate_assignment`` makes the student
+version; three students submit (the reference solution, the released notebook untouched,
+a partly right one); ``autograde`` runs them in real kernels that start real clusters;
+``export`` gives the scores and ``generate_feedback`` what a student reads. No kernel and
+no worker survives the grading.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import _marked, wait_gone, wait_until, worker_pids
+
+LABS = Path(__file__).parent.parent / "tutorials" / "labs"
+ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server"]
+# Seconds one nbgrader command may take here (2 loaded cores) before the test fails.
+COMMAND_TIMEOUT = 500
+# The first test waits for the course's grading (its fixture): all of nbgrader's commands.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * COMMAND_TIMEOUT)]
+pytest.importorskip("nbgrader", reason="nbgrader 0.9 needs Python 3.11 or newer (the `test` extra has it there)")
+
+# A partly right submission per lab: the code cells it changes (by grade_id) with the
+# reference solution ("solution") or a typical mistake; the others stay as released.
+# What the test cell of each mistake must say, and the points the submission earns.
+PARTLY_RIGHT = {
+    "01_rpc_basics": {
+        "cells": {"square_on": "solution", "ask_all": "solution", "add_remote": '''
+def add_remote(counter_rref, n):
+    return counter_rref.to_here().add(n)
+'''},
+        "messages": {"test_add_remote": "✗ rpc_basics.add_remote: the Counter on worker1 still counts 10",
+                     "test_make_counter": "✗ rpc_basics.make_counter: not done yet: make_counter still "
+                                          "raises NotImplementedError"},
+        "points": 1 + 2,
+    },
+    "02_dist_autograd": {
+        "cells": {"grad_through_rpc": "solution", "sgd_step": "solution", "grad_of_w": '''
+def owner_grad(context_id, model_rref):
+    return dist_autograd.get_gradients(context_id)[model_rref.local_value().w]
+
+
+def grad_of_w(model_rref, x):
+    with dist_autograd.context() as context_id:
+        loss = model_rref.rpc_sync().forward(x).sum()
+        dist_autograd.backward(context_id, [loss])
+    return rpc.rpc_sync(model_rref.owner(), owner_grad, args=(context_id, model_rref))
+'''},
+        "messages": {"test_grad_of_w": "Could not find autograd context with id",
+                     "test_train_split": "✗ dist_autograd.train_split: not done yet"},
+        "points": 2 + 2,
+    },
+    "03_param_server": {
+        "cells": {"parameter_rrefs": "solution", "train_step": "solution", "run_training": '''
+def run_training(trainers, epochs):
+    return [[] for _ in trainers]
+'''},
+        "messages": {"test_run_training": "✗ param_server.run_training: trainer1 trained 0 epoch(s)",
+                     "test_busiest": "✗ param_server.busiest: not done yet: busiest still raises "
+                                     "NotImplementedError"},
+        "points": 2 + 2,
+    },
+}
+
+
+def nbgrader(course: Path, *args: str, timeout: float = COMMAND_TIMEOUT) -> str:
+    """Run ``nbgrader ARGS`` in ``course``; fail with its output unless it succeeds."""
+    # nbgrader runs its environment's `alembic` by name: that environment's bin comes first.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=course, text=True,
+                            env={**os.environ, "PATH": path}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # nbgrader and the kernel it runs; their workers follow the kernel
+        out, _ = proc.communicate()
+        pytest.fail(f"nbgrader {' '.join(args)} hung for {timeout} s:\n{out[-3000:]}")
+    assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{out[-3000:]}"
+    return out
+
+
+def kernel_pids() -> set[int]:
+    """Pids of the live notebook kernels this test run started (nbgrader's among them)."""
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"ipykernel_launcher" in cmdline and _marked(entry):
+            found.add(int(entry))
+    return found
+
+
+def cells(notebook) -> dict[str, nbformat.NotebookNode]:
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells if "nbgrader" in c.metadata}
+
+
+def submit(course: Path, student: str, assignment: str, notebook) -> None:
+    folder = course / "submitted" / student / assignment
+    folder.mkdir(parents=True)
+    nbformat.write(notebook, folder / f"{assignment}.ipynb")
+
+
+def errors(cell) -> str:
+    return "\n".join("\n".join(o.traceback) for o in cell.get("outputs", []) if o.output_type == "error")
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> dict:
+    """The labs course, graded: its folder, and how long grading took.
+
+    A fresh course folder (the labs' nbgrader_config.py and source notebooks); every lab
+    released, submitted by three students, autograded, exported, and fed back, with one
+    nbgrader command per step for all the labs.
+    """
+    folder = tmp_path_factory.mktemp("course")
+    shutil.copy(LABS / "nbgrader_config.py", folder)
+    shutil.copytree(LABS / "source", folder / "source")
+    workers_before, kernels_before = worker_pids(), kernel_pids()
+    began = time.monotonic()
+    nbgrader(folder, "generate_assignment", "*")
+    for assignment in ASSIGNMENTS:
+        source, released = notebooks(folder, assignment, "source", "release")
+        submit(folder, "untouched", assignment, released)
+        solved = copy(released)
+        for grade_id, cell in cells(solved).items():
+            if cell.metadata["nbgrader"]["solution"]:
+                cell.source = cells(source)[grade_id].source
+        submit(folder, "solved", assignment, solved)
+        partly = copy(released)
+        for grade_id, answer in PARTLY_RIGHT[assignment]["cells"].items():
+            cells(partly)[grade_id].source = cells(source)[grade_id].source if answer == "solution" else answer
+        submit(folder, "partly", assignment, partly)
+    grading = time.monotonic()
+    nbgrader(folder, "autograde", "*", "--create")
+    grading = time.monotonic() - grading
+    # Every worker ends with the kernel that started it; no kernel outlives its notebook.
+    survivors = wait_gone(worker_pids() - workers_before, timeout=15)
+    kernels = wait_until(lambda: not (kernel_pids() - kernels_before), timeout=15)
+    nbgrader(folder, "export")
+    nbgrader(folder, "generate_feedback", "*")
+    print(f"\nnbgrader: autograde of {3 * len(ASSIGNMENTS)} submissions {grading:.0f} s, all commands "
+          f"{time.monotonic() - began:.0f} s", file=sys.stderr)
+    return {"folder": folder, "survivors": survivors, "kernels": kernels}
+
+
+def notebooks(folder: Path, assignment: str, *where: str) -> list[nbformat.NotebookNode]:
+    return [nbformat.read(folder / w / assignment / f"{assignment}.ipynb", as_version=4) for w in where]
+
+
+def copy(notebook) -> nbformat.NotebookNode:
+    return nbformat.from_dict(json.loads(json.dumps(notebook)))
+
+
+def test_no_worker_or_kernel_outlives_the_grading(course):
+    assert not course["survivors"], f"workers outlived the grading: {sorted(course['survivors'])}"
+    assert course["kernels"], f"kernels outlived the grading: {sorted(kernel_pids())}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_generate_assignment_makes_the_student_version(course, assignment):
+    check_release(*notebooks(course["folder"], assignment, "source", "release"))
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_autograde_scores_each_kind_of_submission(course, assignment):
+    folder = course["folder"]
+    with open(folder / "grades.csv") as f:
+        scores = {row["student_id"]: (float(row["score"]), float(row["max_score"]))
+                  for row in csv.DictReader(f) if row["assignment"] == assignment}
+    (source,) = notebooks(folder, assignment, "source")
+    points = sum(c.metadata["nbgrader"].get("points", 0) for c in source.cells)
+    assert scores == {"solved": (points, points), "untouched": (0.0, points),
+                      "partly": (PARTLY_RIGHT[assignment]["points"], points)}
+
+    graded = {student: cells(notebooks(folder, assignment, f"autograded/{student}")[0]) for student in scores}
+    tests = [g for g, c in cells(source).items() if c.metadata["nbgrader"]["grade"]]
+    assert not [g for g, c in graded["solved"].items() if errors(c)], "the reference solution failed a cell"
+    for grade_id in tests:  # the hidden tests ran too
+        assert "### BEGIN HIDDEN TESTS" in graded["solved"][grade_id].source
+        message = errors(graded["untouched"][grade_id])
+        assert message.startswith("✗ ") and ": not done yet: " in message and "\n    hint: " in message, message
+    untouched = [g for g, c in graded["untouched"].items() if errors(c)]
+    assert untouched == tests, "only test cells may fail in the released notebook"
+    for grade_id, expected in PARTLY_RIGHT[assignment]["messages"].items():
+        assert expected in errors(graded["partly"][grade_id]), errors(graded["partly"][grade_id])
+
+    feedback = (folder / "feedback" / "partly" / assignment / f"{assignment}.html").read_text()
+    assert f"Score: {PARTLY_RIGHT[assignment]['points']:.1f} / {points:.1f}" in feedback
+    assert "✗ " in feedback and "hint: " in feedback
+
+
+def check_release(source, released) -> None:
+    """What generate_assignment made: solutions and hidden tests out, outputs cleared, the rest kept."""
+    before, after = cells(source), cells(released)
+    assert list(before) == list(after)
+    for grade_id, cell in after.items():
+        assert "BEGIN SOLUTION" not in cell.source and "HIDDEN TESTS" not in cell.source
+        assert not cell.get("outputs")
+        if cell.metadata["nbgrader"]["solution"]:
+            assert "raise NotImplementedError()" in cell.source and "# TODO" in cell.source
+        elif cell.metadata["nbgrader"]["grade"]:
+            assert cell.source == before[grade_id].source.split("\n### BEGIN HIDDEN TESTS")[0]
+        else:
+            assert cell.source == before[grade_id].source
+
+
+RUNAWAY = '''
+def spin(rref):
+    while True:
+        pass
+
+
+def double_on_owner(rref):
+    while True:  # and deaf to the interrupt at the time limit
+        try:
+            rpc.rpc_sync(rref.owner(), spin, args=(rref,))
+        except BaseException:
+            pass
+'''
+
+
+def test_a_runaway_submission_is_stopped_and_leaves_nothing(tmp_path):
+    # Lab 1 solved but for its last exercise, which loops for ever here and on a worker
+    # and ignores the interrupt: its test cell, the score cell and %rpc_shutdown each run
+    # into the time limit, and nbgrader kills the kernel at the end.
+    folder, assignment = tmp_path, "01_rpc_basics"
+    shutil.copy(LABS / "nbgrader_config.py", folder)
+    shutil.copytree(LABS / "source" / assignment, folder / "source" / assignment)
+    nbgrader(folder, "generate_assignment", assignment)
+    source, runaway = notebooks(folder, assignment, "source", "release")
+    for grade_id, cell in cells(runaway).items():
+        if cell.metadata["nbgrader"]["solution"]:
+            cell.source = RUNAWAY if grade_id == "double_on_owner" else cells(source)[grade_id].source
+    submit(folder, "runaway", assignment, runaway)
+    workers_before, kernels_before = worker_pids(), kernel_pids()
+    began = time.monotonic()
+    nbgrader(folder, "autograde", assignment, "--student", "runaway", "--create", "--Execute.timeout=20")
+    print(f"\nnbgrader: a runaway submission graded in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    assert not wait_gone(worker_pids() - workers_before, timeout=15), "a worker outlived its kernel"
+    assert wait_until(lambda: not (kernel_pids() - kernels_before), timeout=15)
+
+    graded = cells(notebooks(folder, assignment, "autograded/runaway")[0])
+    stopped = errors(graded["test_double_on_owner"])
+    assert "✗ this cell ran past the time limit and was stopped" in stopped and "hint: look for a loop" in stopped
+    assert [g for g, c in graded.items() if errors(c)] == ["test_double_on_owner", "code_07", "code_08"]
+    nbgrader(folder, "export")
+    with open(folder / "grades.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["student_id"] == "runaway" and r["assignment"] == assignment]
+    assert [(float(r["score"]), float(r["max_score"])) for r in rows] == [(6.0, 8.0)]
