@@ -25,29 +25,30 @@ RUN_MARK = "NBRPC_TEST_RUN"
 os.environ[RUN_MARK] = f"{os.getpid()}-{time.time_ns()}"
 
 
-def _marked(pid: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read().split(b"\0")
-    except OSError:
-        return False
-    return f"{RUN_MARK}={os.environ[RUN_MARK]}".encode() in environ
+def find_processes(command: str, environ: str | None = None) -> set[int]:
+    """Pids of live processes whose command line (its words joined by spaces) contains
+    ``command`` and, if given, whose environment has the entry ``environ`` ("NAME=VALUE",
+    or "NAME=" for any value)."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if command not in " ".join(process.info["cmdline"] or ()):
+                continue
+            if environ is not None:
+                name, _, value = environ.partition("=")
+                have = process.environ().get(name)
+                if have is None or (value and have != value):
+                    continue
+            if pid_alive(process.pid):
+                found.add(process.pid)
+        except psutil.Error:  # ended meanwhile, or not ours to read
+            pass
+    return found
 
 
 def worker_pids() -> set[int]:
     """Pids of every live nbrpc worker kernel started by this test run."""
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"nbrpc.deploy.worker" in cmdline and _marked(entry) and pid_alive(int(entry)):
-            pids.add(int(entry))
-    return pids
+    return find_processes("nbrpc.deploy.worker", f"{RUN_MARK}={os.environ[RUN_MARK]}")
 
 
 def wait_until(check, timeout: float = 10.0, interval: float = 0.05):

@@ -23,6 +23,8 @@ import socket
 import subprocess
 import time
 
+from conftest import find_processes
+
 from nbrpc._util import kill_pids, pid_alive
 
 CPUS = 8
@@ -155,20 +157,7 @@ class MiniSlurm:
 
     def stepd_pids(self) -> list[int]:
         """slurmstepd processes of this Slurm (they carry its configuration's path)."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read()
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    environ = f.read()
-            except OSError:
-                continue
-            if b"slurmstepd" in cmdline and f"SLURM_CONF={self.conf}".encode() in environ:
-                found.append(int(entry))
-        return found
+        return sorted(find_processes("slurmstepd", f"SLURM_CONF={self.conf}"))
 
     def log(self, name: str, limit: int = 3000) -> str:
         try:

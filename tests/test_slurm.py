@@ -24,7 +24,7 @@ import time
 
 import minislurm
 import pytest
-from conftest import execute_cells, wait_gone, wait_until
+from conftest import execute_cells, find_processes, wait_gone, wait_until
 
 import nbrpc
 from nbrpc.errors import JobRefusedError
@@ -204,21 +204,9 @@ def test_driver_killed_cancels_the_job(slurm, drivers, pids, queue_empty, reques
     assert slurm.job_state(job) in ("CANCELLED", "COMPLETED", "FAILED")
 
 
-def _worker_pids_of(slurm) -> list[str]:
+def _worker_pids_of(slurm) -> list[int]:
     """Worker processes started by Slurm (``nbrpc.cli worker`` in a job of this Slurm)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read()
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    environ = f.read()
-            except OSError:
-                continue
-            if b"nbrpc.cli\0worker" in cmdline and b"SLURM_JOB_ID=" in environ:
-                found.append(entry)
-    return found
+    return sorted(find_processes("nbrpc.cli worker", "SLURM_JOB_ID="))
 
 
 def test_pending_job_reports_the_reason_and_the_start_timeout_counts_from_the_run(

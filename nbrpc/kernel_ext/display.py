@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 
 from IPython.display import clear_output, display, publish_display_data
@@ -45,13 +44,8 @@ def start_progress():
     return report
 
 
-class KernelOutput:
+class KernelOutput(output.PrintOutput):
     """Puts worker outputs into the running cell: streams tagged, rich data as is."""
-
-    def stream(self, worker: str, name: str, text: str) -> None:
-        out = sys.stderr if name == "stderr" else sys.stdout
-        out.write(text)
-        out.flush()
 
     def display(self, worker: str, data: dict, metadata: dict, transient: dict | None = None,
                 update: bool = False) -> None:
