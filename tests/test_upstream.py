@@ -193,7 +193,19 @@ def check_ddp_rpc(notebook, cells, folder, pids):
             raise LostWorkerOutput(f"{trainer}'s epochs: {lines}; the notebook shows:\n{everything}")
 
 
+# --- cuda_rpc (gpu) ----------------------------------------------------------------------------
+
+def check_cuda_rpc(notebook, cells, folder, pids):
+    printed = cell_text(notebook.cells[index_of(cells, "# rank 0 of run_worker")])
+    times = floats(r"(?m)^(?:cpu|cuda) RPC total execution time: ([\d.e-]+)$", printed)
+    assert re.findall(r"^(cpu|cuda) RPC", printed, re.M) == ["cpu", "cuda"] and len(times) == 2, printed
+    (staged,), (direct,) = times
+    # The recipe's point: the direct device-to-device path beats staging through CPU memory.
+    assert 0 < direct < staged, printed
+
+
 CHECKS = {
+    "cuda_rpc": check_cuda_rpc,
     "ddp_rpc": check_ddp_rpc,
     "batch_parameter_server": check_batch_parameter_server,
     "pipeline": check_pipeline,
