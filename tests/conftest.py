@@ -51,6 +51,11 @@ def worker_pids() -> set[int]:
     return find_processes("nbrpc.deploy.worker", f"{RUN_MARK}={os.environ[RUN_MARK]}")
 
 
+def kernel_pids() -> set[int]:
+    """Pids of every live notebook kernel (ipykernel_launcher) started by this test run."""
+    return find_processes("ipykernel_launcher", f"{RUN_MARK}={os.environ[RUN_MARK]}")
+
+
 def wait_until(check, timeout: float = 10.0, interval: float = 0.05):
     """Call ``check()`` until it returns something true or ``timeout`` s have passed;
     return its last value (assert on it)."""

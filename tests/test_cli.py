@@ -3,29 +3,12 @@
 from __future__ import annotations
 
 import glob
-import os
 import subprocess
 import sys
 import tempfile
 
 import nbformat
-from conftest import _marked, wait_gone
-
-from nbrpc._util import pid_alive
-
-
-def marked_kernels() -> set[int]:
-    """Notebook kernels (ipykernel_launcher) started by this test run, still alive."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                is_kernel = b"ipykernel_launcher" in f.read()
-        except OSError:
-            continue
-        if is_kernel and _marked(entry) and pid_alive(int(entry)):
-            found.add(int(entry))
-    return found
+from conftest import kernel_pids, wait_gone
 
 
 def test_run_executes_a_notebook_over_unix_sockets_and_ends_its_kernel(tmp_path, pids):
@@ -48,4 +31,4 @@ def test_run_executes_a_notebook_over_unix_sockets_and_ends_its_kernel(tmp_path,
     done = nbformat.read(output, as_version=4)
     assert done.cells[1].outputs[0]["data"]["text/plain"] == "42"
     assert set(glob.glob(f"{tempfile.gettempdir()}/nbrpc-run-*")) == before
-    assert not wait_gone(marked_kernels(), timeout=10)
+    assert not wait_gone(kernel_pids(), timeout=10)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import _marked, wait_gone, wait_until, worker_pids
+from conftest import kernel_pids, wait_gone, wait_until, worker_pids
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
 ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server"]
@@ -88,20 +88,6 @@ def nbgrader(course: Path, *args: str, timeout: float = COMMAND_TIMEOUT) -> str:
         pytest.fail(f"nbgrader {' '.join(args)} hung for {timeout} s:\n{out[-3000:]}")
     assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{out[-3000:]}"
     return out
-
-
-def kernel_pids() -> set[int]:
-    """Pids of the live notebook kernels this test run started (nbgrader's among them)."""
-    found = set()
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"ipykernel_launcher" in cmdline and _marked(entry):
-            found.add(int(entry))
-    return found
 
 
 def cells(notebook) -> dict[str, nbformat.NotebookNode]:

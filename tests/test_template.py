@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed.rpc as rpc
-from conftest import children, wait_until
+from conftest import children, find_processes, wait_until
 
 import nbrpc
 from nbrpc._util import pid_alive
@@ -168,16 +168,8 @@ def test_driver_killed_mid_fork_leaves_no_process(tmp_path, pids):
 
 
 def _marked(mark: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if f"NBRPC_MID_FORK_MARK={mark}".encode() in f.read() and pid_alive(int(entry)):
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
+    """Live processes (not this one) forked for the mid-fork test, by their mark."""
+    return sorted(find_processes("", f"NBRPC_MID_FORK_MARK={mark}") - {os.getpid()})
 
 
 def _cmdline(pid: int) -> bytes:
