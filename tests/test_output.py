@@ -46,6 +46,9 @@ def complain(x):
     logging.getLogger("trainer").warning("loss is %s", x)
     return x
 
+def fails(x):
+    raise ValueError(f"bad {x}")
+
 def later(delay, text):
     threading.Thread(target=lambda: (time.sleep(delay), print(text))).start()
 
@@ -71,6 +74,8 @@ CELLS = {
     "order": ('futs = [rpc.rpc_async(w, count, args=(100, w)) for w in ("worker1", "worker2")]\n'
               'for fut in futs:\n    fut.wait()'),
     "stderr": 'rpc.rpc_sync("worker1", complain, args=(7,))',
+    "raises": 'try:\n    rpc.rpc_sync("worker1", fails, args=(8,))\nexcept ValueError as e:\n    print("caught", e)',
+    "after_raise": "1 + 1",
     "background_running": 'rpc.rpc_sync("worker2", later, args=(0.5, "late news"))\ntime.sleep(3)',
     "rpc_on_clear": ("%%rpc_on worker1\nfrom IPython.display import clear_output\n"
                      "for i in range(3):\n    clear_output(wait=True)\n    print('step', i)"),
@@ -130,6 +135,19 @@ def test_stderr_warnings_and_logging_show_tagged(notebook):
     assert any(line.startswith("[worker1] ") and "UserWarning: careful with 7" in line for line in lines)
     assert lines[-1] == "[worker1] loss is 7"
     assert all(line.startswith("[worker1] ") for line in lines)
+
+
+def test_a_failing_calls_traceback_on_the_worker_shows_in_its_own_cell(notebook):
+    # torch prints a failing function's error on the worker's stderr, as in a script; it
+    # is the call's output, shown before the caller handles the error, never in a later cell
+    cell = notebook["raises"]
+    streams = [(o.name, o.text) for o in cell.outputs if o.output_type == "stream"]
+    err = "".join(text for name, text in streams if name == "stderr").splitlines()
+    assert err[0] == "[worker1] On WorkerInfo(id=1, name=worker1):"
+    assert err[1] == "[worker1] ValueError('bad 8')" and "[worker1] Traceback (most recent call last):" in err
+    assert streams[-1][0] == "stdout" and streams[-1][1].startswith("caught ") and "bad 8" in streams[-1][1]
+    assert notebook["after_raise"].outputs[0].output_type == "execute_result"
+    assert [o.output_type for o in notebook["after_raise"].outputs] == ["execute_result"]
 
 
 def test_background_output_goes_to_the_cell_running_at_the_time(notebook):

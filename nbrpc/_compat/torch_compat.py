@@ -21,7 +21,9 @@ Parts:
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
+import traceback
 
 import torch
 import torch.distributed.autograd as dist_autograd
@@ -120,6 +122,18 @@ ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
 # are imported above; known to work with torch 2.13.
 
 # -- pickling and remote errors ----------------------------------------------------
+
+
+def remote_exception(error: Exception) -> RemoteException:
+    """What torch's ``internal._run_function`` makes of an error a function raised while
+    serving a call: it prints the worker, the error and its traceback to stderr, and
+    returns a ``RemoteException`` that torch sends as the reply (the caller re-raises
+    it). Done by nbrpc inside the call, so that the print is the call's output; the
+    same text and reply as torch 2.13's."""
+    text = f"On {current_agent().get_worker_info()}:\n{error!r}\n{traceback.format_exc()}"
+    print(text, file=sys.stderr)
+    return RemoteException(text, type(error))
+
 
 # The pickler and unpickler classes torch's RPC pickles with; known to work with torch 2.13.
 torch_pickler = internal._pickler

@@ -88,6 +88,10 @@ class Stoppable:
                 raise
             finally:
                 tracing.finished(half, self.trace, error)
+        except Exception as e:
+            # torch would print the error to stderr after this returns, when the call's
+            # output has gone: its print and reply made here are part of the call.
+            return torch_compat.remote_exception(e)
         finally:
             output.end()
 
