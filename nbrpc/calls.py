@@ -361,10 +361,11 @@ def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
         return SerializationError(msg)
     if "RPC ran for more than set timeout" in text:
         seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
+        torch_said = text.split("\n\nAt:", 1)[0].strip()
         msg = (
             f"{label} got no answer within {seconds:g} s (it may still "
             "be running there). Pass timeout=SECONDS to the call, or start the cluster "
-            "with a longer default (%rpc_init --timeout SECONDS)."
+            f"with a longer default (%rpc_init --timeout SECONDS). Torch said: {torch_said}"
         )
         return RpcTimeoutError(msg)
     return error
