@@ -12,7 +12,8 @@ Wrappers, installed in every member by ``group.join``:
   interrupted call is stopped on its worker too (see ``interrupts``).
 - ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
 - ``remote`` and ``PyRRef.to_here`` (installed under ``rrefs``' tracking hooks):
-  the same named failures; ``to_here`` on the main thread can be interrupted
+  the same named failures; ``to_here`` on the main thread can be interrupted outside a
+  distributed autograd context
   (the waiting stops; the function that built the RRef's value is not stopped).
 """
 
@@ -219,7 +220,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     owner = rref.owner_name()
     half = tracing.outgoing("to_here", owner, rref=rref) if tracing.recording else None
     try:
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
             value = _in_background(lambda: _fetch(rref, timeout, half), owner)
         else:
             value = _fetch(rref, timeout, half)
@@ -239,6 +240,18 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     if half is not None:
         tracing.answered(half)
     return value
+
+
+def _in_autograd_context() -> bool:
+    """True inside ``dist_autograd.context()`` on this thread. torch's ``to_here`` records
+    its reply in this thread's context (a send and a recv function), which a helper
+    thread does not have: fetched there, the value came back a leaf, its backward never
+    reached the owner, and ``dist_autograd.backward`` waited for good."""
+    try:
+        torch_compat.current_context_id()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _fetch(rref, timeout: float, half: list | None):
