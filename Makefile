@@ -31,7 +31,7 @@ bench: $(READY)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/cuda_rpc.py
 
-# torch's own RPC test suites, raw and with nbrpc's patches, side by side (about 2 hours on 2 cores).
+# torch's own RPC test suites, raw and with nbrpc's patches, side by side; 1 to 3 hours on 2 cores, more on a busy machine.
 conformance: $(READY)
 	$(PY) conformance/run.py
 

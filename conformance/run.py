@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suites", help="comma-separated suite names (default: all)")
     parser.add_argument("-k", dest="select", help="pytest -k expression within each suite")
-    parser.add_argument("--timeout", type=int, default=90, help="seconds per test before its ranks are ended")
+    parser.add_argument("--timeout", type=int, default=180, help="seconds per test before its ranks are ended")
     parser.add_argument("--jobs", type=int, default=2, help="pytest runs at once")
     parser.add_argument("--modes", default=",".join(MODES), help="modes to run (raw, nbrpc)")
     parser.add_argument("--report", action="store_true", help="only print the table of results already there")
