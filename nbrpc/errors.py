@@ -25,8 +25,11 @@ class WorkerDiedError(RuntimeError):
     """A call went to a worker whose process has ended."""
 
 
-class RpcTimeoutError(TimeoutError):
-    """An RPC got no answer within its timeout."""
+class RpcTimeoutError(TimeoutError, RuntimeError):
+    """An RPC got no answer within its timeout.
+
+    Also a ``RuntimeError``, which torch raises for a timeout, and its message keeps
+    torch's text: code written against torch's error still catches it."""
 
 
 class UnknownWorkerError(ValueError):

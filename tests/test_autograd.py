@@ -177,3 +177,22 @@ def test_members_without_functions_are_left_out(stages):
         again = nbrpc.autograd_snapshot(context_id)
     assert first["workers"] == again["workers"] == [M, W1]
     assert {n["worker"] for n in again["nodes"]} == {M, W1}
+
+
+def add(a, b):
+    return a + b
+
+
+def test_to_here_keeps_the_autograd_context(cluster):
+    """to_here on the main thread inside a context records its reply, as torch's does:
+    the value has the recv function, and backward reaches the owner."""
+    t1, t2 = torch.ones(2, 2, requires_grad=True), torch.zeros(2, 2, requires_grad=True)
+    with dist_autograd.context() as context_id:
+        value = rpc.remote("worker1", add, args=(t1, t2)).to_here()
+        context = dist_autograd._current_context()
+        assert value.grad_fn is not None and value.grad_fn.name() == "torch::distributed::autograd::RecvRpcBackward"
+        assert (len(context._send_functions()), len(context._recv_functions())) == (1, 1)  # as torch
+        dist_autograd.backward(context_id, [value.sum()])
+        grads = dist_autograd.get_gradients(context_id)
+        assert torch.equal(grads[t1], torch.ones(2, 2)) and torch.equal(grads[t2], torch.ones(2, 2))
+

@@ -200,6 +200,16 @@ def test_timeout_names_the_worker(cluster):
     assert "timeout=SECONDS" in message
 
 
+def test_timeout_is_still_torchs_error(cluster):
+    """Code written against torch's timeout (a RuntimeError whose message says so, as
+    torch's own RPC tests match it) still catches nbrpc's."""
+    with pytest.raises(RuntimeError, match="RPC ran for more than set timeout") as info:
+        rpc.rpc_sync("worker1", time.sleep, args=(2,), timeout=0.5)
+    assert isinstance(info.value, nbrpc.RpcTimeoutError)
+    with pytest.raises(RuntimeError, match="RPC ran for more than set timeout"):
+        rpc.rpc_async("worker1", time.sleep, args=(2,), timeout=0.5).wait()
+
+
 # -- invalid options -------------------------------------------------------------
 
 BAD_OPTIONS = [

@@ -14,8 +14,9 @@ Wrappers, installed in every member by ``group.join``:
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
 - ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
-  thread can be interrupted (the waiting stops; the function that built the RRef's
-  value is not stopped). Both tell the RRef ledger while it tracks.
+  thread can be interrupted outside a distributed autograd context (the waiting stops;
+  the function that built the RRef's value is not stopped). Both tell the RRef ledger
+  while it tracks.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     owner = rref.owner_name()
     half = recorder.outgoing("to_here", owner, rref=rref) if recorder.recording else None
     try:
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
             value = _in_background(lambda: _fetch(rref, timeout, half), owner)
         else:
             value = _fetch(rref, timeout, half)
@@ -266,6 +267,18 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     if rref_ledger.is_tracking():
         rref_ledger.fetched(rref, value)
     return value
+
+
+def _in_autograd_context() -> bool:
+    """True inside ``dist_autograd.context()`` on this thread. torch's ``to_here`` records
+    its reply in this thread's context (a send and a recv function), which a helper
+    thread does not have: fetched there, the value came back a leaf, its backward never
+    reached the owner, and ``dist_autograd.backward`` waited for good."""
+    try:
+        torch_compat.current_context_id()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _fetch(rref, timeout: float, half: list | None):
@@ -396,10 +409,11 @@ def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
         return SerializationError(msg)
     if "RPC ran for more than set timeout" in text:
         seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
+        torch_said = text.split("\n\nAt:", 1)[0].strip()
         msg = (
             f"{label} got no answer within {seconds:g} s (it may still "
             "be running there). Pass timeout=SECONDS to the call, or start the cluster "
-            "with a longer default (%rpc_init --timeout SECONDS)."
+            f"with a longer default (%rpc_init --timeout SECONDS). Torch said: {torch_said}"
         )
         return RpcTimeoutError(msg)
     return error

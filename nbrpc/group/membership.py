@@ -246,8 +246,7 @@ def join(
         import torch
 
         torch.cuda.init()
-    patches.install(track)
-    silence_torch_noise()
+    before_agent(track)
     torch_compat.init_dist_autograd(rank)
     torch_compat.init_rpc_backend(
         rpc.BackendType.TENSORPIPE,
@@ -257,6 +256,21 @@ def join(
         None,
         options,
     )
+    after_agent(trace)
+
+
+def before_agent(track: bool = True) -> None:
+    """What a member does before its agent starts: every nbrpc patch of torch
+    (``calls.patches``), torch's noise silenced. ``join`` runs it; so does anything
+    that starts torch's agent itself and wants nbrpc's behaviour (the conformance
+    harness runs torch's own RPC tests this way)."""
+    patches.install(track)
+    silence_torch_noise()
+
+
+def after_agent(trace: bool = False) -> None:
+    """What a member does once its agent is up: an empty RRef ledger, call recording
+    on (``trace``) or in ``nbrpc.trace()`` blocks only."""
     rref_ledger.reset()
     recorder.install(trace)
 

@@ -1,0 +1,1 @@
+"""torch's own RPC test suites, run raw and with nbrpc's patches in every test process (see run.py)."""

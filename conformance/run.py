@@ -1,0 +1,189 @@
+"""Run torch's RPC test suites raw and with nbrpc's patches, and print the differences.
+
+    python conformance/run.py [--suites NAME,...] [-k EXPR] [--timeout S] [--jobs N]
+
+Each (mode, suite) is one pytest run of ``suites.py`` in its own process group, its
+results in ``build/conformance/MODE/SUITE.xml``. A test that runs past ``--timeout``
+(torch's ``MultiProcessTestCase`` ends its ranks then) is reported as ``timeout``;
+a whole run is ended after its tests' share of time. ``--report`` prints the table from
+results already there. Differences listed in ``DIFFERENCES.md`` (``- `Suite.test`: why``)
+count as documented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import unittest
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = ROOT / "build" / "conformance"
+MODES = ("raw", "nbrpc")
+DOCUMENTED = HERE / "DIFFERENCES.md"
+
+
+def suite_tests() -> dict[str, list[str]]:
+    """Suite class name (as generated) -> its test names; CUDA suites marked by name."""
+    sys.path.insert(0, str(ROOT))
+    os.environ["NBRPC_CONFORMANCE"] = "raw"  # the runner itself stays raw; each run sets its mode
+    from conformance import suites
+
+    loader = unittest.TestLoader()
+    return {suites.PREFIX + c.__name__: list(loader.getTestCaseNames(getattr(suites, suites.PREFIX + c.__name__)))
+            for c in suites.CPU_SUITES + suites.CUDA_SUITES}
+
+
+def cuda_suites() -> set[str]:
+    from conformance import suites
+
+    return {suites.PREFIX + c.__name__ for c in suites.CUDA_SUITES}
+
+
+def run_suite(mode: str, suite: str, count: int, key: str, timeout: int, select: str | None) -> float:
+    """One pytest run of ``suite`` in ``mode``; returns its wall time."""
+    out = OUT / mode
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, NBRPC_CONFORMANCE=mode, NBRPC_CONFORMANCE_KEY=key,
+               DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(timeout),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "pytest", "-c", str(HERE / "pytest.ini"), f"{HERE / 'suites.py'}::{suite}",
+           "-q", "-p", "no:warnings", *(["-k", select] if select else []), f"--junitxml={out / suite}.xml",
+           "-o", "junit_logging=no", "-o", "junit_duration_report=call"]
+    began = time.monotonic()
+    with open(out / f"{suite}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=count * (timeout + 30) + 120)
+        except subprocess.TimeoutExpired:
+            log.write(f"\nconformance: run ended after {time.monotonic() - began:.0f} s\n")
+        finally:
+            if proc.poll() is None or _group_alive(proc.pid):
+                _end_group(proc)
+    return time.monotonic() - began
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """End the run's process group (pytest and the ranks it spawned): gently, then for good."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            proc.poll()
+            time.sleep(0.1)
+    proc.poll()
+
+
+def outcomes(mode: str, suite: str, timeout: int) -> dict[str, str]:
+    """Test name -> passed, failed, skipped or timeout, from a run's junit XML."""
+    path = OUT / mode / f"{suite}.xml"
+    if not path.exists():
+        return {}
+    found = {}
+    for case in ET.parse(path).iter("testcase"):
+        if case.find("skipped") is not None:
+            found[case.get("name")] = "skipped"
+        elif case.find("failure") is not None or case.find("error") is not None:
+            slow = float(case.get("time", 0)) >= timeout - 1
+            found[case.get("name")] = "timeout" if slow else "failed"
+        else:
+            found[case.get("name")] = "passed"
+    return found
+
+
+def documented() -> dict[str, str]:
+    """``Suite.test`` -> why, from DIFFERENCES.md."""
+    if not DOCUMENTED.exists():
+        return {}
+    return dict(re.findall(r"^- `([\w.]+)`: (.+)$", DOCUMENTED.read_text(), flags=re.M))
+
+
+def report(tests: dict[str, list[str]], timeout: int, skipped_cuda: set[str]) -> int:
+    """Print the table and the differing tests; returns how many differences are undocumented
+    (a suite not run both ways counts as one)."""
+    known = documented()
+    rows, listed, undocumented = [], [], 0
+    for suite, names in tests.items():
+        if suite in skipped_cuda:
+            rows.append((suite, len(names), "-", "-", "skipped: no CUDA"))
+            continue
+        raw, ours = outcomes("raw", suite, timeout), outcomes("nbrpc", suite, timeout)
+        if not raw or not ours:
+            rows.append((suite, len(names), len(raw) and sum(v == "passed" for v in raw.values()) or "-",
+                         len(ours) and sum(v == "passed" for v in ours.values()) or "-", "not run both ways"))
+            undocumented += 1  # a run cut short does not pass
+            continue
+        differ = [n for n in names if raw.get(n, "not run") != ours.get(n, "not run")]
+        docs = [n for n in differ if f"{suite}.{n}" in known]
+        undocumented += len(differ) - len(docs)
+        passed = (sum(v == "passed" for v in raw.values()), sum(v == "passed" for v in ours.values()))
+        rows.append((suite, len(names), passed[0], passed[1], f"{len(differ) - len(docs)} (+{len(docs)} documented)"))
+        for n in differ:
+            why = known.get(f"{suite}.{n}")
+            listed.append(f"  {suite}.{n}: raw {raw.get(n, 'not run')}, nbrpc {ours.get(n, 'not run')}"
+                          + (f" [documented: {why}]" if why else ""))
+    head = ("suite", "tests", "raw passed", "nbrpc passed", "differences")
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    for r in [head] + rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    if listed:
+        print("\ndiffering tests:")
+        print("\n".join(listed))
+    return undocumented
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--suites", help="comma-separated suite names (default: all)")
+    parser.add_argument("-k", dest="select", help="pytest -k expression within each suite")
+    parser.add_argument("--timeout", type=int, default=180, help="seconds per test before its ranks are ended")
+    parser.add_argument("--jobs", type=int, default=2, help="pytest runs at once")
+    parser.add_argument("--modes", default=",".join(MODES), help="modes to run (raw, nbrpc)")
+    parser.add_argument("--report", action="store_true", help="only print the table of results already there")
+    args = parser.parse_args(argv)
+    tests = suite_tests()
+    chosen = args.suites.split(",") if args.suites else list(tests)
+    unknown = set(chosen) - set(tests)
+    if unknown:
+        parser.error(f"no suite {', '.join(sorted(unknown))}; the suites are {', '.join(tests)}")
+    tests = {s: tests[s] for s in chosen}
+    import torch
+
+    skipped_cuda = set() if torch.cuda.is_available() else cuda_suites() & set(tests)
+    if not args.report:
+        key = secrets.token_hex(32)
+        began = time.monotonic()
+        # Small suites first: a run cut short still covers every suite but the biggest.
+        order = sorted((s for s in tests if s not in skipped_cuda), key=lambda s: len(tests[s]))
+        jobs = [(mode, s) for s in order for mode in args.modes.split(",")]
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            walls = pool.map(lambda job: (job, run_suite(*job, len(tests[job[1]]), key, args.timeout, args.select)),
+                             jobs)
+            for (mode, suite), wall in walls:
+                print(f"{mode:6} {suite}: {wall:.0f} s", flush=True)
+        print(f"total {time.monotonic() - began:.0f} s with {args.jobs} runs at once\n")
+    return 1 if report(tests, args.timeout, skipped_cuda) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""torch's RPC test suites for the TensorPipe agent, assembled as torch's
+``test/distributed/rpc/test_tensorpipe_agent.py`` assembles them (``generate_tests``).
+
+Importing this module first applies the mode ``run.py`` chose (see ``patching``), in the
+runner and in every rank torch spawns, before any of torch's test modules is imported.
+"""
+
+from conformance import patching
+
+MODE = patching.apply()
+
+# torch's own modules, not rpc_utils: that one imports the JIT and DDP suites too, which
+# script dozens of functions at import, seconds in every rank of every test.
+from torch.testing._internal.common_distributed import MultiProcessTestCase  # noqa: E402
+from torch.testing._internal.distributed.nn.api.remote_module_test import (  # noqa: E402
+    CudaRemoteModuleTest,
+    RemoteModuleTest,
+)
+from torch.testing._internal.distributed.rpc.dist_autograd_test import (  # noqa: E402
+    CudaDistAutogradTest,
+    DistAutogradTest,
+    TensorPipeAgentDistAutogradTest,
+    TensorPipeCudaDistAutogradTest,
+)
+from torch.testing._internal.distributed.rpc.dist_optimizer_test import DistOptimizerTest  # noqa: E402
+from torch.testing._internal.distributed.rpc.examples.parameter_server_test import ParameterServerTest  # noqa: E402
+from torch.testing._internal.distributed.rpc.examples.reinforcement_learning_rpc_test import (  # noqa: E402
+    ReinforcementLearningRpcTest,
+)
+from torch.testing._internal.distributed.rpc.rpc_test import (  # noqa: E402
+    CudaRpcTest,
+    RpcTest,
+    TensorPipeAgentCudaRpcTest,
+    TensorPipeAgentRpcTest,
+)
+from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture import (  # noqa: E402
+    TensorPipeRpcAgentTestFixture,
+)
+
+CPU_SUITES = [
+    RpcTest,
+    DistAutogradTest,
+    DistOptimizerTest,
+    ParameterServerTest,
+    ReinforcementLearningRpcTest,
+    RemoteModuleTest,
+    TensorPipeAgentRpcTest,
+    TensorPipeAgentDistAutogradTest,
+]
+CUDA_SUITES = [
+    CudaRpcTest,
+    CudaDistAutogradTest,
+    CudaRemoteModuleTest,
+    TensorPipeAgentCudaRpcTest,
+    TensorPipeCudaDistAutogradTest,
+]
+PREFIX = "TensorPipe"
+
+
+class SpawnHelper(MultiProcessTestCase):
+    """torch's ``rpc_utils.SpawnHelper``: each test spawns its ranks."""
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+
+def _generate() -> dict[str, type]:
+    """``rpc_utils.generate_tests`` for the TensorPipe agent."""
+    made = {}
+    for suite in CPU_SUITES + CUDA_SUITES:
+        name = PREFIX + suite.__name__
+        made[name] = type(name, (suite, TensorPipeRpcAgentTestFixture, SpawnHelper), {"__module__": __name__})
+    return made
+
+
+globals().update(_generate())
