@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -115,11 +116,11 @@ def check_rl(notebook, cells, folder, pids):
 # --- parameter_server -------------------------------------------------------------------------
 
 def check_parameter_server(notebook, cells, folder, pids):
+    losses = {}
     for rank in (1, 2):
         printed = cell_text(notebook.cells[index_of(cells, f"%%rpc_on trainer_{rank}\n")])
-        losses = floats(rf"\[trainer_{rank}\] Rank {rank} training batch (\d+) loss ([\d.]+)", printed)
-        assert [b for b, _ in losses] == [0, 5, 10, 15, 20, 25], printed
-        assert losses[-1][1] < 0.75 * losses[0][1], f"trainer_{rank}'s loss did not fall:\n{printed}"
+        losses[rank] = floats(rf"\[trainer_{rank}\] Rank {rank} training batch (\d+) loss ([\d.]+)", printed)
+        assert [b for b, _ in losses[rank]] == [0, 5, 10, 15, 20, 25], printed
         for line in ("Training complete!", "Getting accuracy...."):
             assert f"[trainer_{rank}] {line}\n" in printed, printed
         # The server prints as the first trainer's remote() builds it, once, under its lock.
@@ -127,6 +128,11 @@ def check_parameter_server(notebook, cells, folder, pids):
         assert printed.count(built) == (rank == 1), printed
         (accuracy,) = floats(rf"\[trainer_{rank}\] Accuracy ([\d.]+)", printed)
         assert accuracy[0] > 0.4, printed  # of 10 classes
+    # Both trainers train the server's one model, one after the other, and a batch's loss is
+    # noisy (dropout, 32 samples): the loss falls from the first trainer's first batch to the
+    # second trainer's last three.
+    first, last = losses[1][0][1], statistics.mean(loss for _, loss in losses[2][-3:])
+    assert last < 0.75 * first, f"the loss did not fall: {losses}"
 
 
 # --- rnn ---------------------------------------------------------------------------------------
