@@ -12,7 +12,8 @@ It needs root (``SlurmUser=root``, ``munged --force``) and Debian's ``slurm-wlm`
 ``munge`` (``.ci/system-packages.sh`` installs them); ``unavailable()`` says why not.
 In a container without systemd or cgroups the settings below keep slurmd to plain
 process tracking, and the node declares more CPUs than the machine has
-(``config_overrides``) so that a few single-CPU tasks fit on two cores.
+(``config_overrides``) so that a few single-CPU tasks fit on two cores. A second
+partition of a higher priority tier preempts the default one (``PreemptMode=CANCEL``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from nbrpc._util import kill_pids, pid_alive
 
 CPUS = 8
 DAEMONS = ("munged", "slurmctld", "slurmd")
+# A job in "urgent" preempts (cancels) jobs in "debug", the default, that hold what it needs.
+PARTITIONS = ("debug", "urgent")
 
 CONF = """\
 ClusterName=nbrpctest
@@ -55,6 +58,8 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5
@@ -63,7 +68,8 @@ InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes={host} MaxTime=INFINITE State=UP PriorityTier=10
 """
 
 
@@ -135,7 +141,8 @@ class MiniSlurm:
     def stop(self) -> list[int]:
         """Cancel every job, end every daemon and step daemon; return the pids that survived."""
         if "slurmctld" in self.processes and self.processes["slurmctld"].poll() is None:
-            self.command("scancel", "--full", "--quiet", "--partition=debug")
+            for partition in PARTITIONS:
+                self.command("scancel", "--full", "--quiet", f"--partition={partition}")
             deadline = time.monotonic() + 30
             while self.queue() and time.monotonic() < deadline:
                 time.sleep(0.2)

@@ -259,9 +259,10 @@ except KeyboardInterrupt:
     assert not any(line.startswith(f"{second} ") for line in slurm.queue())
 
 
-@pytest.mark.parametrize("how", ["scancel", "time limit"])
+@pytest.mark.parametrize("how,expected", [("scancel", "CANCELLED"), ("time limit", "TIMEOUT"),
+                                          ("preemption", "PREEMPTED")])
 def test_slurm_ending_a_worker_raises_worker_died_with_the_job_state(slurm, drivers, pids, queue_empty,
-                                                                     tmp_path, how):
+                                                                     tmp_path, how, expected):
     driver = _start(drivers, """
 say(job=c.launcher.job, workers=workers(c))
 while True:
@@ -276,13 +277,23 @@ say(done=True)
     up = driver.expect("job", START)
     pids.add(*(w[3] for w in up["workers"]))
     job = up["job"]
+    urgent = None
     if how == "scancel":
         slurm.command("scancel", job)
-    failure = driver.expect("error", 150)
-    expected = "CANCELLED" if how == "scancel" else "TIMEOUT"
-    assert failure["error"] == "WorkerDiedError", failure
-    assert "'worker1'" in failure["text"] and f"Slurm job {job} is {expected}" in failure["text"], failure
-    driver.expect("done", 60)
+    elif how == "preemption":  # a job of a higher tier that needs every CPU of the node
+        done = slurm.command("sbatch", "--parsable", "--partition=urgent", "--job-name=urgent",
+                             f"--ntasks={minislurm.CPUS}", "--output=/dev/null", "--wrap", "sleep 600")
+        assert done.returncode == 0, done.stderr
+        urgent = done.stdout.strip()
+    try:
+        failure = driver.expect("error", 150)
+        assert failure["error"] == "WorkerDiedError", failure
+        assert "'worker1'" in failure["text"] and f"Slurm job {job} is {expected}" in failure["text"], failure
+        driver.expect("done", 60)
+        assert slurm.job_state(job) == expected
+    finally:
+        if urgent:
+            slurm.command("scancel", urgent)
 
 
 def test_in_an_allocation_workers_are_a_step_and_no_new_job(slurm, pids, queue_empty, tmp_path):
