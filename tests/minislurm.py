@@ -29,6 +29,10 @@ from conftest import find_processes
 from nbrpc._util import kill_pids, pid_alive
 
 CPUS = 8
+# Two "GPUs" whose device files are /dev/null and /dev/zero: Slurm hands them out (and sets
+# CUDA_VISIBLE_DEVICES), torch sees none.
+FAKE_GPU_FILES = "/dev/null,/dev/zero"
+GPUS = 2
 DAEMONS = ("munged", "slurmctld", "slurmd")
 # A job in "urgent" preempts (cancels) jobs in "debug", the default, that hold what it needs.
 PARTITIONS = ("debug", "urgent")
@@ -55,6 +59,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
+GresTypes=gpu
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
@@ -67,7 +72,7 @@ MinJobAge=300
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:{gpus} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
 PartitionName=urgent Nodes={host} MaxTime=INFINITE State=UP PriorityTier=10
 """
@@ -111,8 +116,10 @@ class MiniSlurm:
             os.makedirs(os.path.join(f, sub), mode=0o700, exist_ok=True)
         os.chmod(f, 0o755)  # munged refuses a socket folder others may write to
         with open(self.conf, "w") as out:
-            out.write(CONF.format(host=self.host, folder=f, cpus=CPUS,
+            out.write(CONF.format(host=self.host, folder=f, cpus=CPUS, gpus=GPUS,
                                   ctld_port=_free_port(), slurmd_port=_free_port()))
+        with open(os.path.join(f, "gres.conf"), "w") as out:
+            out.write(f"AutoDetect=off\nNodeName={self.host} Name=gpu File={FAKE_GPU_FILES}\n")
         key = os.path.join(f, "munge.key")
         with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
             out.write(os.urandom(1024))

@@ -92,6 +92,40 @@ def test_explicit_maps_replace_what_gpus_derived_for_their_pair():
     assert_consistent(plan, 2)
 
 
+@pytest.mark.parametrize("driver_gpus", [0, 1, 4])
+def test_workers_with_their_own_gpus_are_each_on_their_own_cuda0(driver_gpus):
+    """A Slurm task sees the GPU Slurm gave it as cuda:0, whatever the driver's machine has."""
+    plan = devices.plan(MEMBERS, driver_gpus, gpus=True, own_gpus=True)
+    assert plan["worker1"].devices == plan["worker2"].devices == (0,)
+    assert plan["worker1"].maps["worker2"] == plan["worker2"].maps["worker1"] == {0: 0}
+    assert plan["master"].devices == tuple(range(driver_gpus))
+    if driver_gpus:
+        assert plan["master"].maps == {"worker1": {0: 0}, "worker2": {0: 0}}
+        assert plan["worker1"].maps["master"] == {0: 0}
+    else:  # a login node: the driver sends CPU tensors, the workers map to each other
+        assert plan["master"].maps == {} and "master" not in plan["worker1"].maps
+        assert devices.reaching_default_workers(plan["master"], own_gpus=True) == plan["master"]
+    assert devices.reverse_maps(plan, "worker1")["worker2"] == {0: 0}
+
+
+def test_own_gpus_checks_the_drivers_indices_now_and_the_workers_at_their_join():
+    plan = devices.plan(MEMBERS, 1, device_maps="worker1=0:3;worker1->worker2=2:5", own_gpus=True)
+    assert plan["worker1"].devices == (2, 3) and plan["worker2"].devices == (5,)
+    with pytest.raises(DeviceMapError, match=r"device cuda:1 in the map master -> worker1 does not exist"):
+        devices.plan(MEMBERS, 1, device_maps="worker1=1:0", own_gpus=True)
+    with pytest.raises(DeviceMapError, match="a map from or to the driver needs a GPU in the driver's process"):
+        devices.plan(MEMBERS, 0, device_maps="worker1=0:0", own_gpus=True)
+    devices.check_worker("worker1", "node7 (10.0.0.7)", plan["worker1"], 4)  # cuda:0..3: enough
+    devices.check_worker("worker1", "node7 (10.0.0.7)", plan["worker1"], None)  # says nothing: torch will
+    devices.check_worker("worker3", "node7 (10.0.0.7)", None, 0)  # on CPU
+    with pytest.raises(DeviceMapError) as info:
+        devices.check_worker("worker2", "node8 (10.0.0.8)", plan["worker2"], 1)
+    assert str(info.value).startswith("worker2 on node8 (10.0.0.8) sees 1 GPU (torch.cuda.device_count() "
+                                      "there), and this cluster puts it on cuda:5")
+    with pytest.raises(DeviceMapError, match=r"worker1 on node7 \(10.0.0.7\) sees no GPU .* --gpus asks Slurm"):
+        devices.check_worker("worker1", "node7 (10.0.0.7)", plan["worker1"], 0)
+
+
 def test_device_strings_and_the_text_form_mean_the_same():
     a = devices.plan(MEMBERS, 2, device_maps={"worker1": {"cuda:0": "cuda:1"}})
     b = devices.plan(MEMBERS, 2, device_maps="worker1=0:1")

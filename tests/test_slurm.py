@@ -378,6 +378,31 @@ except nbrpc.WorkerStartError as e:
     assert re.search(r"Slurm job \d+: RUNNING on \S+; 1 of its 2 tasks have not joined\.", error), error
 
 
+def test_gpus_ask_slurm_for_one_per_task_and_a_worker_that_sees_none_fails_the_start(slurm, drivers, pids,
+                                                                                   queue_empty):
+    """The driver has no GPU (a login node): its plan puts each worker on its own cuda:0.
+    Slurm hands out this Slurm's two fake GPUs, in which torch sees none: the first
+    worker's report fails the start at once, not at the start timeout."""
+    driver = drivers(HEADER + """
+try:
+    nbrpc.start(2, bind="127.0.0.1", progress=report, gpus=True, slurm=True)
+except Exception as e:
+    say(error=type(e).__name__, text=str(e), t=time.monotonic())
+""")
+    running = driver.expect("progress", START)
+    while not running["progress"].startswith("job ") or " running on " not in running["progress"]:
+        running = driver.expect("progress", START)
+    job = running["progress"].split()[1]
+    failure = driver.expect("error", START)
+    assert failure["error"] == "WorkerStartError", failure
+    assert f"a worker of Slurm job {job} was refused: worker" in failure["text"], failure
+    assert re.search(r"worker[12] on \S+ \(127.0.0.1\) sees no GPU \(torch.cuda.device_count\(\) there\), "
+                     r"and this cluster puts it on cuda:0", failure["text"]), failure["text"]
+    assert failure["t"] - running["t"] < 30, "a refused worker fails the start at once"
+    assert re.search(r"TresPerTask=\S*gpu:1", slurm.command("scontrol", "show", "job", job).stdout)
+    assert wait_until(lambda: not slurm.queue(), CANCELLED_WITHIN), slurm.queue()
+
+
 def test_magics_in_a_notebook_status_shows_the_job_and_kernel_shutdown_cancels_it(slurm, queue_empty, tmp_path):
     notebook = execute_cells(tmp_path, [
         "%load_ext nbrpc",

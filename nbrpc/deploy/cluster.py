@@ -139,7 +139,7 @@ class Cluster:
         self._kept_name = driver_name is None and group.driver_name() is not None
         driver_name = driver_name if driver_name is not None else group.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
-        self.launcher = launchers.choose(n, names, driver_name, self.warm_start, **where)
+        self.launcher = launchers.choose(n, names, driver_name, self.warm_start, bool(gpus), **where)
         for label, value in (("threads", threads), ("timeout", timeout),
                              ("startup_timeout", startup_timeout)):
             if not value > 0:
@@ -156,7 +156,8 @@ class Cluster:
         self.progress = progress or (lambda done, total, message: None)
         self._workers = self.launcher.planned()
         self._admitting = threading.Lock()
-        self.placements = _placements(driver_name, self.launcher.placement_names(), gpus, device_maps)
+        self.placements = _placements(driver_name, self.launcher.placement_names(), gpus, device_maps,
+                                      self.launcher.own_gpus)
         self.gpus = bool(gpus)
         self._driver = self._store = None
         self.state = "new"
@@ -322,7 +323,9 @@ class Cluster:
     def _driver_placement(self) -> devices.Placement | None:
         placement = self.placements.get(self.driver_name)
         # Used only if this is the kernel's first join, which fixes the driver's maps.
-        return devices.reaching_default_workers(placement) if self.gpus and placement else placement
+        if self.gpus and placement:
+            return devices.reaching_default_workers(placement, self.launcher.own_gpus)
+        return placement
 
     def _devices_label(self, name: str) -> str:
         if name == self.driver_name and self._driver is not None:
@@ -401,11 +404,13 @@ class Cluster:
         self.shutdown()
 
 
-def _placements(driver_name, worker_names, gpus, device_maps) -> dict[str, devices.Placement]:
-    """Each member's devices and maps, checked before any process starts."""
+def _placements(driver_name, worker_names, gpus, device_maps, own_gpus) -> dict[str, devices.Placement]:
+    """Each member's devices and maps, checked before any process starts (a worker with
+    GPUs of its own is checked again when it joins)."""
     if not gpus and not device_maps:
         return {}
-    placements = devices.plan([driver_name, *worker_names], devices.visible_gpus(), bool(gpus), device_maps)
+    placements = devices.plan([driver_name, *worker_names], devices.visible_gpus(), bool(gpus), device_maps,
+                              own_gpus)
     group.check_placement(placements.get(driver_name))
     return placements
 

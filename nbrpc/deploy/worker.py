@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from .._util import pid_alive
 from ..calls import output
+from ..group import devices
 from ..group import membership as group
 from ..wire import serialization
 from . import streams
@@ -69,7 +70,7 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     from .launchers.base import write_unbound_connection_file
 
     store_port = rendezvous.relay_store(address, token)
-    sock, grant = rendezvous.request_join(address, token, name)
+    sock, grant = rendezvous.request_join(address, token, name, devices.visible_gpus())
     ip = sock.getsockname()[0]
     settings = WorkerSettings.from_wire(grant["settings"], f"{LOOPBACK}:{store_port}",
                                         addresses.interface_of(ip))

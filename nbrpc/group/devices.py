@@ -93,7 +93,7 @@ def parse_device_maps(text: str) -> dict[str, dict[int, int]]:
 
 
 def plan(names: list[str], gpu_count: int, gpus: bool = False,
-         device_maps: Mapping | str | None = None) -> dict[str, Placement]:
+         device_maps: Mapping | str | None = None, own_gpus: bool = False) -> dict[str, Placement]:
     """Each member's placement; ``names[0]`` is the driver, the rest are workers.
 
     ``gpus``: the driver on ``cuda:0``, worker k (k = 1, 2, ...) on GPU k modulo
@@ -104,13 +104,19 @@ def plan(names: list[str], gpu_count: int, gpus: bool = False,
     inverse B -> A. Members with any GPU use their mapped GPUs; the driver uses
     every visible GPU (its devices are fixed at its first join, see ``group``).
     Without either option every member is on CPU (``{}``).
+
+    ``own_gpus``: the workers run elsewhere with GPUs of their own (a Slurm task's,
+    numbered from 0 in each), not the ``gpu_count`` GPUs of the driver's machine:
+    with ``gpus`` each worker is on its own ``cuda:0``, and a driver without a GPU
+    stays on CPU (maps only between workers). A worker's indices are checked
+    against what it reports when it joins (``check_worker``).
     """
     if isinstance(device_maps, str):
         device_maps = parse_device_maps(device_maps)
     explicit = _explicit_maps(names, device_maps or {})
     if not gpus and not explicit:
         return {}
-    if gpu_count < 1:
+    if gpu_count < 1 and not own_gpus:
         asked = "--gpus" if gpus else "a device map"
         raise DeviceMapError(
             f"{asked} needs CUDA, and torch sees no GPU in this process "
@@ -119,15 +125,22 @@ def plan(names: list[str], gpu_count: int, gpus: bool = False,
             "or run on a machine with a GPU")
     maps: dict[tuple[str, str], dict[int, int]] = {}
     if gpus:
-        home = {name: k % gpu_count for k, name in enumerate(names)}
-        maps = {(a, b): {home[a]: home[b]} for a in names for b in names if a != b}
+        if own_gpus:
+            home = {name: 0 for name in (names if gpu_count else names[1:])}
+        else:
+            home = {name: k % gpu_count for k, name in enumerate(names)}
+        maps = {(a, b): {home[a]: home[b]} for a in home for b in home if a != b}
     for (a, b), m in explicit.items():
-        for d in (*m.keys(), *m.values()):
-            if d >= gpu_count:
-                raise DeviceMapError(
-                    f"device cuda:{d} in the map {a} -> {b} does not exist: torch sees "
-                    f"{gpu_count} GPU{'s' * (gpu_count != 1)} here (cuda:0 to cuda:{gpu_count - 1}); "
-                    "use one of those indices")
+        for name, indices in ((a, m.keys()), (b, m.values())):
+            if own_gpus and name != names[0]:
+                continue  # checked against the worker's own GPUs when it joins
+            for d in indices:
+                if d >= gpu_count:
+                    raise DeviceMapError(
+                        f"device cuda:{d} in the map {a} -> {b} does not exist: torch sees "
+                        f"{gpu_count} GPU{'s' * (gpu_count != 1)} here"
+                        + (f" (cuda:0 to cuda:{gpu_count - 1}); use one of those indices" if gpu_count else
+                           "; a map from or to the driver needs a GPU in the driver's process"))
         maps[(a, b)] = dict(m)
         if (b, a) not in explicit:
             maps[(b, a)] = {v: k for k, v in m.items()}
@@ -143,16 +156,32 @@ def plan(names: list[str], gpu_count: int, gpus: bool = False,
             for name in names}
 
 
-def reaching_default_workers(driver: Placement, count: int = 64) -> Placement:
-    """The driver's ``--gpus`` placement plus maps toward ``worker1`` ... ``worker<count>``.
+def reaching_default_workers(driver: Placement, own_gpus: bool = False, count: int = 64) -> Placement:
+    """The driver's ``--gpus`` placement plus maps toward ``worker1`` ... ``worker<count>``
+    (each on its own ``cuda:0`` with ``own_gpus``, as ``plan`` puts them).
 
     Its maps are fixed at its first join, so these let a later ``--gpus`` cluster
     with the default names, and more workers than the first, run in the same kernel.
     A map toward a name that is not a member is never used.
     """
     gpu_count = len(driver.devices)
-    maps = {f"worker{k}": {0: k % gpu_count} for k in range(1, count + 1)}
+    if not gpu_count:
+        return driver
+    maps = {f"worker{k}": {0: 0 if own_gpus else k % gpu_count} for k in range(1, count + 1)}
     return Placement(driver.devices, {**maps, **driver.maps})
+
+
+def check_worker(name: str, where: str, placement: Placement | None, reported: int | None) -> None:
+    """Refuse a joining worker whose plan uses GPUs it does not have (``reported``: the
+    GPUs torch sees in it; None from a worker that does not say)."""
+    if reported is None or not placement or not placement.devices or max(placement.devices) < reported:
+        return
+    sees = f"sees {reported} GPU{'s' * (reported != 1)}" if reported else "sees no GPU"
+    raise DeviceMapError(
+        f"{name} on {where} {sees} (torch.cuda.device_count() there), and this cluster puts it "
+        f"on {placement.label()}; give each worker a GPU (with --slurm, --gpus asks Slurm for "
+        "one per task; some clusters also need a GPU partition: --slurm-args \"-p gpu\"), "
+        "or drop --gpus / --device-map (gpus=, device_maps=)")
 
 
 def visible_gpus() -> int:

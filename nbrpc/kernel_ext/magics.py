@@ -50,8 +50,6 @@ def _slurm_options(args) -> dict | None:
             flags = ", ".join("--" + f.replace("_", "-") for f in (*given,))
             raise UsageError(f"%rpc_init: {flags} {'is' if len(given) == 1 else 'are'} for Slurm jobs: add --slurm")
         return None
-    if args.gpus and "gpus_per_task" not in given:
-        given["gpus_per_task"] = 1  # one GPU per worker, as --gpus means for local workers
     return given
 
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from ..settings import check_name
@@ -25,11 +26,12 @@ from .ssh import SshLauncher, parse_hosts
 __all__ = ["Admission", "Launcher", "Worker", "choose"]
 
 
-def choose(n: int | None, names, driver_name: str, warm_start: bool, *, attach: int | None = None,
-           bind: str | None = None, port: int = 0, hosts=None, ssh: str = "ssh", python: str | None = None,
-           slurm=None, **unknown) -> Launcher:
+def choose(n: int | None, names, driver_name: str, warm_start: bool, gpus: bool = False, *,
+           attach: int | None = None, bind: str | None = None, port: int = 0, hosts=None, ssh: str = "ssh",
+           python: str | None = None, slurm=None, **unknown) -> Launcher:
     """The launcher a cluster's options ask for (the options of every launcher are
-    here, not in ``Cluster``), checked before anything starts."""
+    here, not in ``Cluster``), checked before anything starts; ``gpus``: the cluster's
+    ``--gpus`` (a Slurm job then asks for one GPU per task unless told otherwise)."""
     if unknown:
         raise TypeError(f"Cluster() got unexpected options {', '.join(map(repr, sorted(unknown)))}; "
                         "workers come from local kernels, attach=N, hosts=... (with bind, port, ssh, "
@@ -42,7 +44,8 @@ def choose(n: int | None, names, driver_name: str, warm_start: bool, *, attach: 
             raise ValueError(f"port must be a number from 0 (a free one) to 65535, got {port!r}")
         worker_names = _worker_names(n, names)
         _check_names(worker_names, driver_name)
-        slurm.python = slurm.python or python
+        slurm = dataclasses.replace(slurm, python=slurm.python or python,
+                                    gpus_per_task=slurm.gpus_per_task or (1 if gpus else None))
         return SlurmLauncher(len(worker_names), worker_names, slurm, driver_name, bind, port)
     if attach is None and hosts is None:
         if bind is not None or port:

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..._util import kill_pids
-from ...errors import JoinRefusedError, WorkerStartError
+from ...errors import DeviceMapError, JoinRefusedError, WorkerStartError
+from ...group import devices
 from ...group import membership as group
 from ..settings import check_name
 from . import addresses
@@ -91,6 +92,7 @@ class AttachLauncher:
         self.token = secrets.token_hex(24)
         self.server: Rendezvous | None = None
         self.closing = False
+        self.unfit: list[str] = []  # joiners refused for lacking the GPUs their plan uses
         self._lock = threading.Lock()
 
     @property
@@ -98,6 +100,9 @@ class AttachLauncher:
         """What to run on each worker machine."""
         port = self.server.port if self.server else self.port
         return f"nbrpc worker --join {self.address}:{port} --token {self.token}"
+
+    # Workers elsewhere may share this machine's GPUs or not: planned from the driver's view.
+    own_gpus = False
 
     def planned(self) -> list[Worker]:
         return []  # workers are listed as they are admitted
@@ -196,6 +201,7 @@ class AttachLauncher:
             if self.closing:
                 raise JoinRefusedError("the cluster is shutting down")
             name = self._grant_name(hello.get("name"))
+            self._check_gpus(name, hello, peer)
             w = self._new_worker(name, hello, peer)
             w.launcher = self._claim(name)
             settings = self.cluster.admit(w)
@@ -232,6 +238,16 @@ class AttachLauncher:
         while f"worker{i}" in taken or f"worker{i}" in self.names:
             i += 1
         return f"worker{i}"
+
+    def _check_gpus(self, name: str, hello: dict, peer: tuple) -> None:
+        """Refuse a joiner that lacks the GPUs the cluster's plan gives it (what its
+        hello says torch sees there), before it reaches torch."""
+        try:
+            devices.check_worker(name, f"{hello.get('host', '?')} ({peer[0]})",
+                                 self.cluster.placements.get(name), hello.get("gpus"))
+        except DeviceMapError as e:
+            self.unfit.append(str(e))
+            raise JoinRefusedError(str(e)) from None
 
     def _await_member(self, w: RemoteWorker) -> None:
         """Once the worker is in torch's group, connect to its kernel and mark it running."""

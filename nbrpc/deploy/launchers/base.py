@@ -30,6 +30,7 @@ from jupyter_client import BlockingKernelClient
 from ..._util import LOOPBACK
 
 if TYPE_CHECKING:
+    from ...group.devices import Placement
     from ...group.membership import DriverGroup
     from ..settings import WorkerSettings
 
@@ -72,6 +73,7 @@ class Admission(Protocol):
     startup_timeout: float
     state: str
     progress: Progress
+    placements: dict[str, Placement]  # each member's devices and maps ({} on CPU)
 
     def admit(self, worker: Worker) -> WorkerSettings:
         """Give ``worker`` the next rank, list it, and return the settings it starts with."""
@@ -90,6 +92,8 @@ class Launcher(Protocol):
     interface: str
     # The command that joins a worker started elsewhere, or None.
     command: str | None
+    # True where workers run with GPUs of their own (a Slurm task's), not this machine's.
+    own_gpus: bool
 
     def planned(self) -> list[Worker]:
         """The workers known before the start (the cluster lists them from its creation)."""

@@ -84,6 +84,7 @@ class LocalLauncher:
 
     interface = "lo"
     command = None
+    own_gpus = False
 
     def __init__(self, names: list[str], warm_start: bool):
         self.workers = [LocalWorker(name, rank) for rank, name in enumerate(names, 1)]  # ranks: at admission

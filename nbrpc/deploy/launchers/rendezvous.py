@@ -262,8 +262,10 @@ class Link:
 # -- the worker's side -------------------------------------------------------------
 
 
-def request_join(address: str, token: str, name: str | None, timeout: float = 30.0) -> tuple[socket.socket, dict]:
-    """Ask the driver at ``address`` to admit this process; return the socket and grant."""
+def request_join(address: str, token: str, name: str | None, gpus: int | None = None,
+                 timeout: float = 30.0) -> tuple[socket.socket, dict]:
+    """Ask the driver at ``address`` to admit this process (``gpus``: how many GPUs torch
+    sees here, for the driver's check of its plan); return the socket and grant."""
     host, port = split_address(address)
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
@@ -272,7 +274,7 @@ def request_join(address: str, token: str, name: str | None, timeout: float = 30
             f"cannot reach the driver at {address} ({e.strerror or e}): check the address, "
             "that the driver is waiting (%rpc_init --attach), and that no firewall blocks the port"
         ) from e
-    send(sock, _hello("join", token, name=name))
+    send(sock, _hello("join", token, name=name, gpus=gpus))
     try:
         reply = receive(sock)
     except ConnectionError as e:

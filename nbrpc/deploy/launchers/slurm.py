@@ -68,6 +68,9 @@ class SlurmWorker(RemoteWorker):
 class SlurmLauncher(AttachLauncher):
     """``expected`` workers (named by ``names``) as the tasks of a Slurm job or step."""
 
+    # Each task sees the GPUs Slurm gave it (--gpus-per-task binds them), from cuda:0.
+    own_gpus = True
+
     def __init__(self, expected: int, names: list[str], options: SlurmOptions, driver_name: str,
                  bind: str | None = None, port: int = 0):
         for command in ("sbatch", "srun", "squeue", "scancel"):
@@ -277,6 +280,8 @@ class SlurmLauncher(AttachLauncher):
                               f" after {self.started_at - began:.1f} s in the queue")
 
     def _check_launched(self) -> None:
+        if self.unfit:  # the job's other tasks got the same resources
+            raise WorkerStartError(self._failure(f"a worker of Slurm job {self.job} was refused: {self.unfit[0]}"))
         if time.monotonic() - self._polled < 1.0:
             return
         self._polled = time.monotonic()
