@@ -115,7 +115,16 @@ def check_rl(notebook, cells, folder, pids):
 
 # --- parameter_server -------------------------------------------------------------------------
 
+# Not upstream: after the run, the server both trainers trained is the driver's module-level
+# param_server (which the first trainer's remote() set under the module's lock), and each trainer
+# kept its own module-level param_server, still None.
+PARAMETER_SERVER_PROBE = """# probe
+print(type(param_server).__name__,
+      [rpc.rpc_sync(t, lambda: __import__("__main__").param_server is None) for t in ("trainer_1", "trainer_2")])"""
+
+
 def check_parameter_server(notebook, cells, folder, pids):
+    assert cell_text(notebook.cells[index_of(cells, "# probe")]) == "ParameterServer [True, True]\n"
     losses = {}
     for rank in (1, 2):
         printed = cell_text(notebook.cells[index_of(cells, f"%%rpc_on trainer_{rank}\n")])
@@ -216,6 +225,8 @@ CHECKS = {
     "parameter_server": check_parameter_server,
     "rl": check_rl,
 }
+# Cells a check adds before the port's last (%rpc_shutdown), to look at its state.
+PROBES = {"parameter_server": PARAMETER_SERVER_PROBE}
 GPU = {"cuda_rpc"}
 PROGRAMS = sorted(p.stem for p in UPSTREAM.glob("*.py") if not p.name.startswith("_"))
 
@@ -224,6 +235,8 @@ PROGRAMS = sorted(p.stem for p in UPSTREAM.glob("*.py") if not p.name.startswith
                                      for p in PROGRAMS])
 def test_upstream_program_runs_from_cells(program, tmp_path, pids):
     cells = port(program)
+    if program in PROBES:
+        cells.insert(len(cells) - 1, PROBES[program])
     notebook = execute_cells(tmp_path, cells, timeout=CELL_TIMEOUT)
     CHECKS[program](notebook, cells, tmp_path, pids)
 
