@@ -7,7 +7,6 @@ device maps at its first join, so every cluster here is its kernel's first.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import nbformat
@@ -23,11 +22,6 @@ def gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count()
-
-
-def two_gpus():
-    if gpu_count() < 2:
-        pytest.skip(f"needs 2 GPUs, torch sees {gpu_count()}")
 
 
 def run_cells(tmp_path, *sources: str, timeout: float = 300) -> list[str]:
@@ -101,73 +95,6 @@ def test_a_later_cluster_needing_other_maps_asks_for_a_restart(tmp_path):
     assert out[3].startswith("UsageError %rpc_init: this kernel joined RPC with devices")
     assert "device maps toward ps" in out[3] and "Restart the kernel" in out[3]
     assert "master + worker1 up in" in out[4]
-
-
-RECIPE = '''
-import torch
-import torch.distributed.autograd as autograd
-import torch.distributed.rpc as rpc
-import torch.multiprocessing as mp
-import torch.nn as nn
-
-import os
-import time
-
-
-class MyModule(nn.Module):
-    def __init__(self, device, comm_mode):
-        super().__init__()
-        self.device = device
-        self.linear = nn.Linear(1000, 1000).to(device)
-        self.relu = nn.ReLU()
-        self.comm_mode = comm_mode
-
-    def forward(self, x):
-        # x.to() is a no-op if x is already on self.device
-        y = self.relu(self.linear(x.to(self.device)))
-        return y.cpu() if self.comm_mode == "cpu" else y
-
-    def parameter_rrefs(self):
-        return [rpc.RRef(p) for p in self.parameters()]
-
-
-def measure(comm_mode):
-    # local module on "worker0/cuda:0"
-    lm = MyModule("cuda:0", comm_mode)
-    # remote module on "worker1/cuda:1"
-    rm = rpc.remote("worker1", MyModule, args=("cuda:1", comm_mode))
-    # prepare random inputs
-    x = torch.randn(1000, 1000).cuda(0)
-
-    tik = time.time()
-    for _ in range(10):
-        with autograd.context() as ctx:
-            y = rm.rpc_sync().forward(lm(x))
-            autograd.backward(ctx, [y.sum()])
-    # synchronize on "cuda:0" to make sure that all pending CUDA ops are
-    # included in the measurements
-    torch.cuda.current_stream("cuda:0").synchronize()
-    tok = time.time()
-    print(f"{comm_mode} RPC total execution time: {tok - tik}")
-'''
-
-
-def test_cuda_rpc_recipe_runs_both_modes(tmp_path, record_property):
-    """PyTorch's CUDA RPC recipe, its code unmodified; %rpc_init replaces mp.spawn/init_rpc.
-
-    RRefs to a module on a GPU worker, distributed autograd through CUDA tensors."""
-    two_gpus()
-    out = run_cells(
-        tmp_path, "%load_ext nbrpc",
-        '%rpc_init --names worker1 --driver-name worker0 --threads 128 --device-map "worker1=0:1"',
-        RECIPE, 'measure(comm_mode="cpu")\nmeasure(comm_mode="cuda")', "%rpc_shutdown",
-    )
-    times = dict(re.findall(r"(cpu|cuda) RPC total execution time: ([0-9.]+)", out[3]))
-    assert set(times) == {"cpu", "cuda"}, out[3]
-    cpu, cuda = float(times["cpu"]), float(times["cuda"])
-    assert cpu > 0 and cuda > 0
-    record_property("recipe_seconds", {"cpu": cpu, "cuda": cuda, "speedup": cpu / cuda})
-    print(f"recipe: cpu {cpu:.3f} s, cuda {cuda:.3f} s, speed-up {cpu / cuda:.1f}x")
 
 
 def test_tutorial_06_runs_the_direct_path(tmp_path):
