@@ -2,9 +2,10 @@
 
     python nbrpc_driver.py --threads 16 --timeout 60
 
-Besides the shared measurements it takes ``latency_unwrapped``: the same calls
-through torch's own ``rpc_sync`` inside the nbrpc cluster, which splits nbrpc's
-overhead into its ``rpc_sync`` wrapper's share and the rest; and ``remote_untracked``:
+Besides the shared measurements it takes ``latency_unwrapped`` (and
+``cuda_latency_unwrapped``): the same calls through torch's own ``rpc_sync`` inside
+the nbrpc cluster, which splits nbrpc's overhead into its ``rpc_sync`` wrapper's
+share and the rest; and ``remote_untracked``:
 ``rpc.remote`` with the driver's RRef tracking off, for tracking's share; and
 ``recording``: the same small calls with call recording on and off in every member
 (``nbrpc.trace``), for recording's cost.
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     # in the middle of start().
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     cluster = nbrpc.start(1, threads=args.threads, timeout=args.timeout, transport=args.transport,
+                          device_maps=None if args.device_map is None else {"worker1": {0: args.device_map}},
                           env=_worker_env(), progress=None)
     try:
         commands.serve(_measure, replies, [w.pid for w in cluster.workers])
@@ -51,8 +53,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _measure(op: str, count: int):
-    if op == "latency_unwrapped":
-        return timing.measure("worker1", "latency", count, rpc_sync=wrappers._torch_rpc_sync)
+    if op in ("latency_unwrapped", "cuda_latency_unwrapped"):
+        return timing.measure("worker1", op.removesuffix("_unwrapped"), count, rpc_sync=wrappers._torch_rpc_sync)
     if op == "remote_untracked":
         rref_ledger.hook(False)  # the driver's share of tracking; the worker's stays on
         try:
@@ -96,6 +98,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=16, help="num_worker_threads")
     parser.add_argument("--timeout", type=float, default=60.0, help="rpc_timeout in seconds")
     parser.add_argument("--transport", choices=("uv", "shm"), default="uv", help="nbrpc's transport")
+    parser.add_argument("--device-map", type=int, default=None, metavar="GPU",
+                        help="map the driver's cuda:0 to this GPU of worker1 (CUDA tensors travel)")
     return parser.parse_args(argv)
 
 

@@ -158,18 +158,20 @@ class Group:
         return self._log.read().decode(errors="replace")[-chars:] or "(no output)"
 
 
-def raw_pair(fast_alloc: bool, threads: int, timeout: float, transport: str = "default") -> Group:
+def raw_pair(fast_alloc: bool, threads: int, timeout: float, transport: str = "default",
+             device_map: int | None = None) -> Group:
     """Two plain processes joined by ``rpc.init_rpc`` (see ``raw_pair.py``).
 
     ``fast_alloc`` starts both with ``THP_MEM_ALLOC_ENABLE=1`` (what nbrpc does);
     False leaves torch's default allocator. ``transport`` is "uv" (nbrpc's default)
-    or "default" (torch's: shm, then uv). The worker gets a session of its own, as an
-    nbrpc worker kernel does (see the module docstring).
+    or "default" (torch's: shm, then uv). ``device_map``: the master's cuda:0 maps to
+    this GPU of the worker. The worker gets a session of its own, as an nbrpc worker
+    kernel does (see the module docstring).
     """
     scratch = tempfile.mkdtemp(prefix="nbrpc-bench-")
     store = os.path.join(scratch, "store")
     settings = ["--store", store, "--threads", str(threads), "--timeout", str(timeout),
-                "--transport", transport]
+                "--transport", transport, *_device_map(device_map)]
     commands = [[sys.executable, str(HERE / "raw_pair.py"), "--rank", rank, *settings]
                 for rank in ("0", "1")]
     env = _environment_without_fast_alloc()
@@ -179,11 +181,16 @@ def raw_pair(fast_alloc: bool, threads: int, timeout: float, transport: str = "d
     return Group(label, commands, env, timeout, scratch, own_session=(1,))
 
 
-def nbrpc_cluster(threads: int, timeout: float, transport: str = "uv") -> Group:
-    """A plain script as nbrpc driver with one worker kernel; nbrpc sets its own environment."""
-    command = [sys.executable, str(HERE / "nbrpc_driver.py"),
-               "--threads", str(threads), "--timeout", str(timeout), "--transport", transport]
+def nbrpc_cluster(threads: int, timeout: float, transport: str = "uv", device_map: int | None = None) -> Group:
+    """A plain script as nbrpc driver with one worker kernel; nbrpc sets its own environment.
+    ``device_map`` as for ``raw_pair``."""
+    command = [sys.executable, str(HERE / "nbrpc_driver.py"), "--threads", str(threads),
+               "--timeout", str(timeout), "--transport", transport, *_device_map(device_map)]
     return Group(f"nbrpc cluster ({transport})", [command], _environment_without_fast_alloc(), timeout)
+
+
+def _device_map(gpu: int | None) -> list[str]:
+    return [] if gpu is None else ["--device-map", str(gpu)]
 
 
 def cpu_seconds(pid: int) -> float:

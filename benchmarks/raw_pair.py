@@ -2,6 +2,7 @@
 
     python raw_pair.py --rank 1 --store FILE    # "worker1": serves calls until shutdown
     python raw_pair.py --rank 0 --store FILE    # "master": measures (see commands.py)
+    ... --device-map 0                          # the master's cuda:0 -> worker1's cuda:0
 
 The pair meets through a ``file://`` store, so nothing listens but TensorPipe (on
 ``lo``): a ``tcp://`` store would listen on every interface, and a port chosen in
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
         rpc_timeout=args.timeout,
         init_method=f"file://{args.store}",
         **({"_transports": ["uv"]} if args.transport == "uv" else {}),
+        # The recipe's way: the caller maps its cuda:0; torch derives the callee's devices.
+        **({"device_maps": {NAMES[1]: {0: args.device_map}}} if args.device_map is not None and args.rank == 0
+           else {}),
     )
     rpc.init_rpc(NAMES[args.rank], rank=args.rank, world_size=2, rpc_backend_options=options)
     if args.rank == 0:
@@ -47,6 +51,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="TensorPipe transports: uv only, or torch's default (shm, uv)")
     parser.add_argument("--threads", type=int, default=16, help="num_worker_threads")
     parser.add_argument("--timeout", type=float, default=60.0, help="rpc_timeout in seconds")
+    parser.add_argument("--device-map", type=int, default=None, metavar="GPU",
+                        help="map the master's cuda:0 to this GPU of worker1 (CUDA tensors travel)")
     return parser.parse_args(argv)
 
 

@@ -64,6 +64,8 @@ def main() -> int:
     print(render_breakdown(breakdown))
     write_report(rows, breakdown, calls, _elapsed())
     print(f"\nwrote {REPORT} ({_elapsed():.0f} s)")
+    progress("small calls through a device map, if there is a GPU")
+    print(compare_cuda_calls())
     progress("start-up, cold and warm, and PSS per worker")
     _script("startup.py", "--runs", "2")
     progress("a notebook-defined function, bound once against by value")
@@ -153,6 +155,38 @@ def compare_calls() -> dict:
         progress("stopping the RPC groups")
     return {"idle": idle, "latency": latency, "recording": recording, "remote": remote,
             "local_rref": local_rref, "throughput": throughput, "tensor": tensor}
+
+
+def compare_cuda_calls() -> str:
+    """Small ``rpc_sync`` calls with a CPU and with a CUDA tensor, nbrpc next to raw torch
+    with the same transport (uv) and the same map: the driver's cuda:0 to worker1's
+    cuda:1 with two GPUs, cuda:0 with one (both processes on it, TensorPipe's CUDA IPC
+    channel between them). The table, or why it did not run."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < 1:
+        return f"\nCUDA calls: skipped, torch sees no GPU (torch.cuda.is_available() is {torch.cuda.is_available()})"
+    gpu = 1 if count > 1 else 0
+    settings = dict(threads=THREADS, timeout=TIMEOUT, device_map=gpu, transport="uv")
+    progress(f"CUDA calls: starting an nbrpc cluster and a raw pair, map cuda:0 -> cuda:{gpu}")
+    with processes.nbrpc_cluster(**settings) as ours, processes.raw_pair(fast_alloc=True, **settings) as raw:
+        for group in (ours, raw):
+            group.wait_ready()
+            group.pause()
+            _measure(group, "cuda_latency", LATENCY_CALLS)  # CUDA contexts, IPC handles, streams
+        cuda = _take_turns({"nbrpc": (ours, "cuda_latency"), "nbrpc_unwrapped": (ours, "cuda_latency_unwrapped"),
+                            "raw": (raw, "cuda_latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
+        cpu = _take_turns({"nbrpc": (ours, "latency"), "raw": (raw, "latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
+    ms = {side: _pooled_median(rounds) * 1e3 for side, rounds in cuda.items()}
+    cpu_ms = {side: _pooled_median(rounds) * 1e3 for side, rounds in cpu.items()}
+    calls = _count(cuda["nbrpc"])
+    rows = [_row(f"rpc_sync, CPU tensor, map 0 -> {gpu}, median of {calls:,} (ms)",
+                 cpu_ms["nbrpc"], cpu_ms["raw"], "nbrpc/raw", "<=", 1.05),
+            _row(f"rpc_sync, CUDA tensor, map 0 -> {gpu}, median of {calls:,} (ms)",
+                 ms["nbrpc"], ms["raw"], "nbrpc/raw", "<=", 1.05)]
+    return (f"\nCUDA calls on {torch.cuda.get_device_name(0)} ({count} GPU{'s' * (count > 1)}), "
+            f"uv on both sides\n{render(rows)}\n  {ms['nbrpc'] - ms['nbrpc_unwrapped']:+.3f} ms of the "
+            f"CUDA call in nbrpc's rpc_sync wrapper (torch's own rpc_sync in the nbrpc cluster: "
+            f"{ms['nbrpc_unwrapped']:.3f})")
 
 
 def recording_overhead() -> dict:

@@ -37,6 +37,21 @@ def sync_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
     return samples
 
 
+def cuda_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
+    """Seconds taken by each small ``rpc_sync`` that sends a one-element CUDA tensor from
+    ``cuda:0`` through the device map and gets it back there (the reply's inverse map)."""
+    rpc_sync = rpc_sync or rpc.rpc_sync
+    tensor = torch.ones(SMALL_ARG, device="cuda:0")
+    samples = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        returned = rpc_sync(to, echo, args=(tensor,))
+        samples.append(time.perf_counter() - began)
+    if returned.device != tensor.device:
+        raise RuntimeError(f"{to} returned a tensor on {returned.device}, sent one on {tensor.device}")
+    return samples
+
+
 def remote_latencies(to: str, calls: int) -> list[float]:
     """Seconds taken by each small ``rpc.remote`` plus ``to_here``, the RRef then deleted
     (with nbrpc's tracking on, every step of an RRef's life is recorded)."""
@@ -93,6 +108,9 @@ def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
     sync_latencies(to, WAKE_UP_CALLS, rpc_sync)
     if op == "latency":
         return sync_latencies(to, count, rpc_sync)
+    if op == "cuda_latency":
+        cuda_latencies(to, WAKE_UP_CALLS, rpc_sync)
+        return cuda_latencies(to, count, rpc_sync)
     if op == "remote":
         return remote_latencies(to, count)
     if op == "local_rref":
@@ -102,4 +120,5 @@ def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
     if op == "tensor":
         tensor_round_trips(to, WAKE_UP_TRIPS)
         return tensor_round_trips(to, count)
-    raise ValueError(f"unknown measurement {op!r}: use latency, remote, local_rref, throughput or tensor")
+    raise ValueError(f"unknown measurement {op!r}: use latency, cuda_latency, remote, local_rref, "
+                     "throughput or tensor")
