@@ -84,6 +84,9 @@ class AttachLauncher:
         The rendezvous port (0: a free one).
     """
 
+    # Workers elsewhere may share this machine's GPUs or not: planned from the driver's view.
+    own_gpus = False
+
     def __init__(self, expected: int, names: list[str] | None = None, bind: str | None = None,
                  port: int = 0, toward: str | None = None):
         self.expected, self.names, self.port = expected, list(names or []), int(port)
@@ -100,9 +103,6 @@ class AttachLauncher:
         """What to run on each worker machine."""
         port = self.server.port if self.server else self.port
         return f"nbrpc worker --join {self.address}:{port} --token {self.token}"
-
-    # Workers elsewhere may share this machine's GPUs or not: planned from the driver's view.
-    own_gpus = False
 
     def planned(self) -> list[Worker]:
         return []  # workers are listed as they are admitted
