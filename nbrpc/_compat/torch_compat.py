@@ -37,39 +37,39 @@ from torch.distributed.rpc.internal import PythonUDF, RemoteException, RPCExecMo
 # -- joining and leaving ---------------------------------------------------------
 
 # Starts this process's agent with nbrpc's store, prefix and rank, and no world size
-# (dynamic membership); known to work with torch 2.13.
+# (dynamic membership); known to work with torch 2.11 and 2.13.
 init_rpc_backend = rpc._init_rpc_backend
 # Distributed autograd's per-process state, set up before the agent starts (what
-# init_rpc does); known to work with torch 2.13.
+# init_rpc does); known to work with torch 2.11 and 2.13.
 init_dist_autograd = dist_autograd._init
-# This process's agent: its members, its own info, its debug counters; known to work with torch 2.13.
+# This process's agent: its members, its own info, its debug counters; known to work with torch 2.11 and 2.13.
 current_agent = api._get_current_rpc_agent
-# Whether this process has an agent (is a member); known to work with torch 2.13.
+# Whether this process has an agent (is a member); known to work with torch 2.11 and 2.13.
 has_agent = api._is_current_rpc_agent_set
-# The default timeout of an agent that joined for an earlier cluster; known to work with torch 2.13.
+# The default timeout of an agent that joined for an earlier cluster; known to work with torch 2.11 and 2.13.
 set_rpc_timeout = rpc._set_rpc_timeout
-# Busy threads and owned RRefs of this member (%rpc_status); known to work with torch 2.13.
+# Busy threads and owned RRefs of this member (%rpc_status); known to work with torch 2.11 and 2.13.
 debug_info = rpc._get_debug_info
-# This member's RRef counters (owned RRefs in the ledger's report); known to work with torch 2.13.
+# This member's RRef counters (owned RRefs in the ledger's report); known to work with torch 2.11 and 2.13.
 rref_debug_info = rpc._rref_context_get_debug_info
 # Deletes this member's UserRRefs on their owners and waits (up to a timedelta) until
 # the users of its own RRefs did the same: what a static group's graceful shutdown
-# does, and a dynamic member's leave does not; known to work with torch 2.13.
+# does, and a dynamic member's leave does not; known to work with torch 2.11 and 2.13.
 delete_all_rrefs = api._delete_all_user_and_unforked_owner_rrefs
 # The store key of torch's join/leave lock, freed for a worker that died holding it;
-# known to work with torch 2.13.
+# known to work with torch 2.11 and 2.13.
 STORE_LOCK_KEY = "RpcGroupManagementToken"
 # The store key of the member list ("NAME-RANK," each), cleaned of workers that died;
-# known to work with torch 2.13.
+# known to work with torch 2.11 and 2.13.
 STORE_MEMBERS_KEY = "names/_ALL_WORKER_INFOS"
 # The keyword of TensorPipeRpcBackendOptions that picks its transports (uv, shm);
-# known to work with torch 2.13.
+# known to work with torch 2.11 and 2.13.
 TRANSPORTS_OPTION = "_transports"
 
 
 def update_group_membership(agent, info, devices: list, maps: dict, joined: bool) -> None:
     """``TensorPipeAgent._update_group_membership``: forget a member that died, set this
-    member's devices and reply maps; known to work with torch 2.13."""
+    member's devices and reply maps; known to work with torch 2.11 and 2.13."""
     agent._update_group_membership(info, devices, maps, joined)
 
 
@@ -87,7 +87,7 @@ def keep_thread_state() -> None:
     cost about 80 us per small call here (and thread-locals that never last). One
     ``PyGILState_Ensure`` never released raises the state's count, so pybind11 keeps
     it: the next Python on this thread reuses it. Once per thread; known to work with
-    torch 2.13 (pybind11's gil_scoped_acquire) and CPython 3.11.
+    torch 2.11 and 2.13 (pybind11's gil_scoped_acquire) and CPython 3.11.
     """
     me = threading.get_ident()
     if me not in _kept:
@@ -97,15 +97,15 @@ def keep_thread_state() -> None:
 
 # -- calls -------------------------------------------------------------------------
 
-# Resolves every call's destination (unknown names get nbrpc's error); known to work with torch 2.13.
+# Resolves every call's destination (unknown names get nbrpc's error); known to work with torch 2.11 and 2.13.
 to_worker_info = api._to_worker_info
 # Sends one call with an explicit exec mode (rpc_sync/rpc_async without torch's
-# wrappers, so a call can carry a call id); known to work with torch 2.13.
+# wrappers, so a call can carry a call id); known to work with torch 2.11 and 2.13.
 invoke_rpc = api._invoke_rpc
-# The decorator torch puts on its calls ("RPC has not been initialized"); known to work with torch 2.13.
+# The decorator torch puts on its calls ("RPC has not been initialized"); known to work with torch 2.11 and 2.13.
 require_initialized = api._require_initialized
 # Per-thread state where torch's _wait_all collects the futures of rpc_async;
-# known to work with torch 2.13.
+# known to work with torch 2.11 and 2.13.
 call_thread_state = api._thread_local_var
 # torch's own rpc_sync, rpc_async and remote, which nbrpc's wrappers call;
 # public names, kept here before nbrpc replaces them.
@@ -113,13 +113,13 @@ rpc_sync = api.rpc_sync
 rpc_async = api.rpc_async
 remote = api.remote
 # Tells a Python function torch sends as such from a builtin operator (which it
-# sends differently, so no call id); known to work with torch 2.13.
+# sends differently, so no call id); known to work with torch 2.11 and 2.13.
 find_builtin = torch.jit._builtins._find_builtin
-# The attribute @rpc.functions.async_execution marks a function with; known to work with torch 2.13.
+# The attribute @rpc.functions.async_execution marks a function with; known to work with torch 2.11 and 2.13.
 ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
 # internal.PythonUDF (the function and arguments of a call being pickled, named in
 # pickling errors), internal.RPCExecMode (SYNC, ASYNC) and constants.UNSET_RPC_TIMEOUT
-# are imported above; known to work with torch 2.13.
+# are imported above; known to work with torch 2.11 and 2.13.
 
 # -- pickling and remote errors ----------------------------------------------------
 
@@ -129,17 +129,17 @@ def remote_exception(error: Exception) -> RemoteException:
     serving a call: it prints the worker, the error and its traceback to stderr, and
     returns a ``RemoteException`` that torch sends as the reply (the caller re-raises
     it). Done by nbrpc inside the call, so that the print is the call's output; the
-    same text and reply as torch 2.13's."""
+    same text and reply as torch 2.11's and 2.13's."""
     text = f"On {current_agent().get_worker_info()}:\n{error!r}\n{traceback.format_exc()}"
     print(text, file=sys.stderr)
     return RemoteException(text, type(error))
 
 
-# The pickler and unpickler classes torch's RPC pickles with; known to work with torch 2.13.
+# The pickler and unpickler classes torch's RPC pickles with; known to work with torch 2.11 and 2.13.
 torch_pickler = internal._pickler
 torch_unpickler = internal._unpickler
 # Re-creates a remote exception on the caller (internal.RemoteException, imported
-# above, is what it gets); known to work with torch 2.13.
+# above, is what it gets); known to work with torch 2.11 and 2.13.
 handle_exception = internal._handle_exception
 
 # -- RRefs -------------------------------------------------------------------------
@@ -148,61 +148,64 @@ handle_exception = internal._handle_exception
 # its constructor and to_here, kept before nbrpc replaces them.
 rref_init = PyRRef.__init__
 to_here = PyRRef.to_here
-# Rebuilds an RRef from its fork data on the receiver; known to work with torch 2.13.
+# Rebuilds an RRef from its fork data on the receiver; known to work with torch 2.11 and 2.13.
 rref_from_fork_data = PyRRef._deserialize
 # The functions an RRef helper (``rref.rpc_sync().method(...)``) runs on the owner,
-# named by the method in the timeline; known to work with torch 2.13.
+# named by the method in the timeline; known to work with torch 2.11 and 2.13.
 RREF_HELPERS = (rref_proxy._local_invoke, rref_proxy._local_invoke_async_execution)
 
 
 def fork_data(rref) -> tuple:
     """``PyRRef._serialize``: an RRef's fork as torch pickles it (owner, created_on,
-    local_id, fork id, parent, type); registers the fork. Known to work with torch 2.13."""
+    local_id, fork id, parent, type); registers the fork. Known to work with torch 2.11 and 2.13."""
     return rref._serialize()
 
 
 def creation_future(rref) -> torch.futures.Future:
     """``PyRRef._get_future``: done when the owner confirmed an RRef ``remote`` made
-    (the timeline's reply); known to work with torch 2.13. Not for a forked RRef."""
+    (the timeline's reply); known to work with torch 2.11 and 2.13. Not for a forked RRef."""
     return rref._get_future()
 
 
 def rref_type(rref) -> type:
     """``PyRRef._get_type``: the class of an RRef's value (asks the owner once);
-    known to work with torch 2.13."""
+    known to work with torch 2.11 and 2.13."""
     return rref._get_type(blocking=True)
 
 
 # -- distributed autograd ----------------------------------------------------------
 
-# A live distributed autograd context by id; known to work with torch 2.13.
+# A live distributed autograd context by id; known to work with torch 2.11 and 2.13.
 retrieve_context = dist_autograd._retrieve_context
 # torch's own backward, kept before recording replaces it.
 backward = dist_autograd.backward
 # The functions DistributedOptimizer.step sends to each owner of parameters, with the
 # optimizer's RRef and the context id (the timeline's optimizer steps); known to work
-# with torch 2.13. Names only: importing torch.distributed.optim takes most of a second.
+# with torch 2.11 and 2.13. Names only: importing torch.distributed.optim takes most of a second.
 OPTIMIZER_STEPS = ("_local_optimizer_step", "_script_local_optimizer_step")
 
 
 def current_context_id() -> int:
     """The id of this thread's distributed autograd context (``RuntimeError``: none);
-    known to work with torch 2.13."""
+    known to work with torch 2.11 and 2.13."""
     return dist_autograd._current_context()._context_id()
 
 
 def send_functions(context) -> dict:
-    """``DistAutogradContext._send_functions``: message id -> SendRpcBackward; known to work with torch 2.13."""
+    """``DistAutogradContext._send_functions``: message id -> SendRpcBackward;
+    known to work with torch 2.11 and 2.13."""
     return context._send_functions()
 
 
 def recv_functions(context) -> dict:
-    """``DistAutogradContext._recv_functions``: message id -> RecvRpcBackward; known to work with torch 2.13."""
+    """``DistAutogradContext._recv_functions``: message id -> RecvRpcBackward;
+    known to work with torch 2.11 and 2.13."""
     return context._recv_functions()
 
 
 def known_worker_ids(context) -> set:
-    """``DistAutogradContext._known_worker_ids``: workers the context reached; known to work with torch 2.13."""
+    """``DistAutogradContext._known_worker_ids``: workers the context reached;
+    known to work with torch 2.11 and 2.13."""
     return context._known_worker_ids()
 
 
@@ -218,13 +221,13 @@ def check() -> None:
     missing = [f"{cls.__name__}.{name}" for cls, name in METHODS if not hasattr(cls, name)]
     if missing:
         raise AttributeError(f"this torch ({torch.__version__}) lacks {', '.join(missing)}, which "
-                             "nbrpc needs (known to work with torch 2.13)")
+                             "nbrpc needs (known to work with torch 2.11 and 2.13)")
 
 
 # -- pickled bytes ---------------------------------------------------------------
 
 # Per-thread tables of the tensors a message carries beside its pickle
-# (``send_tables``, ``recv_tables``), counted by the timeline; known to work with torch 2.13.
+# (``send_tables``, ``recv_tables``), counted by the timeline; known to work with torch 2.11 and 2.13.
 tensor_tables = internal._thread_local_tensor_tables
 
 
