@@ -32,8 +32,11 @@ class RpcTimeoutError(TimeoutError, RuntimeError):
     torch's text: code written against torch's error still catches it."""
 
 
-class UnknownWorkerError(ValueError):
-    """A worker name that is not part of the running cluster."""
+class UnknownWorkerError(ValueError, RuntimeError):
+    """A worker name (or id) that is not part of the running cluster.
+
+    Also a ``RuntimeError``, which torch raises for an unknown destination: code
+    written against torch's error still catches it."""
 
 
 class SerializationError(TypeError):

@@ -65,6 +65,9 @@ def test_unknown_worker_in_rpc_calls(cluster, call):
     message = str(info.value)
     assert "'worker3'" in message
     assert "the workers are: master, worker1, worker2" in message
+    # what torch raises for an unknown name or rank (its test_send_to_rank expects it)
+    with pytest.raises(RuntimeError, match="no worker with id 5 in this RPC group"):
+        CALLS[call](5)
 
 
 def test_unknown_worker_in_run_runs_nowhere(cluster, shell):

@@ -112,6 +112,10 @@ call_thread_state = api._thread_local_var
 rpc_sync = api.rpc_sync
 rpc_async = api.rpc_async
 remote = api.remote
+# What torch.futures.wait_all and collect_all call at each call (so it is found however
+# they were imported): one future done when all are, or at once with the first error
+# torch's C++ future holds; known to work with torch 2.11 and 2.13.
+collect_all = torch._C._collect_all
 # Tells a Python function torch sends as such from a builtin operator (which it
 # sends differently, so no call id); known to work with torch 2.11 and 2.13.
 find_builtin = torch.jit._builtins._find_builtin
@@ -243,6 +247,7 @@ RPC_ASYNC = ((api, "rpc_async"), (rpc, "rpc_async"))
 REMOTE = ((api, "remote"), (rpc, "remote"))
 RREF_INIT = ((PyRRef, "__init__"),)
 RREF_TO_HERE = ((PyRRef, "to_here"),)
+COLLECT_ALL = ((torch._C, "_collect_all"),)
 BACKWARD = ((dist_autograd, "backward"),)
 
 _originals: dict[tuple, object] = {}

@@ -46,6 +46,7 @@ _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
 _torch_remote = torch_compat.remote
 _torch_to_here = torch_compat.to_here
+_torch_collect_all = torch_compat.collect_all
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
@@ -81,6 +82,7 @@ def install() -> None:
     torch_compat.patch(torch_compat.RPC_ASYNC, rpc_async)
     torch_compat.patch(torch_compat.REMOTE, remote)
     torch_compat.patch(torch_compat.RREF_TO_HERE, to_here)
+    torch_compat.patch(torch_compat.COLLECT_ALL, collect_all)
 
 
 def _to_worker_info(to):
@@ -145,7 +147,8 @@ class NamedFuture(torch.futures.Future):
     """What ``rpc_async`` returns: ``wait()`` names failures as ``rpc_sync`` does and,
     on the main thread, can be interrupted, which stops the call on its worker too.
 
-    Futures made from it (``then``) and ``value()`` keep torch's own errors.
+    Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all``
+    (see ``collect_all``) keep torch's own errors.
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
@@ -153,6 +156,7 @@ class NamedFuture(torch.futures.Future):
         super().__init__()
         self._call = (to, label, timeout, call_id)
         self._half = half
+        self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
@@ -180,6 +184,18 @@ class NamedFuture(torch.futures.Future):
             raise named from e
         except KeyboardInterrupt:
             raise _stopped(to, label, call_id) from None
+
+
+def collect_all(futures):
+    """torch's ``_collect_all`` (under ``torch.futures.wait_all`` and ``collect_all``),
+    given each ``NamedFuture``'s own call instead.
+
+    A ``NamedFuture`` that failed holds its error as a value for ``wait`` to raise
+    (``set_exception`` does no more): torch's C++ future sees no error there, so
+    ``wait_all`` would wait for every other call instead of raising the first
+    failure at once. The collected futures are the calls', so their errors are torch's.
+    """
+    return _torch_collect_all([f.call if isinstance(f, NamedFuture) else f for f in futures])
 
 
 def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
@@ -240,7 +256,7 @@ def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
 
 def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     """``PyRRef.to_here`` with named failures; on the main thread it can be interrupted."""
-    if rref.is_owner():
+    if rref.is_owner() or not torch_compat.has_agent():  # after shutdown: torch's own error
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
     half = recorder.outgoing("to_here", owner, rref=rref) if recorder.recording else None
