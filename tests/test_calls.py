@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+import torch
 import torch.distributed.rpc as rpc
 from conftest import wait_until
 
@@ -109,6 +110,25 @@ def test_unsendable_replies_are_named(cluster):
     assert "to_here() of an RRef owned by 'worker2' ran on 'worker2'" in str(info.value)
     assert "cannot send the result (lock)" in str(info.value)
     assert "frame #" not in str(info.value)
+
+
+def _fail(text: str):
+    raise ValueError(text)
+
+
+def test_wait_all_raises_the_first_failure_at_once(cluster):
+    """As with torch's futures: torch.futures.wait_all does not wait for a slow call once
+    another failed, and the failure keeps its class (torch's test_wait_all_exit_early_*)."""
+    slow = rpc.rpc_async("worker1", _loop, args=(10.0, "slow"))
+    failing = rpc.rpc_async("worker2", _fail, args=("failed early",))
+    began = time.monotonic()
+    with pytest.raises(ValueError, match="failed early"):
+        torch.futures.wait_all([slow, failing])
+    assert time.monotonic() - began < 5, "wait_all waited for the slow call"
+    done = torch.futures.collect_all([rpc.rpc_async("worker1", _loop, args=(0.0, "a")),
+                                      rpc.rpc_async("worker2", _loop, args=(0.0, "b"))]).wait()
+    assert [f.value() for f in done] == ["a", "b"]
+    assert slow.wait() == "slow" and time.monotonic() - began >= 10
 
 
 # -- the stop button --------------------------------------------------------------------
