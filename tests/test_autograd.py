@@ -144,9 +144,20 @@ def test_gradients_and_optimizer_step_after_backward(stages):
         assert torch.allclose(new, old - 0.5 * grad.grad, atol=1e-6)
 
 
+def _made_on_worker() -> tuple[int, int]:
+    """(the creator torch_compat reads from a context made here, this worker's id)."""
+    from nbrpc._compat import torch_compat
+
+    with dist_autograd.context() as context_id:
+        return torch_compat.context_creator(context_id), rpc.get_worker_info().id
+
+
 def test_context_gone_after_its_block_is_a_clear_error(stages):
+    creator, worker_id = rpc.rpc_sync(W2, _made_on_worker)
+    assert creator == worker_id == rpc.get_worker_info(W2).id != 0
     with dist_autograd.context() as context_id:
         two_stage_loss(stages, torch.randn(2, 3))
+    # At once, though the workers may still be dropping their parts of the context.
     with pytest.raises(nbrpc.AutogradContextError) as info:
         nbrpc.autograd_snapshot(context_id)
     message = str(info.value)

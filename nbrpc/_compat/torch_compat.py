@@ -189,6 +189,13 @@ backward = dist_autograd.backward
 OPTIMIZER_STEPS = ("_local_optimizer_step", "_script_local_optimizer_step")
 
 
+def context_creator(context_id: int) -> int:
+    """The worker id of the member that created a distributed autograd context: torch's
+    ids carry it above their 48-bit counter (``DistAutogradContainer``); known to work
+    with torch 2.11 and 2.13."""
+    return context_id >> 48
+
+
 def current_context_id() -> int:
     """The id of this thread's distributed autograd context (``RuntimeError``: none);
     known to work with torch 2.11 and 2.13."""
