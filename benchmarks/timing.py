@@ -23,8 +23,9 @@ WAKE_UP_CALLS = 20
 WAKE_UP_TRIPS = 1
 
 
-def sync_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
-    """Seconds taken by each of ``calls`` small ``rpc_sync`` calls, one at a time.
+def sync_latencies(to: str, calls: int, rpc_sync=None, value=SMALL_ARG) -> list[float]:
+    """Seconds taken by each of ``calls`` small ``rpc_sync`` calls echoing ``value``, one
+    at a time.
 
     ``rpc_sync`` replaces the public function, to time one layer of nbrpc at a time.
     """
@@ -32,24 +33,19 @@ def sync_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
     samples = []
     for _ in range(calls):
         began = time.perf_counter()
-        rpc_sync(to, echo, args=(SMALL_ARG,))
+        rpc_sync(to, echo, args=(value,))
         samples.append(time.perf_counter() - began)
     return samples
 
 
 def cuda_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
-    """Seconds taken by each small ``rpc_sync`` that sends a one-element CUDA tensor from
-    ``cuda:0`` through the device map and gets it back there (the reply's inverse map)."""
-    rpc_sync = rpc_sync or rpc.rpc_sync
+    """``sync_latencies`` of a one-element CUDA tensor sent from ``cuda:0`` through the
+    device map, once it is seen to come back there (the reply's inverse map)."""
     tensor = torch.ones(SMALL_ARG, device="cuda:0")
-    samples = []
-    for _ in range(calls):
-        began = time.perf_counter()
-        returned = rpc_sync(to, echo, args=(tensor,))
-        samples.append(time.perf_counter() - began)
+    returned = (rpc_sync or rpc.rpc_sync)(to, echo, args=(tensor,))
     if returned.device != tensor.device:
         raise RuntimeError(f"{to} returned a tensor on {returned.device}, sent one on {tensor.device}")
-    return samples
+    return sync_latencies(to, calls, rpc_sync, tensor)
 
 
 def remote_latencies(to: str, calls: int) -> list[float]:

@@ -55,12 +55,10 @@ def autograd_snapshot(context_id: int, roots=None, timeout: float = 10.0) -> Aut
     ``edges`` and ``gradients`` (filled once ``dist_autograd.backward`` has run).
     """
     roots = [t.grad_fn for t in _tensors(roots)]
-    pieces = []
     # A context this member made and released is gone, though the others may still
     # be dropping their parts of it (torch tells them after the block, without waiting).
-    if not _released_here(context_id):
-        pieces = ask_members(local_graph, (context_id,), timeout,
-                             here=lambda: local_graph(context_id, roots))
+    pieces = [] if _released_here(context_id) else ask_members(
+        local_graph, (context_id,), timeout, here=lambda: local_graph(context_id, roots))
     # The snapshot's own calls carry the context to every member: one with no
     # functions in it took no part.
     pieces = [p for p in pieces if p is not None and p["nodes"]]
