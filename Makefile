@@ -28,9 +28,9 @@ test: $(READY)
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance
 
+# Exits non-zero when a target row fails (after the CUDA recipe has run too).
 bench: $(READY)
-	$(PY) benchmarks/run.py
-	$(PY) benchmarks/cuda_rpc.py
+	status=0; $(PY) benchmarks/run.py || status=$$?; $(PY) benchmarks/cuda_rpc.py && exit $$status
 
 # torch's own RPC test suites, raw and with nbrpc's patches, side by side; 1 to 3 hours on 2 cores, more on a busy machine.
 conformance: $(READY)

@@ -54,9 +54,14 @@ _BEGAN = time.perf_counter()
 
 def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if "--cells" in sys.argv[1:]:  # only the cell-function rows: a minute or two
+        rows = cells_only()
+        print(render(rows))
+        return verdict([row["metric"] for row in rows if row["pass"] is False])
     if "--recording" in sys.argv[1:]:  # only call recording's cost: a minute, not the whole run
-        print(render([recording_overhead()]))
-        return 0
+        row = recording_overhead()
+        print(render([row]))
+        return verdict([row["metric"]] if row["pass"] is False else [])
     calls = compare_calls()
     rows = summarize(calls)
     breakdown = latency_breakdown(calls)
@@ -64,25 +69,44 @@ def main() -> int:
     print(render_breakdown(breakdown))
     write_report(rows, breakdown, calls, _elapsed())
     print(f"\nwrote {REPORT} ({_elapsed():.0f} s)")
+    failed = [row["metric"] for row in rows if row["pass"] is False]
     progress("small calls through a device map, if there is a GPU")
-    print(compare_cuda_calls())
+    cuda_table, cuda_failed = compare_cuda_calls()
+    print(cuda_table)
+    failed += cuda_failed
     progress("start-up, cold and warm, and PSS per worker")
-    _script("startup.py", "--runs", "2")
+    failed += _script("startup.py", "--runs", "2")
     progress("a notebook-defined function, bound once against by value")
-    _script("definitions.py", "--calls", "2000")
+    failed += _script("definitions.py", "--calls", "2000")
     progress("a worker's output in the calling cell, per small call")
-    _script("output.py", "--calls", "2000")
+    failed += _script("output.py", "--calls", "2000")
     progress("tutorials' wall time")
     print(render_tutorials(tutorial_seconds()))
     progress(f"cluster cycles, {cycles.CYCLES}")
-    cycles.main()
-    return 0
+    if cycles.main():
+        failed.append(f"cluster cycles: growth within {cycles.TARGET_FDS} descriptors and {cycles.TARGET_MB:g} MB")
+    return verdict(failed)
 
 
-def _script(name: str, *args: str) -> None:
-    """Run another benchmark script of this folder; its table goes to our stdout."""
+def verdict(failed: list[str]) -> int:
+    """Name every target that was missed; the exit status ``make bench`` passes on."""
+    if not failed:
+        print("\nbench: every target met")
+        return 0
+    print(f"\nbench: {len(failed)} target{'s' * (len(failed) > 1)} missed:")
+    print("\n".join(f"  FAIL  {what}" for what in failed))
+    return 1
+
+
+def _script(name: str, *args: str) -> list[str]:
+    """Run another benchmark script of this folder; its table goes to our stdout. It
+    exits 1 when one of its targets is missed (the rows say which), any other non-zero
+    status when it failed to run: either way, one failed entry."""
     print(flush=True)
-    subprocess.run([sys.executable, str(HERE / name), *args], check=True, timeout=900)
+    status = subprocess.run([sys.executable, str(HERE / name), *args], timeout=900).returncode
+    if status == 0:
+        return []
+    return [f"{name}: {'a target missed (see its table)' if status == 1 else f'failed to run (exit {status})'}"]
 
 
 def tutorial_seconds() -> dict[str, float]:
@@ -146,6 +170,7 @@ def compare_calls() -> dict:
                               "raw": (raw_uv, "remote")}, LATENCY_ROUNDS, LATENCY_CALLS)
         local_rref = _take_turns({"nbrpc": (nbrpc_uv, "local_rref"), "raw": (raw_uv, "local_rref")},
                                  LATENCY_ROUNDS, LATENCY_CALLS)
+        cells = cell_calls(nbrpc_uv, raw_uv)
         progress(f"rpc_async throughput, {THROUGHPUT_ROUNDS} rounds")
         throughput = _take_turns({"nbrpc": (nbrpc_uv, "throughput"), "raw": (raw_uv, "throughput")},
                                  THROUGHPUT_ROUNDS, THROUGHPUT_CALLS)
@@ -154,17 +179,65 @@ def compare_calls() -> dict:
                              TENSOR_ROUNDS, TENSOR_TRIPS)
         progress("stopping the RPC groups")
     return {"idle": idle, "latency": latency, "recording": recording, "remote": remote,
-            "local_rref": local_rref, "throughput": throughput, "tensor": tensor}
+            "local_rref": local_rref, "throughput": throughput, "tensor": tensor, "cells": cells}
 
 
-def compare_cuda_calls() -> str:
+# What each cell-function row calls: the op (``timing.measure``), what it is, and the
+# function whose bytes per call it shows.
+CELL_OPS = {
+    "cell_sync": ("rpc_sync", "echo"),
+    "cell_async": ("rpc_async + wait", "echo"),
+    "cell_remote": ("rpc.remote + to_here", "echo"),
+    "cell_globals": ("rpc_sync, with 3 globals", "scaled"),
+}
+
+
+def cell_calls(nbrpc_uv: processes.Group, raw_uv: processes.Group) -> dict:
+    """A function defined in the nbrpc driver's ``__main__`` (as in a cell) against raw
+    torch calling the same code from an importable module, both over ``uv``, taking
+    turns; and the bytes each call sends."""
+    progress(f"a cell's function against an importable one, {LATENCY_ROUNDS} rounds")
+    samples = {op: _take_turns({"nbrpc": (nbrpc_uv, op), "raw": (raw_uv, op)}, LATENCY_ROUNDS, LATENCY_CALLS)
+               for op in CELL_OPS}
+    sizes = {"nbrpc": _measure(nbrpc_uv, "cell_bytes", 1), "raw": _measure(raw_uv, "cell_bytes", 1)}
+    return {"samples": samples, "bytes": sizes}
+
+
+def cell_rows(cells: dict) -> list[dict]:
+    rows = []
+    for op, (what, func) in CELL_OPS.items():
+        ms = {side: _pooled_median(rounds) * 1e3 for side, rounds in cells["samples"][op].items()}
+        sent = f"{cells['bytes']['nbrpc'][func]} B/call vs {cells['bytes']['raw'][func]}"
+        rows.append(_row(f"{what} of a cell's function ({sent}), vs importable, median of "
+                         f"{_count(cells['samples'][op]['nbrpc']):,} (ms)",
+                         ms["nbrpc"], ms["raw"], "nbrpc/raw", "<=", 1.05))
+    return rows
+
+
+def cells_only() -> list[dict]:
+    """``python run.py --cells``: the cell-function rows alone."""
+    settings = dict(threads=THREADS, timeout=TIMEOUT)
+    progress("starting an nbrpc cluster and a raw torch RPC pair")
+    with processes.nbrpc_cluster(**settings) as ours, \
+            processes.raw_pair(fast_alloc=True, transport="uv", **settings) as raw:
+        for group in (ours, raw):
+            group.wait_ready()
+            group.pause()
+            _warm_up(group)
+        rows = cell_rows(cell_calls(ours, raw))
+    print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return rows
+
+
+def compare_cuda_calls() -> tuple[str, list[str]]:
     """Small ``rpc_sync`` calls with a CPU and with a CUDA tensor, nbrpc next to raw torch
     with the same transport (uv) and the same map: the driver's cuda:0 to worker1's
     cuda:1 with two GPUs, cuda:0 with one (both processes on it, TensorPipe's CUDA IPC
-    channel between them). The table, or why it did not run."""
+    channel between them). The table, or why it did not run, and the rows that failed."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < 1:
-        return f"\nCUDA calls: skipped, torch sees no GPU (torch.cuda.is_available() is {torch.cuda.is_available()})"
+        return (f"\nCUDA calls: skipped, torch sees no GPU (torch.cuda.is_available() is "
+                f"{torch.cuda.is_available()})", [])
     gpu = 1 if count > 1 else 0
     settings = dict(threads=THREADS, timeout=TIMEOUT, device_map=gpu, transport="uv")
     progress(f"CUDA calls: starting an nbrpc cluster and a raw pair, map cuda:0 -> cuda:{gpu}")
@@ -183,10 +256,11 @@ def compare_cuda_calls() -> str:
                  cpu_ms["nbrpc"], cpu_ms["raw"], "nbrpc/raw", "<=", 1.05),
             _row(f"rpc_sync, CUDA tensor, map 0 -> {gpu}, median of {calls:,} (ms)",
                  ms["nbrpc"], ms["raw"], "nbrpc/raw", "<=", 1.05)]
-    return (f"\nCUDA calls on {torch.cuda.get_device_name(0)} ({count} GPU{'s' * (count > 1)}), "
-            f"uv on both sides\n{render(rows)}\n  {ms['nbrpc'] - ms['nbrpc_unwrapped']:+.3f} ms of the "
-            f"CUDA call in nbrpc's rpc_sync wrapper (torch's own rpc_sync in the nbrpc cluster: "
-            f"{ms['nbrpc_unwrapped']:.3f})")
+    table = (f"\nCUDA calls on {torch.cuda.get_device_name(0)} ({count} GPU{'s' * (count > 1)}), "
+             f"uv on both sides\n{render(rows)}\n  {ms['nbrpc'] - ms['nbrpc_unwrapped']:+.3f} ms of the "
+             f"CUDA call in nbrpc's rpc_sync wrapper (torch's own rpc_sync in the nbrpc cluster: "
+             f"{ms['nbrpc_unwrapped']:.3f})")
+    return table, [row["metric"] for row in rows if row["pass"] is False]
 
 
 def recording_overhead() -> dict:
@@ -280,7 +354,7 @@ def summarize(calls: dict) -> list[dict]:
     throughput = {side: statistics.median(rates) for side, rates in calls["throughput"].items()}
     tensor = {side: _pooled_median(rounds) * 1e3 for side, rounds in calls["tensor"].items()}
     calls_counted = _count(calls["latency"]["nbrpc"])
-    return [
+    return [*cell_rows(calls["cells"]),
         _limit_row("idle CPU per member, vs raw torch default (% of a core)",
                    idle["nbrpc"], idle["raw_shm"], 1.0),
         _row("idle CPU per member, --transport shm vs raw torch default (% of a core)",

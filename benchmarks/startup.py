@@ -68,7 +68,8 @@ def run(n: int, warm_start: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main() -> int:
+    """Prints the table; returns 1 when the warm template misses a target, else 0."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
@@ -76,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child is not None:
         child(args.workers, args.child == "1")
-        return
+        return 0
     load_before = os.getloadavg()
     torch_s = statistics.median(import_torch() for _ in range(args.runs))
     results = {mode: [run(args.workers, mode == "warm template") for _ in range(args.runs)]
@@ -104,7 +105,12 @@ def main() -> None:
     print(f"{'second cluster, warm (s)':34}{a['warm']:>16.2f}{b['warm']:>18.2f}{f'<= {TARGET_WARM}':>12}")
     print(f"{'PSS per worker (MiB)':34}{a['pss']:>16.0f}{b['pss']:>18.0f}{f'<= {TARGET_PSS:.0f}':>12}")
     print(f"{'  with the template shared (MiB)':34}{a['pss_all']:>16.0f}{b['pss']:>18.0f}{'':>12}")
+    missed = [what for what, ok in (("cold start", a["cold"] <= TARGET_COLD_RATIO * torch_s),
+                                    ("warm start", a["warm"] <= TARGET_WARM),
+                                    ("PSS per worker", a["pss"] <= TARGET_PSS)) if not ok]
+    print(f"targets (warm template): {'missed: ' + ', '.join(missed) if missed else 'met'}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
