@@ -22,11 +22,13 @@ import sys
 from pathlib import Path
 
 import commands
+import targets
 import timing
 
-from nbrpc.calls import wrappers
+from nbrpc.calls import interrupts, wrappers
 from nbrpc.calls.fanout import ask_members
 from nbrpc.recording import recorder, rref_ledger
+from nbrpc.wire.definitions import receivers
 
 HERE = Path(__file__).resolve().parent
 # Recording on and off take turns every few calls within one measurement: the machine's
@@ -34,6 +36,12 @@ HERE = Path(__file__).resolve().parent
 # recording costs, and turns this short see the same machine.
 RECORDING_STRIDE = 10
 _recording_measurements = itertools.count()
+
+
+# The "cell_*" measurements call the same code as the raw pair's importable targets,
+# defined here in __main__ as a notebook cell defines it.
+exec(compile(targets.CELL_SOURCE, "<cell>", "exec"), globals())
+timing.CELL = {"echo": echo, "scaled": scaled}  # noqa: F821 (defined just above)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,7 +71,20 @@ def _measure(op: str, count: int):
             rref_ledger.hook(True)
     if op == "recording":
         return _recording_on_and_off(count)
+    if op == "cell_bytes":
+        timing.measure("worker1", "cell_sync", 1)
+        return {name: _call_bytes(func) for name, func in timing.CELL.items()}
     return timing.measure("worker1", op, count)
+
+
+def _call_bytes(func) -> int:
+    """What an ``rpc_sync`` of ``func`` to worker1 sends: nbrpc's wrapper sends a
+    ``Stoppable``, pickled knowing its destination."""
+    receivers.begin("worker1")
+    try:
+        return timing.call_bytes(func, lambda f: interrupts.Stoppable(f, interrupts.new_call_id()))
+    finally:
+        receivers.end()
 
 
 def _recording_on_and_off(count: int) -> dict[str, list[float]]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import collections
 import time
 
+import targets
 import torch
 import torch.distributed.rpc as rpc
 from targets import echo
+from torch.distributed.rpc import internal
 
 TENSOR_MB = 100
 SMALL_ARG = 1
@@ -21,9 +23,13 @@ SMALL_ARG = 1
 # take several times as long as the next one.
 WAKE_UP_CALLS = 20
 WAKE_UP_TRIPS = 1
+# What the "cell_*" measurements call: here the importable functions (what a script
+# calls, and what the raw pair calls); the nbrpc driver puts in the same code defined
+# in its ``__main__``, as a notebook cell defines it.
+CELL = {"echo": targets.echo, "scaled": targets.scaled}
 
 
-def sync_latencies(to: str, calls: int, rpc_sync=None, value=SMALL_ARG) -> list[float]:
+def sync_latencies(to: str, calls: int, rpc_sync=None, value=SMALL_ARG, func=echo) -> list[float]:
     """Seconds taken by each of ``calls`` small ``rpc_sync`` calls echoing ``value``, one
     at a time.
 
@@ -33,9 +39,27 @@ def sync_latencies(to: str, calls: int, rpc_sync=None, value=SMALL_ARG) -> list[
     samples = []
     for _ in range(calls):
         began = time.perf_counter()
-        rpc_sync(to, echo, args=(value,))
+        rpc_sync(to, func, args=(value,))
         samples.append(time.perf_counter() - began)
     return samples
+
+
+def async_latencies(to: str, calls: int, func=echo) -> list[float]:
+    """Seconds taken by each small ``rpc_async`` and its ``wait()``, one at a time."""
+    samples = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        rpc.rpc_async(to, func, args=(SMALL_ARG,)).wait()
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
+def call_bytes(func, wrap=None) -> int:
+    """Bytes of the pickle a small call of ``func`` sends (tensors apart: there are none),
+    with this process's RPC pickler; ``wrap`` gives what the caller really sends."""
+    udf = internal.PythonUDF(wrap(func) if wrap else func, (SMALL_ARG,), {})
+    payload, _tensors = internal._internal_rpc_pickler.serialize(udf)
+    return len(payload)
 
 
 def cuda_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
@@ -48,13 +72,13 @@ def cuda_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
     return sync_latencies(to, calls, rpc_sync, tensor)
 
 
-def remote_latencies(to: str, calls: int) -> list[float]:
+def remote_latencies(to: str, calls: int, func=echo) -> list[float]:
     """Seconds taken by each small ``rpc.remote`` plus ``to_here``, the RRef then deleted
     (with nbrpc's tracking on, every step of an RRef's life is recorded)."""
     samples = []
     for _ in range(calls):
         began = time.perf_counter()
-        rpc.remote(to, echo, args=(SMALL_ARG,)).to_here()
+        rpc.remote(to, func, args=(SMALL_ARG,)).to_here()
         samples.append(time.perf_counter() - began)
     return samples
 
@@ -109,6 +133,16 @@ def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
         return cuda_latencies(to, count, rpc_sync)
     if op == "remote":
         return remote_latencies(to, count)
+    if op == "cell_bytes":  # after calls of each, so what is sent is the steady state
+        return {name: call_bytes(func) for name, func in CELL.items()}
+    if op == "cell_sync":
+        return sync_latencies(to, count, func=CELL["echo"])
+    if op == "cell_globals":
+        return sync_latencies(to, count, func=CELL["scaled"])
+    if op == "cell_async":
+        return async_latencies(to, count, CELL["echo"])
+    if op == "cell_remote":
+        return remote_latencies(to, count, CELL["echo"])
     if op == "local_rref":
         return local_rref_lives(count)
     if op == "throughput":
@@ -117,4 +151,4 @@ def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
         tensor_round_trips(to, WAKE_UP_TRIPS)
         return tensor_round_trips(to, count)
     raise ValueError(f"unknown measurement {op!r}: use latency, cuda_latency, remote, local_rref, "
-                     "throughput or tensor")
+                     "throughput, tensor, cell_sync, cell_globals, cell_async or cell_remote")

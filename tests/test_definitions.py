@@ -225,6 +225,85 @@ def test_an_unchanged_function_is_pickled_once(shell):
     assert identity.version == 2
 
 
+def _sent_bytes(func, to: str) -> int:
+    """Bytes of an rpc_sync of ``func`` to ``to`` as nbrpc's wrapper pickles it now."""
+    from torch.distributed.rpc import internal
+
+    from nbrpc.calls import interrupts
+    from nbrpc.wire.definitions import receivers
+
+    receivers.begin(to)
+    try:
+        udf = internal.PythonUDF(interrupts.Stoppable(func, "1-1"), (1,), {})
+        return len(internal._internal_rpc_pickler.serialize(udf)[0])
+    finally:
+        receivers.end()
+
+
+def test_after_the_first_answer_a_call_sends_the_codes_digest(shell, cluster):
+    from nbrpc.wire.definitions import receivers
+
+    body = "\n".join(f"    x = x + {i}" for i in range(60))
+    run(shell, f"def long_cell(x):\n{body}\n    return x\n"
+               "def uses_it(x):\n    return long_cell(x) * SCALE\nSCALE = 2")
+    func = shell.user_ns["long_cell"]
+    full = _sent_bytes(func, "worker1")
+    assert run(shell, 'rpc.rpc_sync("worker1", long_cell, args=(1,))') == 1 + sum(range(60))
+    small = _sent_bytes(func, "worker1")
+    assert small < full - 400  # the code's pickle (hundreds of bytes) became 16
+    assert _sent_bytes(func, "worker2") == full  # worker2 never answered one: in full
+    # a function with globals: the one it calls goes by digest too, the value is right
+    assert run(shell, 'rpc.rpc_sync("worker1", uses_it, args=(1,))') == 2 * (1 + sum(range(60)))
+    assert run(shell, 'rpc.rpc_async("worker1", uses_it, args=(2,)).wait()') == 2 * (2 + sum(range(60)))
+    assert run(shell, 'rpc.remote("worker1", uses_it, args=(3,)).to_here()') == 2 * (3 + sum(range(60)))
+    assert len(receivers.known["worker1"]) >= 2
+
+
+def test_the_newest_definition_wins_by_digest_too(shell, cluster):
+    for answer in ("one", "two", "one"):  # back to the first code: its digest is known
+        run(shell, f"def which():\n    return {answer!r}")
+        for call in ('rpc.rpc_sync("worker1", which)', 'rpc.rpc_async("worker1", which).wait()',
+                     'rpc.remote("worker1", which).to_here()'):
+            assert run(shell, call) == answer
+        assert on_worker(cluster, "worker1", "which()") == repr(answer)
+
+
+def test_calls_in_flight_before_the_first_answer_carry_the_code(shell):
+    """Calls sent at once may be handled in any order: none may rely on another."""
+    run(shell, "def in_flight(x):\n    return x * 3")
+    assert run(shell, """
+futs = [rpc.rpc_async(w, in_flight, args=(i,)) for i in range(40) for w in ("worker1", "worker2")]
+[f.wait() for f in futs]
+""") == [i * 3 for i in range(40) for _ in range(2)]
+
+
+def test_a_function_gone_on_the_receiver_is_rebuilt_from_its_digest(shell):
+    """Lambdas made per call share one code: later ones go by digest, and each is
+    built from the code the worker keeps (the earlier lambda was collected there)."""
+    assert run(shell, """
+[rpc.rpc_sync("worker1", lambda: (lambda v: v + k)(0)) for k in range(5)]
+""") == [0, 1, 2, 3, 4]
+    assert run(shell, """
+[rpc.rpc_sync("worker1", lambda: 7) for _ in range(5)]
+""") == [7] * 5
+
+
+def test_a_digest_the_receiver_never_got_is_a_clear_error(shell):
+    from nbrpc.wire import definitions
+
+    run(shell, "def never_sent(x):\n    return x")
+    func = shell.user_ns["never_sent"]
+    ident = definitions._identity(func)
+    definitions._cache_code(ident, func)
+    definitions.receivers.acknowledged("worker2", [ident.digest])  # a wrong belief
+    try:
+        with pytest.raises(RuntimeError, match="the code of never_sent .* was never sent to this process"):
+            run(shell, 'rpc.rpc_sync("worker2", never_sent, args=(1,))')
+    finally:
+        definitions.receivers.known["worker2"].discard(ident.digest)
+    assert run(shell, 'rpc.rpc_sync("worker2", never_sent, args=(1,))') == 1
+
+
 def test_lambdas_made_per_call_do_not_pile_up(shell):
     total = run(shell, """
 total = sum(rpc.rpc_sync("worker1", lambda x: x + i, args=(1,)) for i in range(300))

@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..recording import recorder, rref_ledger
 from ..wire import remote_errors
+from ..wire.definitions import receivers
 from . import interrupts, output
 
 _torch_to_worker_info = torch_compat.to_worker_info
@@ -221,12 +222,56 @@ def _plain_remote(to, func, args, kwargs, timeout: float):
     writes is sent to the driver before the owner confirms the RRef."""
     output.before_call()
     if not interrupts.can_stop(func):
-        return _torch_remote(to, func, args, kwargs, timeout)
+        return _remote_to(to, func, args, kwargs, timeout)
     try:
-        return _torch_remote(to, interrupts.Stoppable(func, interrupts.new_call_id()), args, kwargs, timeout)
+        return _remote_to(to, interrupts.Stoppable(func, interrupts.new_call_id()), args, kwargs, timeout)
     except SerializationError:
         # Sent bare, the error names the function or argument that does not pickle.
-        return _torch_remote(to, func, args, kwargs, timeout)
+        return _remote_to(to, func, args, kwargs, timeout)
+
+
+def _remote_to(to, func, args, kwargs, timeout: float):
+    """torch's ``remote``, telling the pickler where the call goes (see ``_sending``)."""
+    _sending(to)
+    try:
+        rref = _torch_remote(to, func, args, kwargs, timeout)
+    finally:
+        fresh = receivers.end()
+    if fresh:
+        torch_compat.creation_future(rref).add_done_callback(_acknowledging(to, fresh))
+    return rref
+
+
+def _sending(to) -> None:
+    """The next call this thread pickles goes to ``to``: notebook code the receiver
+    holds goes by digest (``definitions.Receivers``)."""
+    receivers.begin(to if isinstance(to, str) else getattr(to, "name", None))
+
+
+def _acknowledging(to, fresh: list[bytes]) -> Callable:
+    """A done-callback: once ``to`` answered, it holds the codes the call carried."""
+    name = to if isinstance(to, str) else getattr(to, "name", None)
+
+    def acknowledge(fut) -> None:
+        try:
+            fut.value()
+        except Exception:
+            return  # maybe never unpickled: keep sending the code in full
+        receivers.acknowledged(name, fresh)
+
+    return acknowledge
+
+
+def _invoke_to(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
+    """torch's ``_invoke_rpc``, telling the pickler where the call goes."""
+    _sending(to)
+    try:
+        fut = torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)
+    finally:
+        fresh = receivers.end()
+    if fresh:
+        fut.add_done_callback(_acknowledging(to, fresh))
+    return fut
 
 
 def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
@@ -237,7 +282,7 @@ def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
     if interrupts.can_stop(func):
         stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), (recorder.call_id(half), False))
     try:
-        rref = _torch_remote(to, stoppable, args, kwargs, timeout)
+        rref = _remote_to(to, stoppable, args, kwargs, timeout)
     except RuntimeError as e:
         named = _named(e, to, _label("remote", to, func), timeout)
         recorder.failed(half, named)
@@ -326,13 +371,13 @@ def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: lis
 def _send(to, func, mode: RPCExecMode, args, kwargs, timeout: float, trace: tuple | None):
     output.before_call()
     if not interrupts.can_stop(func):
-        return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
+        return _invoke_to(to, func, mode, args, kwargs, timeout), None
     stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), trace)
     try:
-        return torch_compat.invoke_rpc(to, stoppable, mode, args, kwargs, timeout), stoppable.call_id
+        return _invoke_to(to, stoppable, mode, args, kwargs, timeout), stoppable.call_id
     except SerializationError:
         # Sent bare, the error names the function or argument that does not pickle.
-        return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
+        return _invoke_to(to, func, mode, args, kwargs, timeout), None
 
 
 def _label(how: str, to, func) -> str:

@@ -33,6 +33,7 @@ from ..errors import (
 from ..group import devices
 from ..group import membership as group
 from ..recording import recorder, rref_ledger
+from ..wire.definitions import receivers
 from . import execution, launchers, template
 from .launchers.base import Progress, Worker
 from .settings import WorkerSettings
@@ -180,6 +181,7 @@ class Cluster:
         patches.install(self.track)  # tracking is each cluster's choice
         rref_ledger.reset()
         recorder.install(self.trace)
+        receivers.forget()  # an earlier cluster's worker of the same name holds nothing
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         wrappers.set_worker_fate(self._fate)
@@ -218,6 +220,7 @@ class Cluster:
                     self._forget_workers()
         finally:
             self._store = None
+            receivers.forget()
             self.state = "stopped"
             wrappers.set_worker_fate(None)
             trace.set_cluster(None)

@@ -11,8 +11,14 @@ The parts:
   per process incarnation) and a token; a definition received keeps the identity it
   came with, so a worker forwarding the driver's function forwards the driver's id.
 - **Sending** (``reduce_function``, ``reduce_class``): the function's code is pickled
-  once and cached; defaults, closure, and the current values of the globals it uses
-  ("fill-ins") travel with every call, as cloudpickle's would.
+  once and cached with its digest; defaults, closure, and the current values of the
+  globals it uses ("fill-ins") travel with every call, as cloudpickle's would.
+- **Code by digest** (``Receivers``): the calls layer says where a call goes
+  (``receivers.begin``); a receiver that answered a call that carried a code in full
+  holds it (``acknowledged``), so later calls to it send the code's digest instead, a
+  few dozen bytes. A code changed (a cell run again) has a new digest and goes in full
+  once more. Until the first answer every call carries the code (calls in flight may
+  arrive in any order); a reply, or a call whose destination is not known, always does.
 - **Receiving** (``_function_shell``/``_bind_function``, ``_class_shell``/``_bind_class``):
   a definition coming home is the process's own object. Otherwise it is built once per
   origin, token and version, with the process's namespace (``__main__``) as its globals;
@@ -26,6 +32,7 @@ The parts:
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
 import pickle
 import sys
@@ -58,7 +65,8 @@ _own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> th
 _received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (origin, token) -> definition
 _unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
 _names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
-_code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> its pickle
+_code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> (its pickle, digest)
+DIGEST_SIZE = 16
 
 
 @dataclass
@@ -70,11 +78,64 @@ class Identity:
     version: int = 0
     code: types.CodeType | None = None
     payload: bytes = b""
+    digest: bytes = b""
+    global_names: tuple = ()
+
+
+class Receivers:
+    """Which code digests each receiver (by worker name) is known to hold, and where the
+    call being pickled on this thread goes.
+
+    A receiver keeps every code it is sent (``_codes``: one entry per distinct code, not
+    per function object, so lambdas made in a loop share one), so an acknowledged
+    digest stays valid for the receiver's life; ``forget`` drops everything known when
+    the group's members change (a new cluster may reuse a name).
+    """
+
+    def __init__(self):
+        self.known: dict[str, set[bytes]] = {}
+        self.local = threading.local()
+
+    def begin(self, name: str | None) -> None:
+        """The call pickled next on this thread goes to ``name`` (None: unknown)."""
+        self.local.to, self.local.fresh = name, None
+
+    def end(self) -> list[bytes] | None:
+        """The call is pickled: the digests it carried in full (to acknowledge), or None."""
+        fresh = self.local.fresh
+        self.local.to = self.local.fresh = None
+        return fresh
+
+    def holds(self, digest: bytes) -> bool:
+        """Whether the destination of the call being pickled holds ``digest``; if not,
+        the code goes in full and is noted for ``acknowledged``."""
+        to = getattr(self.local, "to", None)
+        if to is None:
+            return False
+        if digest in self.known.get(to, ()):
+            return True
+        if self.local.fresh is None:
+            self.local.fresh = []
+        self.local.fresh.append(digest)
+        return False
+
+    def acknowledged(self, name: str, digests: list[bytes]) -> None:
+        """``name`` answered a call that carried ``digests`` in full: it holds them."""
+        with _lock:
+            self.known.setdefault(name, set()).update(digests)
+
+    def forget(self) -> None:
+        with _lock:
+            self.known.clear()
+
+
+receivers = Receivers()
+_codes: dict[bytes, types.CodeType] = {}  # digest -> code received in full (never dropped: small)
 
 
 def _new_process() -> None:
     """A forked child is a new process: new origin, nothing sent or received yet."""
-    global _origin, _lock
+    global _origin, _lock, receivers
     _lock = threading.RLock()
     _origin = uuid.uuid4().hex
     _identities.clear()
@@ -82,6 +143,8 @@ def _new_process() -> None:
     _received.clear()
     _unbuilt.clear()
     _names.clear()
+    _codes.clear()
+    receivers = Receivers()
 
 
 os.register_at_fork(after_in_child=_new_process)
@@ -116,32 +179,54 @@ def _identity(obj) -> Identity:
 
 
 def reduce_function(func: types.FunctionType) -> tuple:
-    """Pickle a notebook function: its cached code, then its state for this call."""
+    """Pickle a notebook function: its cached code, then its state for this call.
+
+    A plain function (no globals, closure, defaults, attributes or annotations: a
+    cell's ``def f(x): return x * 2``) has no state, and goes as one call that builds
+    and binds it: the least to pickle and unpickle."""
     ident = _identity(func)
     if ident.code is not func.__code__:
         _cache_code(ident, func)
-    fills = {name: _per_process(value) for name, value in fill_ins(func).items()}
+    head = (ident.origin, ident.token, ident.version, _stored_under(func))
+    names = (func.__name__, func.__qualname__, func.__doc__)
+    by_digest = receivers.holds(ident.digest)
+    if (not ident.global_names and func.__closure__ is None and func.__defaults__ is None
+            and func.__kwdefaults__ is None and not func.__dict__ and not func.__annotations__):
+        if by_digest:
+            return _plain_function_by_digest, (*head, ident.digest, *names)
+        return _plain_function, (*head, ident.payload, *names, ident.digest)
+    fills = {name: _per_process(value) for name, value in _fills(func, ident.global_names).items()}
     closure = None if func.__closure__ is None else [cp.cell_contents(c) for c in func.__closure__]
     state = (func.__defaults__, func.__kwdefaults__, closure, dict(func.__dict__),
              func.__annotations__, fills)
-    args = (ident.origin, ident.token, ident.version, _stored_under(func), ident.payload,
-            func.__name__, func.__qualname__, func.__doc__)
-    return (_function_shell, args, state, None, None, _bind_function)
+    if by_digest:
+        return (_function_shell_by_digest, (*head, ident.digest, *names), state, None, None, _bind_function)
+    return (_function_shell, (*head, ident.payload, *names, ident.digest), state, None, None, _bind_function)
 
 
 def _cache_code(ident: Identity, func: types.FunctionType) -> None:
     with _lock:
         code = func.__code__
-        payload = _code_payloads.get(code)
-        if payload is None:  # shared by every function made from this code (lambdas in a loop)
-            payload = _code_payloads[code] = cloudpickle.dumps(code)
-        ident.payload, ident.code = payload, code
+        cached = _code_payloads.get(code)
+        if cached is None:  # shared by every function made from this code (lambdas in a loop)
+            payload = cloudpickle.dumps(code)
+            cached = _code_payloads[code] = (payload, _digest(payload))
+        ident.payload, ident.digest = cached
+        ident.global_names = tuple(cp.code_globals(code))
+        ident.code = code
         ident.version += 1
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=DIGEST_SIZE).digest()
 
 
 def fill_ins(func: types.FunctionType) -> dict:
     """The globals ``func`` uses, with their values here."""
-    names = cp.code_globals(func.__code__)
+    return _fills(func, cp.code_globals(func.__code__))
+
+
+def _fills(func: types.FunctionType, names) -> dict:
     scope = func.__globals__
     return {name: scope[name] for name in names if name in scope}
 
@@ -190,17 +275,56 @@ def _known(origin: str, token: int, version: int = 0):
 
 
 def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes,
-                    fname: str, qualname: str, doc: str | None):
+                    fname: str, qualname: str, doc: str | None, digest: bytes = b""):
+    with _lock:
+        found = _known(origin, token, version)
+        if found is not None:
+            if digest not in _codes:  # the sender will name it by digest from now on
+                _codes[digest] = pickle.loads(payload)
+            return found
+        code = pickle.loads(payload)
+        _codes[digest] = code
+        return _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
+
+
+def _function_shell_by_digest(origin: str, token: int, version: int, name: str | None, digest: bytes,
+                              fname: str, qualname: str, doc: str | None):
+    """``_function_shell`` of a code this process was sent before, named by its digest."""
     with _lock:
         found = _known(origin, token, version)
         if found is not None:
             return found
-        code = pickle.loads(payload)
-        closure = tuple(cp.make_empty_cell() for _ in code.co_freevars) or None
-        func = types.FunctionType(code, namespace(), fname, None, closure)
-        func.__qualname__, func.__module__, func.__doc__ = qualname, "__main__", doc
-        _remember(func, origin, token, version, name, code, payload)
-        return func
+        code = _codes.get(digest)
+        if code is None:
+            raise pickle.UnpicklingError(
+                f"the code of {qualname} (digest {digest.hex()}) was never sent to this "
+                "process; its sender believed it was. Start a new cluster (%rpc_shutdown, "
+                "then %rpc_init) if this repeats")
+        payload = _code_payloads.get(code, (b"", b""))[0] or cloudpickle.dumps(code)
+        return _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
+
+
+def _plain_function(*args):
+    """A function with no state (see ``reduce_function``), built and bound."""
+    return _bound(_function_shell(*args))
+
+
+def _plain_function_by_digest(*args):
+    return _bound(_function_shell_by_digest(*args))
+
+
+def _bound(func: types.FunctionType) -> types.FunctionType:
+    if func in _unbuilt:
+        _bind_function(func, (None, None, None, {}, {}, {}))
+    return func
+
+
+def _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc):
+    closure = tuple(cp.make_empty_cell() for _ in code.co_freevars) or None
+    func = types.FunctionType(code, namespace(), fname, None, closure)
+    func.__qualname__, func.__module__, func.__doc__ = qualname, "__main__", doc
+    _remember(func, origin, token, version, name, code, payload, digest)
+    return func
 
 
 def _bind_function(func: types.FunctionType, state: tuple) -> None:
@@ -209,7 +333,8 @@ def _bind_function(func: types.FunctionType, state: tuple) -> None:
         if func not in _unbuilt:  # this process's own, or built before: as it is here
             return
         func.__defaults__, func.__kwdefaults__ = defaults, kwdefaults
-        func.__dict__.update(attributes)
+        if attributes:
+            func.__dict__.update(attributes)
         func.__annotations__ = annotations
         for cell, value in zip(func.__closure__ or (), closure or ()):
             if value is not cp.EMPTY_CELL:
@@ -239,10 +364,13 @@ def _bind_class(cls: type, state: tuple) -> type:
 
 
 def _remember(obj, origin: str, token: int, version: int, name: str | None,
-              code=None, payload: bytes = b"") -> None:
+              code=None, payload: bytes = b"", digest: bytes = b"") -> None:
     _unbuilt.add(obj)
     if origin != _origin:
-        _identities[obj] = Identity(origin, token, version, code, payload)
+        names = () if code is None else tuple(cp.code_globals(code))
+        _identities[obj] = Identity(origin, token, version, code, payload, digest, names)
+        if code is not None:  # forwarded as it came, by digest where the receiver has it
+            _code_payloads.setdefault(code, (payload, digest))
         _received[(origin, token)] = obj
     _names[obj] = name
 
