@@ -47,6 +47,20 @@ def test_the_names_nbrpc_spells_out_are_torchs(cluster):
     assert members.get(torch_compat.STORE_LOCK_KEY) == b""
 
 
+def test_the_autograd_context_is_found_without_an_exception_outside_one(cluster):
+    import torch.distributed.autograd as dist_autograd
+
+    assert torch_compat.context_id_or_none() is None
+    with dist_autograd.context() as context_id:
+        assert torch_compat.context_id_or_none() == context_id
+        seen = []
+        thread = __import__("threading").Thread(target=lambda: seen.append(torch_compat.context_id_or_none()))
+        thread.start()
+        thread.join()
+        assert seen == [None]  # a context is per thread, though one exists in the process
+    assert torch_compat.context_id_or_none() is None
+
+
 def test_cloudpickles_private_names_do_what_definitions_needs():
     def outer():
         value = 41

@@ -202,6 +202,22 @@ def current_context_id() -> int:
     return dist_autograd._current_context()._context_id()
 
 
+def context_id_or_none() -> int | None:
+    """``current_context_id``, or None outside a context. Asking torch's context count
+    first (``_get_debug_info``, half a microsecond) spares the usual case the C++
+    exception that ``_current_context`` raises without one (about 20 us); known to work
+    with torch 2.11 and 2.13."""
+    if not int(_autograd_debug_info()["num_autograd_contexts"]):
+        return None
+    try:
+        return current_context_id()
+    except RuntimeError:
+        return None
+
+
+_autograd_debug_info = torch._C._distributed_autograd._get_debug_info
+
+
 def send_functions(context) -> dict:
     """``DistAutogradContext._send_functions``: message id -> SendRpcBackward;
     known to work with torch 2.11 and 2.13."""

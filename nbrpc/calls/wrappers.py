@@ -22,7 +22,7 @@ Wrappers, installed in every member by ``group.join``:
 from __future__ import annotations
 
 import _thread
-import concurrent.futures
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -51,10 +51,6 @@ _torch_collect_all = torch_compat.collect_all
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
-# Threads that wait on blocking torch calls (to_here) for the main thread; one that
-# was interrupted stays busy until its call ends.
-HELPERS = 8
-_helpers: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def _no_fate(name: str) -> str | None:
@@ -335,11 +331,7 @@ def _in_autograd_context() -> bool:
     its reply in this thread's context (a send and a recv function), which a helper
     thread does not have: fetched there, the value came back a leaf, its backward never
     reached the owner, and ``dist_autograd.backward`` waited for good."""
-    try:
-        torch_compat.current_context_id()
-    except RuntimeError:
-        return False
-    return True
+    return torch_compat.context_id_or_none() is not None
 
 
 def _fetch(rref, timeout: float, half: list | None):
@@ -421,12 +413,58 @@ def _await(done, to) -> None:
 
 def _in_background(call: Callable, to):
     """``call()`` on a helper thread while this one waits interruptibly."""
-    global _helpers
-    if _helpers is None:  # kept between calls: a new thread per call costs more than the call
-        _helpers = concurrent.futures.ThreadPoolExecutor(HELPERS, thread_name_prefix="nbrpc-wait")
-    job = _helpers.submit(call)
-    _wait(job, to)
-    return job.result()
+    helper = _idle.pop() if _idle else _Helper()
+    _await(helper.start(call), to)
+    return helper.outcome()
+
+
+class _Helper:
+    """A thread that makes blocking torch calls (``to_here``) for the main thread.
+
+    A lock hands it a call, and a new held lock per call, released when the call is
+    over, hands the main thread the outcome: less than an executor's future and
+    condition, on a path every ``to_here`` takes. It is idle again (``_idle``) as soon
+    as its call is over, so one whose waiter was interrupted is taken again only then."""
+
+    def __init__(self):
+        self._go = _thread.allocate_lock()
+        self._go.acquire()
+        self._job: tuple | None = None
+        self._result = self._error = None
+        threading.Thread(target=self._serve, name="nbrpc-wait", daemon=True).start()
+
+    def start(self, call: Callable):
+        """Hand ``call`` over; returns a held lock, released when it is over."""
+        done = _thread.allocate_lock()
+        done.acquire()
+        self._job = (call, done)
+        self._go.release()
+        return done
+
+    def outcome(self):
+        """What the call returned, or raise what it raised."""
+        result, error = self._result, self._error
+        self._result = self._error = None
+        if error is not None:
+            raise error
+        return result
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            call, done = self._job
+            self._result = self._error = None
+            try:
+                self._result = call()
+            except BaseException as e:
+                self._error = e
+            self._job = None
+            _idle.append(self)  # before the release: the waiter may want a helper at once
+            done.release()
+
+
+_idle: list[_Helper] = []  # helpers waiting for a call, kept between calls
+os.register_at_fork(after_in_child=_idle.clear)  # their threads are not in a child
 
 
 def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:

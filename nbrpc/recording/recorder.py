@@ -243,10 +243,7 @@ def _name(to) -> str:
 
 
 def _context() -> int | None:
-    try:
-        return torch_compat.current_context_id()
-    except RuntimeError:
-        return None
+    return torch_compat.context_id_or_none()
 
 
 def _rref_id(rref) -> str | None:

@@ -22,7 +22,6 @@ data, with each value's type and summary asked of its owner once and cached;
 from __future__ import annotations
 
 import collections
-import functools
 import linecache
 import os
 import re
@@ -31,7 +30,6 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed.rpc as rpc
@@ -50,22 +48,30 @@ _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
 _torch_init = torch_compat.rref_init
 
 
-@dataclass
 class _Held:
     """RRef objects of one id alive in this process, and what is known of their value."""
 
-    owner: int
-    refs: list = field(default_factory=list)
-    type: str | None = None
-    summary: str | None = None
-    size: int | None = None
-    call_site: tuple | None = None
-    # torch never marks a fork received from its owner confirmed, but the owner sent it.
-    from_owner: bool = False
+    __slots__ = ("owner", "refs", "type", "summary", "size", "call_site", "from_owner")
+
+    def __init__(self, owner: int, type: str | None = None, call_site: tuple | None = None):
+        self.owner, self.refs, self.type, self.call_site = owner, [], type, call_site
+        self.summary = self.size = None
+        # torch never marks a fork received from its owner confirmed, but the owner sent it.
+        self.from_owner = False
+
+
+class _Ref(weakref.ref):
+    """A weak reference to one tracked RRef object, knowing its RRef id (the callback
+    runs once the object is gone, when its repr can no longer be read)."""
+
+    __slots__ = ("rref_id", "object_id")
 
 
 class _Ledger:
-    """This process's user references (by RRef id) and its recent events."""
+    """This process's user references (by RRef id) and its recent events.
+
+    Every RRef's life passes through ``hold`` and ``_dropped``: both do as little as
+    they can (no formatting, no summaries: ``report`` asks for those when it is asked)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -78,12 +84,13 @@ class _Ledger:
     def hold(self, rref, rref_id: str, owner: int, kind: str, source: int, target: int,
              type_name: str | None = None, call_site: tuple | None = None) -> _Held:
         """Start tracking one RRef object and log how it arrived."""
-        ref = weakref.ref(rref, functools.partial(self._dropped, rref_id, id(rref)))
+        ref = _Ref(rref, self._dropped)
+        ref.rref_id, ref.object_id = rref_id, id(rref)
         with self.lock:
             self.objects[id(rref)] = rref_id
             held = self.held.get(rref_id)
             if held is None:
-                held = self.held[rref_id] = _Held(owner, type=type_name, call_site=call_site)
+                held = self.held[rref_id] = _Held(owner, type_name, call_site)
             held.refs.append(ref)
             self.events.append((time.time(), kind, rref_id, source, target))
         return held
@@ -91,17 +98,18 @@ class _Ledger:
     def log(self, kind: str, rref_id: str, source: int, target: int) -> None:
         self.events.append((time.time(), kind, rref_id, source, target))
 
-    def _dropped(self, rref_id: str, object_id: int, ref) -> None:
+    def _dropped(self, ref: _Ref) -> None:
+        rref_id = ref.rref_id
         with self.lock:
-            if self.objects.get(object_id) == rref_id:
-                del self.objects[object_id]
+            if self.objects.get(ref.object_id) == rref_id:
+                del self.objects[ref.object_id]
             held = self.held.get(rref_id)
             if held is None or ref not in held.refs:
                 return  # from before a reset
             held.refs.remove(ref)
             if not held.refs:
                 del self.held[rref_id]
-                self.events.append((time.time(), "delete", rref_id, _my_id(), held.owner))
+                self.events.append((time.time(), "delete", rref_id, _me, held.owner))
 
     def reset(self) -> None:
         with self.lock:
@@ -158,10 +166,8 @@ def created(rref) -> None:
 def _init(self, value, *args, **kwargs):
     """``RRef(value)``: a local value owned here."""
     _torch_init(self, value, *args, **kwargs)
-    if _tracking:
-        me = _my_id()
-        held = _ledger.hold(self, rref_id(self), me, "create", me, me, call_site=_call_site())
-        held.type, held.summary, held.size = summarize(value)
+    if _tracking:  # the value's summary is made when a report asks (its owner is here)
+        _ledger.hold(self, rref_id(self), _me, "create", _me, _me, call_site=_call_site())
 
 
 def fetched(rref, value) -> None:
