@@ -167,9 +167,13 @@ def test_interrupted_to_here_stops_the_waiting(cluster, stop_button):
     stop_button(1.0)
     with pytest.raises(KeyboardInterrupt, match="only the waiting stopped"):
         rref.to_here()
+    # while the interrupted fetch goes on, other fetches take another helper thread
+    assert [rpc.remote("worker1", torch.add, args=(i, 1)).to_here() for i in range(3)] == [1, 2, 3]
     # remote's function is not stopped: it ends, and its value can be fetched.
     assert rref.to_here() == "remote"
     assert ("remote", "finished") in rpc.rpc_sync("worker1", _ended)
+    from nbrpc.calls import wrappers
+    assert len(wrappers._idle) <= 2  # helpers are taken again, not one made per fetch
 
 
 def _wait_for_ended(entry: tuple, timeout: float = 10.0) -> list:
