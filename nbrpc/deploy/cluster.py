@@ -380,11 +380,15 @@ class Cluster:
         )
 
     def _leave_gracefully(self) -> None:
-        """Every member deletes its RRefs at once (``group.release_rrefs``), then each
-        worker leaves the group in turn (torch's membership lock orders them)."""
+        """Every member deletes its RRefs at once (``group.release_rrefs``) and lets its
+        calls in flight end (``worker.leave_together``); the launcher then ends the
+        workers and the driver forgets them (``_forget_workers``), all at once rather
+        than one graceful leave after another (each telling every remaining member,
+        under torch's membership lock: 1.5 s for 32 workers on 2 cores, growing with
+        the square of their number)."""
         ready = [w for w in self._workers if w.client is not None]
-        pending = {w.client.execute("import nbrpc.deploy.worker; nbrpc.deploy.worker.leave()", silent=True): w
-                   for w in ready}
+        code = "import nbrpc.deploy.worker; nbrpc.deploy.worker.leave_together()"
+        pending = {w.client.execute(code, silent=True): w for w in ready}
         group.release_rrefs()  # while the workers release theirs
         deadline = time.monotonic() + min(self.timeout, 20.0)
         for w in ready:

@@ -107,6 +107,20 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     main(["-f", connection_file], on_kernel=report)
 
 
+def leave_together(drain: float = 2.0) -> None:
+    """The cluster ends, every worker at once: this worker's RRefs are deleted (with the
+    driver's and the other workers', at the same time), then its own calls still in
+    flight are given ``drain`` seconds. The driver runs this in the kernel at shutdown,
+    then ends the process and forgets it: a graceful leave one by one (``leave``) tells
+    every remaining member of each leaver under torch's membership lock, which grows
+    with the square of the workers, for members that are all about to end anyway."""
+    output.stop_routing()
+    group.release_rrefs()
+    deadline = time.monotonic() + drain
+    while group.calls_in_flight() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def leave(timeout: float = 20.0) -> None:
     """Leave the RPC group gracefully, its RRefs deleted first (with the driver's and
     the other workers', at the same time); the driver runs this in the kernel at shutdown."""
