@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -179,6 +180,43 @@ def test_shutdown_ends_rpc_and_workers_and_restarts_three_times(clusters, pids):
         cluster.shutdown()  # a second call is harmless
     # One store serves the driver's group for the life of the process.
     assert len(set(store_ports)) == 1 and _listening(store_ports[0])
+
+
+def test_a_new_cluster_is_sent_notebook_code_in_full_again(clusters, pids):
+    """A worker of the next cluster is a new process under an old name: what the last
+    one was sent by digest, the new one must get in full."""
+    from nbrpc.wire.definitions import receivers
+
+    main = sys.modules["__main__"].__dict__
+    exec("def plus_one(x):\n    return x + 1", main)  # a notebook definition: __main__'s
+    try:
+        for _ in range(2):
+            cluster = clusters(n=1)
+            _start(cluster, pids)
+            assert [rpc.rpc_sync("worker1", main["plus_one"], args=(i,)) for i in range(3)] == [1, 2, 3]
+            assert receivers.known.get("worker1")  # acknowledged: later calls went by digest
+            cluster.shutdown()
+            assert receivers.known == {}
+    finally:
+        del main["plus_one"]
+
+
+def test_shutdown_lets_calls_between_workers_end_and_leaves_no_member(clusters, pids):
+    """Every worker deletes its RRefs and lets its own calls end at once, then all end
+    together and the driver forgets them: the next cluster joins under the same names."""
+    cluster = clusters(n=3)
+    _start(cluster, pids)
+    cluster.run("import torch.distributed.rpc as rpc, time\n"
+                "fut = rpc.rpc_async('worker2', time.sleep, args=(0.5,))", "worker1")
+    held = rpc.remote("worker3", torch.ones, args=((2,),))
+    assert held.to_here().tolist() == [1.0, 1.0]
+    cluster.shutdown()
+    assert nbrpc.group.membership.member_names() == [cluster.driver_name]
+    members = torch.distributed.PrefixStore(cluster._driver.prefix, cluster._driver.store)
+    token = nbrpc.group.membership.TOKEN
+    assert not members.check([token]) or members.get(token) == b""  # the join/leave lock is free
+    del held
+    _start_works_after(clusters, pids)
 
 
 def test_rrefs_end_with_their_cluster(clusters, pids, capfd):
