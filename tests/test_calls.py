@@ -172,8 +172,8 @@ def test_interrupted_to_here_stops_the_waiting(cluster, stop_button):
     # remote's function is not stopped: it ends, and its value can be fetched.
     assert rref.to_here() == "remote"
     assert ("remote", "finished") in rpc.rpc_sync("worker1", _ended)
-    from nbrpc.calls import wrappers
-    assert len(wrappers._idle) <= 2  # helpers are taken again, not one made per fetch
+    from nbrpc.calls import helpers
+    assert len(helpers.idle) <= 2  # helpers are taken again, not one made per fetch
 
 
 def _wait_for_ended(entry: tuple, timeout: float = 10.0) -> list:

@@ -22,7 +22,6 @@ Wrappers, installed in every member by ``group.join``:
 from __future__ import annotations
 
 import _thread
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,12 +39,10 @@ from ..errors import (
 )
 from ..recording import recorder, rref_ledger
 from ..wire import remote_errors
-from ..wire.definitions import receivers
-from . import interrupts, output
+from . import destinations, helpers, interrupts, output
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
-_torch_remote = torch_compat.remote
 _torch_to_here = torch_compat.to_here
 _torch_collect_all = torch_compat.collect_all
 
@@ -218,56 +215,12 @@ def _plain_remote(to, func, args, kwargs, timeout: float):
     writes is sent to the driver before the owner confirms the RRef."""
     output.before_call()
     if not interrupts.can_stop(func):
-        return _remote_to(to, func, args, kwargs, timeout)
+        return destinations.remote_to(to, func, args, kwargs, timeout)
     try:
-        return _remote_to(to, interrupts.Stoppable(func, interrupts.new_call_id()), args, kwargs, timeout)
+        return destinations.remote_to(to, interrupts.Stoppable(func, interrupts.new_call_id()), args, kwargs, timeout)
     except SerializationError:
         # Sent bare, the error names the function or argument that does not pickle.
-        return _remote_to(to, func, args, kwargs, timeout)
-
-
-def _remote_to(to, func, args, kwargs, timeout: float):
-    """torch's ``remote``, telling the pickler where the call goes (see ``_sending``)."""
-    _sending(to)
-    try:
-        rref = _torch_remote(to, func, args, kwargs, timeout)
-    finally:
-        fresh = receivers.end()
-    if fresh:
-        torch_compat.creation_future(rref).add_done_callback(_acknowledging(to, fresh))
-    return rref
-
-
-def _sending(to) -> None:
-    """The next call this thread pickles goes to ``to``: notebook code the receiver
-    holds goes by digest (``definitions.Receivers``)."""
-    receivers.begin(to if isinstance(to, str) else getattr(to, "name", None))
-
-
-def _acknowledging(to, fresh: list[bytes]) -> Callable:
-    """A done-callback: once ``to`` answered, it holds the codes the call carried."""
-    name = to if isinstance(to, str) else getattr(to, "name", None)
-
-    def acknowledge(fut) -> None:
-        try:
-            fut.value()
-        except Exception:
-            return  # maybe never unpickled: keep sending the code in full
-        receivers.acknowledged(name, fresh)
-
-    return acknowledge
-
-
-def _invoke_to(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
-    """torch's ``_invoke_rpc``, telling the pickler where the call goes."""
-    _sending(to)
-    try:
-        fut = torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)
-    finally:
-        fresh = receivers.end()
-    if fresh:
-        fut.add_done_callback(_acknowledging(to, fresh))
-    return fut
+        return destinations.remote_to(to, func, args, kwargs, timeout)
 
 
 def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
@@ -278,7 +231,7 @@ def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
     if interrupts.can_stop(func):
         stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), (recorder.call_id(half), False))
     try:
-        rref = _remote_to(to, stoppable, args, kwargs, timeout)
+        rref = destinations.remote_to(to, stoppable, args, kwargs, timeout)
     except RuntimeError as e:
         named = _named(e, to, _label("remote", to, func), timeout)
         recorder.failed(half, named)
@@ -363,13 +316,13 @@ def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: lis
 def _send(to, func, mode: RPCExecMode, args, kwargs, timeout: float, trace: tuple | None):
     output.before_call()
     if not interrupts.can_stop(func):
-        return _invoke_to(to, func, mode, args, kwargs, timeout), None
+        return destinations.invoke_to(to, func, mode, args, kwargs, timeout), None
     stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), trace)
     try:
-        return _invoke_to(to, stoppable, mode, args, kwargs, timeout), stoppable.call_id
+        return destinations.invoke_to(to, stoppable, mode, args, kwargs, timeout), stoppable.call_id
     except SerializationError:
         # Sent bare, the error names the function or argument that does not pickle.
-        return _invoke_to(to, func, mode, args, kwargs, timeout), None
+        return destinations.invoke_to(to, func, mode, args, kwargs, timeout), None
 
 
 def _label(how: str, to, func) -> str:
@@ -413,58 +366,9 @@ def _await(done, to) -> None:
 
 def _in_background(call: Callable, to):
     """``call()`` on a helper thread while this one waits interruptibly."""
-    helper = _idle.pop() if _idle else _Helper()
+    helper = helpers.take()
     _await(helper.start(call), to)
     return helper.outcome()
-
-
-class _Helper:
-    """A thread that makes blocking torch calls (``to_here``) for the main thread.
-
-    A lock hands it a call, and a new held lock per call, released when the call is
-    over, hands the main thread the outcome: less than an executor's future and
-    condition, on a path every ``to_here`` takes. It is idle again (``_idle``) as soon
-    as its call is over, so one whose waiter was interrupted is taken again only then."""
-
-    def __init__(self):
-        self._go = _thread.allocate_lock()
-        self._go.acquire()
-        self._job: tuple | None = None
-        self._result = self._error = None
-        threading.Thread(target=self._serve, name="nbrpc-wait", daemon=True).start()
-
-    def start(self, call: Callable):
-        """Hand ``call`` over; returns a held lock, released when it is over."""
-        done = _thread.allocate_lock()
-        done.acquire()
-        self._job = (call, done)
-        self._go.release()
-        return done
-
-    def outcome(self):
-        """What the call returned, or raise what it raised."""
-        result, error = self._result, self._error
-        self._result = self._error = None
-        if error is not None:
-            raise error
-        return result
-
-    def _serve(self) -> None:
-        while True:
-            self._go.acquire()
-            call, done = self._job
-            self._result = self._error = None
-            try:
-                self._result = call()
-            except BaseException as e:
-                self._error = e
-            self._job = None
-            _idle.append(self)  # before the release: the waiter may want a helper at once
-            done.release()
-
-
-_idle: list[_Helper] = []  # helpers waiting for a call, kept between calls
-os.register_at_fork(after_in_child=_idle.clear)  # their threads are not in a child
 
 
 def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:

@@ -1,0 +1,61 @@
+"""Where a call goes, told to the pickler: notebook code a receiver holds goes by digest.
+
+``remote_to`` and ``invoke_to`` are torch's ``remote`` and ``_invoke_rpc`` for the call
+wrappers, with the destination set for the pickler while the call is pickled
+(``definitions.receivers``); once the destination answered a call that carried a code in
+full, it holds that code (``_acknowledging``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._compat import torch_compat
+from .._compat.torch_compat import RPCExecMode
+from ..wire.definitions import receivers
+
+_torch_remote = torch_compat.remote
+
+
+def remote_to(to, func, args, kwargs, timeout: float):
+    """torch's ``remote``, telling the pickler where the call goes (see ``_sending``)."""
+    _sending(to)
+    try:
+        rref = _torch_remote(to, func, args, kwargs, timeout)
+    finally:
+        fresh = receivers.end()
+    if fresh:
+        torch_compat.creation_future(rref).add_done_callback(_acknowledging(to, fresh))
+    return rref
+
+
+def _sending(to) -> None:
+    """The next call this thread pickles goes to ``to``: notebook code the receiver
+    holds goes by digest (``definitions.Receivers``)."""
+    receivers.begin(to if isinstance(to, str) else getattr(to, "name", None))
+
+
+def _acknowledging(to, fresh: list[bytes]) -> Callable:
+    """A done-callback: once ``to`` answered, it holds the codes the call carried."""
+    name = to if isinstance(to, str) else getattr(to, "name", None)
+
+    def acknowledge(fut) -> None:
+        try:
+            fut.value()
+        except Exception:
+            return  # maybe never unpickled: keep sending the code in full
+        receivers.acknowledged(name, fresh)
+
+    return acknowledge
+
+
+def invoke_to(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
+    """torch's ``_invoke_rpc``, telling the pickler where the call goes."""
+    _sending(to)
+    try:
+        fut = torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)
+    finally:
+        fresh = receivers.end()
+    if fresh:
+        fut.add_done_callback(_acknowledging(to, fresh))
+    return fut

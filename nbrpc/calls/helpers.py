@@ -1,0 +1,63 @@
+"""Threads that make blocking torch calls (``to_here``) while the main thread waits in
+a way the stop button can interrupt (``wrappers._in_background``)."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import threading
+from collections.abc import Callable
+
+
+def take() -> Helper:
+    """An idle helper, or a new one."""
+    return idle.pop() if idle else Helper()
+
+
+class Helper:
+    """A thread that makes blocking torch calls (``to_here``) for the main thread.
+
+    A lock hands it a call, and a new held lock per call, released when the call is
+    over, hands the main thread the outcome: less than an executor's future and
+    condition, on a path every ``to_here`` takes. It is idle again (``idle``) as soon
+    as its call is over, so one whose waiter was interrupted is taken again only then."""
+
+    def __init__(self):
+        self._go = _thread.allocate_lock()
+        self._go.acquire()
+        self._job: tuple | None = None
+        self._result = self._error = None
+        threading.Thread(target=self._serve, name="nbrpc-wait", daemon=True).start()
+
+    def start(self, call: Callable):
+        """Hand ``call`` over; returns a held lock, released when it is over."""
+        done = _thread.allocate_lock()
+        done.acquire()
+        self._job = (call, done)
+        self._go.release()
+        return done
+
+    def outcome(self):
+        """What the call returned, or raise what it raised."""
+        result, error = self._result, self._error
+        self._result = self._error = None
+        if error is not None:
+            raise error
+        return result
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            call, done = self._job
+            self._result = self._error = None
+            try:
+                self._result = call()
+            except BaseException as e:
+                self._error = e
+            self._job = None
+            idle.append(self)  # before the release: the waiter may want a helper at once
+            done.release()
+
+
+idle: list[Helper] = []  # helpers waiting for a call, kept between calls
+os.register_at_fork(after_in_child=idle.clear)  # their threads are not in a child
