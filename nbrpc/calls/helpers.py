@@ -27,6 +27,8 @@ class Helper:
         self._go.acquire()
         self._job: tuple | None = None
         self._result = self._error = None
+        self._abandoned = False
+        self._state = threading.Lock()
         threading.Thread(target=self._serve, name="nbrpc-wait", daemon=True).start()
 
     def start(self, call: Callable):
@@ -37,26 +39,45 @@ class Helper:
         self._go.release()
         return done
 
+    def abandon(self) -> None:
+        """The waiter was interrupted: drop the outcome when the call is over."""
+        with self._state:
+            if self in idle:  # over already
+                self._result = self._error = None
+            else:
+                self._abandoned = True
+
     def outcome(self):
         """What the call returned, or raise what it raised."""
         result, error = self._result, self._error
         self._result = self._error = None
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # its traceback holds the call's frames
         return result
 
     def _serve(self) -> None:
         while True:
             self._go.acquire()
             call, done = self._job
+            self._job = None
             self._result = self._error = None
             try:
                 self._result = call()
             except BaseException as e:
                 self._error = e
-            self._job = None
-            idle.append(self)  # before the release: the waiter may want a helper at once
+            # Hold nothing of the call while idle: it may hold an RRef, or a result's
+            # value, that must go when its user drops it.
+            del call
+            with self._state:
+                if self._abandoned:  # no one will ask for the outcome
+                    self._result = self._error = None
+                    self._abandoned = False
+                idle.append(self)  # before the release: the waiter may want a helper at once
             done.release()
+            del done
 
 
 idle: list[Helper] = []  # helpers waiting for a call, kept between calls

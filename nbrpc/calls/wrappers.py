@@ -367,7 +367,12 @@ def _await(done, to) -> None:
 def _in_background(call: Callable, to):
     """``call()`` on a helper thread while this one waits interruptibly."""
     helper = helpers.take()
-    _await(helper.start(call), to)
+    done = helper.start(call)
+    try:
+        _await(done, to)
+    except BaseException:
+        helper.abandon()
+        raise
     return helper.outcome()
 
 
