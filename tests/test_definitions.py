@@ -268,6 +268,20 @@ def test_the_newest_definition_wins_by_digest_too(shell, cluster):
         assert on_worker(cluster, "worker1", "which()") == repr(answer)
 
 
+def test_a_forked_worker_sends_its_code_by_digest_too(cluster):
+    """Workers forked from the warm template keep one ``receivers`` for the calls layer
+    and the pickler: worker1's second call to worker2 goes by digest."""
+    cluster.run("""
+import torch.distributed.rpc as rpc
+from nbrpc.wire.definitions import receivers
+def doubled(x):
+    return 2 * x
+answers = [rpc.rpc_sync("worker2", doubled, args=(i,)) for i in range(3)]
+""", "worker1")
+    assert on_worker(cluster, "worker1", "answers") == "[0, 2, 4]"
+    assert on_worker(cluster, "worker1", "len(receivers.known.get('worker2', ()))") == "1"
+
+
 def test_calls_in_flight_before_the_first_answer_carry_the_code(shell):
     """Calls sent at once may be handled in any order: none may rely on another."""
     run(shell, "def in_flight(x):\n    return x * 3")

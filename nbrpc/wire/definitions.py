@@ -128,6 +128,12 @@ class Receivers:
         with _lock:
             self.known.clear()
 
+    def reset(self) -> None:
+        """A forked child: nothing known, no call being pickled (in place: other
+        modules hold this object)."""
+        self.known = {}
+        self.local = threading.local()
+
 
 receivers = Receivers()
 _codes: dict[bytes, types.CodeType] = {}  # digest -> code received in full (never dropped: small)
@@ -135,7 +141,7 @@ _codes: dict[bytes, types.CodeType] = {}  # digest -> code received in full (nev
 
 def _new_process() -> None:
     """A forked child is a new process: new origin, nothing sent or received yet."""
-    global _origin, _lock, receivers
+    global _origin, _lock
     _lock = threading.RLock()
     _origin = uuid.uuid4().hex
     _identities.clear()
@@ -144,7 +150,7 @@ def _new_process() -> None:
     _unbuilt.clear()
     _names.clear()
     _codes.clear()
-    receivers = Receivers()
+    receivers.reset()
 
 
 os.register_at_fork(after_in_child=_new_process)
