@@ -279,7 +279,8 @@ def doubled(x):
 answers = [rpc.rpc_sync("worker2", doubled, args=(i,)) for i in range(3)]
 """, "worker1")
     assert on_worker(cluster, "worker1", "answers") == "[0, 2, 4]"
-    assert on_worker(cluster, "worker1", "len(receivers.known.get('worker2', ()))") == "1"
+    # its code's digest and its identity (a top-level function)
+    assert on_worker(cluster, "worker1", "len(receivers.known.get('worker2', ()))") == "2"
 
 
 def test_calls_in_flight_before_the_first_answer_carry_the_code(shell):
@@ -300,6 +301,39 @@ def test_a_function_gone_on_the_receiver_is_rebuilt_from_its_digest(shell):
     assert run(shell, """
 [rpc.rpc_sync("worker1", lambda: 7) for _ in range(5)]
 """) == [7] * 5
+
+
+def test_a_top_level_function_goes_by_identity_with_the_definitions_it_uses(shell, cluster):
+    """Once worker1 answered, a top-level function goes as its identity plus the notebook
+    definitions among its globals: a newer one of those still replaces the old there."""
+    run(shell, "import math\nRATE = 3\ndef part(x):\n    return x + 1\n"
+               "def whole(x):\n    return math.floor(part(x) * RATE)")
+    whole = shell.user_ns["whole"]
+    full = _sent_bytes(whole, "worker1")
+    assert run(shell, 'rpc.rpc_sync("worker1", whole, args=(1,))') == 6
+    assert _sent_bytes(whole, "worker1") < full // 2  # its code, the constant and the module stay home
+    run(shell, "def part(x):\n    return x + 2")  # a cell run again: a new definition
+    assert run(shell, 'rpc.rpc_sync("worker1", whole, args=(1,))') == 9
+    assert on_worker(cluster, "worker1", "part(0)") == "2"
+    assert run(shell, 'rpc.rpc_async("worker1", whole, args=(2,)).wait()') == 12
+    assert run(shell, 'rpc.remote("worker1", whole, args=(3,)).to_here()') == 15
+
+
+def test_an_identity_the_receiver_never_got_is_a_clear_error(shell):
+    from nbrpc.wire import definitions
+
+    run(shell, "def never_pinned(x):\n    return x")
+    func = shell.user_ns["never_pinned"]
+    ident = definitions._identity(func)
+    definitions._cache_code(ident, func)
+    key = (ident.origin, ident.token, ident.version)
+    definitions.receivers.acknowledged("worker2", [key])  # a wrong belief
+    try:
+        with pytest.raises(RuntimeError, match="a notebook function .* was never sent to this process"):
+            run(shell, 'rpc.rpc_sync("worker2", never_pinned, args=(1,))')
+    finally:
+        definitions.receivers.known["worker2"].discard(key)
+    assert run(shell, 'rpc.rpc_sync("worker2", never_pinned, args=(1,))') == 1
 
 
 def test_a_digest_the_receiver_never_got_is_a_clear_error(shell):

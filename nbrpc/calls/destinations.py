@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from .._compat import torch_compat
 from .._compat.torch_compat import RPCExecMode
-from ..wire.definitions import receivers
+from ..wire.receivers import receivers
 
 _torch_remote = torch_compat.remote
 

@@ -33,7 +33,7 @@ from ..errors import (
 from ..group import devices
 from ..group import membership as group
 from ..recording import recorder, rref_ledger
-from ..wire.definitions import receivers
+from ..wire.receivers import receivers
 from . import execution, launchers, template
 from .launchers.base import Progress, Worker
 from .settings import WorkerSettings

@@ -16,9 +16,11 @@ The parts:
 - **Code by digest** (``Receivers``): the calls layer says where a call goes
   (``receivers.begin``); a receiver that answered a call that carried a code in full
   holds it (``acknowledged``), so later calls to it send the code's digest instead, a
-  few dozen bytes. A code changed (a cell run again) has a new digest and goes in full
-  once more. Until the first answer every call carries the code (calls in flight may
-  arrive in any order); a reply, or a call whose destination is not known, always does.
+  few dozen bytes; a top-level function it holds goes by identity alone, with the
+  notebook definitions it uses (``_by_identity``, ``_pinned``). A code changed (a cell
+  run again) has a new digest and goes in full once more. Until the first answer every
+  call carries the code (calls in flight may arrive in any order); a reply, or a call
+  whose destination is not known, always does.
 - **Receiving** (``_function_shell``/``_bind_function``, ``_class_shell``/``_bind_class``):
   a definition coming home is the process's own object. Otherwise it is built once per
   origin, token and version, with the process's namespace (``__main__``) as its globals;
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 import cloudpickle
 
 from .._compat import cloudpickle_compat as cp
+from .receivers import receivers
 
 # The per-process objects a global may hold, and the recipe for a fresh one like it.
 PER_PROCESS: dict[type, Callable] = {
@@ -82,61 +85,10 @@ class Identity:
     global_names: tuple = ()
 
 
-class Receivers:
-    """Which code digests each receiver (by worker name) is known to hold, and where the
-    call being pickled on this thread goes.
-
-    A receiver keeps every code it is sent (``_codes``: one entry per distinct code, not
-    per function object, so lambdas made in a loop share one), so an acknowledged
-    digest stays valid for the receiver's life; ``forget`` drops everything known when
-    the group's members change (a new cluster may reuse a name).
-    """
-
-    def __init__(self):
-        self.known: dict[str, set[bytes]] = {}
-        self.local = threading.local()
-
-    def begin(self, name: str | None) -> None:
-        """The call pickled next on this thread goes to ``name`` (None: unknown)."""
-        self.local.to, self.local.fresh = name, None
-
-    def end(self) -> list[bytes] | None:
-        """The call is pickled: the digests it carried in full (to acknowledge), or None."""
-        fresh = self.local.fresh
-        self.local.to = self.local.fresh = None
-        return fresh
-
-    def holds(self, digest: bytes) -> bool:
-        """Whether the destination of the call being pickled holds ``digest``; if not,
-        the code goes in full and is noted for ``acknowledged``."""
-        to = getattr(self.local, "to", None)
-        if to is None:
-            return False
-        if digest in self.known.get(to, ()):
-            return True
-        if self.local.fresh is None:
-            self.local.fresh = []
-        self.local.fresh.append(digest)
-        return False
-
-    def acknowledged(self, name: str, digests: list[bytes]) -> None:
-        """``name`` answered a call that carried ``digests`` in full: it holds them."""
-        with _lock:
-            self.known.setdefault(name, set()).update(digests)
-
-    def forget(self) -> None:
-        with _lock:
-            self.known.clear()
-
-    def reset(self) -> None:
-        """A forked child: nothing known, no call being pickled (in place: other
-        modules hold this object)."""
-        self.known = {}
-        self.local = threading.local()
-
-
-receivers = Receivers()
 _codes: dict[bytes, types.CodeType] = {}  # digest -> code received in full (never dropped: small)
+# (origin, token, version) -> a top-level function received (or come home) in full: kept,
+# so that a sender may name it by identity; one entry per top-level definition sent here.
+_pinned: dict[tuple, types.FunctionType] = {}
 
 
 def _new_process() -> None:
@@ -150,6 +102,7 @@ def _new_process() -> None:
     _unbuilt.clear()
     _names.clear()
     _codes.clear()
+    _pinned.clear()
     receivers.reset()
 
 
@@ -193,7 +146,12 @@ def reduce_function(func: types.FunctionType) -> tuple:
     ident = _identity(func)
     if ident.code is not func.__code__:
         _cache_code(ident, func)
-    head = (ident.origin, ident.token, ident.version, _stored_under(func))
+    name = _stored_under(func)
+    if name is not None:  # top-level: a receiver that has it keeps it (``_pinned``)
+        key = (ident.origin, ident.token, ident.version)
+        if receivers.holds(key):
+            return _by_identity(func, key, ident)
+    head = (ident.origin, ident.token, ident.version, name)
     names = (func.__name__, func.__qualname__, func.__doc__)
     by_digest = receivers.holds(ident.digest)
     if (not ident.global_names and func.__closure__ is None and func.__defaults__ is None
@@ -208,6 +166,15 @@ def reduce_function(func: types.FunctionType) -> tuple:
     if by_digest:
         return (_function_shell_by_digest, (*head, ident.digest, *names), state, None, None, _bind_function)
     return (_function_shell, (*head, ident.payload, *names, ident.digest), state, None, None, _bind_function)
+
+
+def _by_identity(func: types.FunctionType, key: tuple, ident: Identity) -> tuple:
+    """A top-level function the receiver holds: its identity, and the notebook
+    definitions among its globals. The receiver's function is built and bound already
+    (it ignores the rest of the state), but a definition it uses may be newer here (a
+    cell run again): unpickling it there stores it under its name, as a full send does."""
+    uses = tuple(v for v in _fills(func, ident.global_names).values() if is_notebook_definition(v))
+    return (_pinned_function, (key,), uses or None, None, None, _touch)
 
 
 def _cache_code(ident: Identity, func: types.FunctionType) -> None:
@@ -287,10 +254,11 @@ def _function_shell(origin: str, token: int, version: int, name: str | None, pay
         if found is not None:
             if digest not in _codes:  # the sender will name it by digest from now on
                 _codes[digest] = pickle.loads(payload)
-            return found
+            return _pin(found, origin, token, version, name)
         code = pickle.loads(payload)
         _codes[digest] = code
-        return _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
+        built = _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
+        return _pin(built, origin, token, version, name)
 
 
 def _function_shell_by_digest(origin: str, token: int, version: int, name: str | None, digest: bytes,
@@ -299,7 +267,7 @@ def _function_shell_by_digest(origin: str, token: int, version: int, name: str |
     with _lock:
         found = _known(origin, token, version)
         if found is not None:
-            return found
+            return _pin(found, origin, token, version, name)
         code = _codes.get(digest)
         if code is None:
             raise pickle.UnpicklingError(
@@ -307,7 +275,29 @@ def _function_shell_by_digest(origin: str, token: int, version: int, name: str |
                 "process; its sender believed it was. Start a new cluster (%rpc_shutdown, "
                 "then %rpc_init) if this repeats")
         payload = _code_payloads.get(code, (b"", b""))[0] or cloudpickle.dumps(code)
-        return _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
+        built = _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
+        return _pin(built, origin, token, version, name)
+
+
+def _pinned_function(key: tuple):
+    """A top-level function this process was sent in full before (see ``_by_identity``)."""
+    found = _pinned.get(key)
+    if found is None:
+        raise pickle.UnpicklingError(
+            f"a notebook function (origin {key[0]}, token {key[1]}) was never sent to this "
+            "process; its sender believed it was. Start a new cluster (%rpc_shutdown, then "
+            "%rpc_init) if this repeats")
+    return found
+
+
+def _touch(func: types.FunctionType, uses: tuple) -> None:
+    """The definitions ``func`` uses were made current as they were unpickled."""
+
+
+def _pin(func, origin: str, token: int, version: int, name: str | None):
+    if name is not None:
+        _pinned[(origin, token, version)] = func
+    return func
 
 
 def _plain_function(*args):
