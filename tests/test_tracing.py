@@ -22,6 +22,7 @@ import nbrpc
 from nbrpc.calls.fanout import ask_members
 from nbrpc.diagnostics import records, trace
 from nbrpc.recording import clocks, recorder
+from nbrpc.recording.ring import CAPACITY, Ring
 
 # Workers cannot import this file: its functions travel by value, like a notebook's.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -403,6 +404,11 @@ def test_backward_and_optimizer_step(traced):
                           torch.full((4,), 1 - 0.1 * 2))
 
 
+def _keep_halves(capacity: int) -> None:
+    """Keep ``capacity`` halves in this member (emptying its ring)."""
+    recorder._ring = Ring(capacity)
+
+
 def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
     rpc.rpc_sync(W1, add_one, args=(torch.zeros(2),))
     time.sleep(0.2)
@@ -413,7 +419,7 @@ def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
     assert len(nbrpc.trace_snapshot()["calls"]) > 10
 
     # Rings of 50 halves: 200 calls keep the last 50 on each side, the rest counted.
-    ask_members(recorder.set_capacity, (50,))
+    ask_members(_keep_halves, (50,))
     try:
         with nbrpc.trace() as t:
             for _ in range(200):
@@ -424,7 +430,7 @@ def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
         assert [c["began"] is not None for c in snap["calls"]] == [True] * 50
         assert all(len(r["halves"]) <= 50 for r in trace.gather(None, {}))
     finally:
-        ask_members(recorder.set_capacity, (recorder.CAPACITY,))
+        ask_members(_keep_halves, (CAPACITY,))
 
 
 def test_chrome_trace_of_real_calls(traced, tmp_path):

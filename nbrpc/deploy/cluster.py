@@ -1,6 +1,6 @@
 """The cluster: this process as the RPC driver (rank 0) plus worker kernels.
 
-``Cluster.start`` joins RPC as the driver (once per process, see ``group``) and has its
+``Cluster.start`` joins RPC as the driver (once per process, see ``membership``) and has its
 launcher (``launchers``: local kernels, workers that attach, SSH) start the workers;
 each one is admitted here (``admit``: its rank and settings). ``run`` executes code on
 workers, ``status`` reports on every member, ``shutdown`` ends RPC everywhere and
@@ -22,6 +22,7 @@ import torch.distributed.rpc as rpc
 from .._compat import torch_compat
 from .._util import muted_stderr
 from ..calls import patches, wrappers
+from ..calls.output import PrintOutput
 from ..diagnostics import trace
 from ..errors import (
     ClusterRunningError,
@@ -30,14 +31,13 @@ from ..errors import (
     WorkerDiedError,
     WorkerStartError,
 )
-from ..group import devices
-from ..group import membership as group
+from ..group import devices, membership
 from ..recording import recorder, rref_ledger
 from . import execution, launchers, template
-from .launchers.base import Progress, Worker
+from .launchers.base import Progress, Started, Worker
 from .settings import WorkerSettings
 
-__all__ = ["Cluster", "current", "start"]
+__all__ = ["Cluster", "current"]
 
 _current: Cluster | None = None
 
@@ -45,11 +45,6 @@ _current: Cluster | None = None
 def current() -> Cluster | None:
     """The running cluster of this process, or None."""
     return _current
-
-
-def start(n: int | None = None, **options) -> Cluster:
-    """Start a cluster (``Cluster(n, **options).start()``) and return it."""
-    return Cluster(n, **options).start()
 
 
 def text_progress(done: int, total: int, message: str) -> None:
@@ -136,18 +131,18 @@ class Cluster:
         **where,
     ):
         # torch binds RRefs to the first agent, so the driver keeps its first name.
-        self._kept_name = driver_name is None and group.driver_name() is not None
-        driver_name = driver_name if driver_name is not None else group.driver_name() or "master"
+        self._kept_name = driver_name is None and membership.driver_name() is not None
+        driver_name = driver_name if driver_name is not None else membership.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
         self.launcher = launchers.choose(n, names, driver_name, self.warm_start, bool(gpus), **where)
         for label, value in (("threads", threads), ("timeout", timeout),
                              ("startup_timeout", startup_timeout)):
             if not value > 0:
                 raise ValueError(f"{label} must be a positive number, got {value!r}")
-        if transport is not None and transport not in group.TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(map(repr, group.TRANSPORTS))}, "
+        if transport is not None and transport not in membership.TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(map(repr, membership.TRANSPORTS))}, "
                              f"got {transport!r}")
-        self.transport = transport or group.driver_transport() or "uv"
+        self.transport = transport or membership.driver_transport() or "uv"
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
@@ -174,7 +169,7 @@ class Cluster:
             )
         began = time.monotonic()
         self.launcher.prepare()
-        driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
+        driver = membership.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
                                     self.launcher.interface, self._driver_placement(), self.transport)
         self._driver, self._store = driver, driver.store
         patches.install(self.track)  # tracking is each cluster's choice
@@ -193,7 +188,7 @@ class Cluster:
         self.state = "running"
         kept = f" ({self.driver_name!r} kept from an earlier cluster)" if self._kept_name else ""
         self.progress(len(self._workers), len(self._workers),
-                      f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}")
+                      Started(f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}"))
         return self
 
     def shutdown(self) -> None:
@@ -264,7 +259,7 @@ class Cluster:
                     f"worker {w.name!r} {fate}; run on the others, or restart the cluster "
                     "(%rpc_shutdown, then %rpc_init)"
                 )
-        execution.run(code, chosen, output or execution.PrintOutput())
+        execution.run(code, chosen, output or PrintOutput())
 
     def select(self, targets: str | Iterable[str]) -> list[Worker]:
         """Workers named by ``"all"``, ``"a,b"`` or a list of names."""
@@ -283,7 +278,7 @@ class Cluster:
         rows = [dict(name=self.driver_name, rank=0, host=socket.gethostname(),
                      pid=os.getpid(), state=self.state if self.state != "running" else "driver",
                      devices=self._devices_label(self.driver_name),
-                     **(_debug_counts(local=True) if group.is_member() else _no_counts()))]
+                     **(_debug_counts(local=True) if membership.is_member() else _no_counts()))]
         futures = {}
         for w in self._workers:
             if w.state == "running":
@@ -316,7 +311,7 @@ class Cluster:
             if name == self.driver_name:
                 # The driver keeps the devices it joined with (all visible GPUs).
                 devices.install(list(self._driver.placement.devices), replies)
-            elif name in group.member_names():
+            elif name in membership.member_names():
                 own = list(self.placements.get(name, devices.CPU).devices)
                 rpc.rpc_sync(name, devices.install, args=(own, replies), timeout=self.timeout)
 
@@ -377,12 +372,12 @@ class Cluster:
         )
 
     def _leave_gracefully(self) -> None:
-        """Every member deletes its RRefs at once (``group.release_rrefs``), then each
+        """Every member deletes its RRefs at once (``membership.release_rrefs``), then each
         worker leaves the group in turn (torch's membership lock orders them)."""
         ready = [w for w in self._workers if w.client is not None]
         pending = {w.client.execute("import nbrpc.deploy.worker; nbrpc.deploy.worker.leave()", silent=True): w
                    for w in ready}
-        group.release_rrefs()  # while the workers release theirs
+        membership.release_rrefs()  # while the workers release theirs
         deadline = time.monotonic() + min(self.timeout, 20.0)
         for w in ready:
             while pending and time.monotonic() < deadline and w.alive():
@@ -395,7 +390,7 @@ class Cluster:
 
     def _forget_workers(self) -> None:
         """Drop workers that did not leave (killed, crashed) from the driver's group."""
-        if group.is_member():
+        if membership.is_member():
             self._driver.forget({w.name: w.rank for w in self._workers})
 
     def _abort(self) -> None:
@@ -411,14 +406,14 @@ def _placements(driver_name, worker_names, gpus, device_maps, own_gpus) -> dict[
         return {}
     placements = devices.plan([driver_name, *worker_names], devices.visible_gpus(), bool(gpus), device_maps,
                               own_gpus)
-    group.check_placement(placements.get(driver_name))
+    membership.check_placement(placements.get(driver_name))
     return placements
 
 
 def _calls_drained(within: float) -> bool:
     """Wait briefly for this process's outstanding RPCs (RRef deletes just sent, say)."""
     deadline = time.monotonic() + within
-    while group.calls_in_flight():
+    while membership.calls_in_flight():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)

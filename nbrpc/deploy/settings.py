@@ -10,8 +10,9 @@ Parts:
   variables less the ones about the driver's machine, which it sets for itself).
 - ``check_name``: the one check of a worker's name, as torch RPC requires it.
 
-Every ``NBRPC_*`` variable is named here; ``TOKEN_ENV`` and ``WARM_START_ENV`` are
-the ones a person sets.
+Every ``NBRPC_*`` variable a worker's settings travel in is named here; ``TOKEN_ENV``
+and ``WARM_START_ENV`` are the ones a person sets. One more is read elsewhere:
+``NBRPC_CLOCK_SKEW`` (``recording/clocks.py``, a test's shifted clock).
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ from collections.abc import Callable
 
 from .._util import pid_alive
 from ..calls import output
-from ..group import devices
-from ..group import membership as group
+from ..group import devices, membership
 from ..wire import serialization
 from . import streams
 from .settings import WorkerSettings
@@ -43,10 +42,10 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
         on_kernel(app)
     host, port = settings.store.rsplit(":", 1)
     serialization.set_key(settings.key)
-    store = group.connect_store(host, int(port), settings.timeout)
-    options = group.backend_options(settings.threads, settings.timeout, settings.placement,
+    store = membership.connect_store(host, int(port), settings.timeout)
+    options = membership.backend_options(settings.threads, settings.timeout, settings.placement,
                                     settings.transport)
-    group.join(store, settings.prefix, settings.name, settings.rank, options, settings.interface,
+    membership.join(store, settings.prefix, settings.name, settings.rank, options, settings.interface,
                settings.track, settings.trace)
     streams.install(app, settings.name)
     app.start()
@@ -111,8 +110,8 @@ def leave(timeout: float = 20.0) -> None:
     """Leave the RPC group gracefully, its RRefs deleted first (with the driver's and
     the other workers', at the same time); the driver runs this in the kernel at shutdown."""
     output.stop_routing()
-    group.release_rrefs()
-    group.leave(graceful=True, timeout=timeout)
+    membership.release_rrefs()
+    membership.leave(graceful=True, timeout=timeout)
 
 
 def _scratch(argv: list[str]) -> str | None:

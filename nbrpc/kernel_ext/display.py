@@ -8,6 +8,7 @@ from IPython.display import clear_output, display, publish_display_data
 
 from ..calls import output
 from ..deploy.cluster import text_progress
+from ..deploy.launchers.base import Started
 
 
 def in_notebook() -> bool:
@@ -36,7 +37,7 @@ def start_progress():
         bar.value = done
         bar.description = f"{done}/{total} joined"
         label.value = message
-        if done == total and "up in" in message:
+        if isinstance(message, Started):
             for widget in (label, bar, box):
                 widget.close()
             print(f"nbrpc: {message}")

@@ -36,7 +36,7 @@ import torch
 
 from .._compat import torch_compat
 from . import clocks, functions
-from .ring import CAPACITY, Ring  # noqa: F401 (CAPACITY: the ring's default, read by set_capacity's callers)
+from .ring import Ring
 from .rref_ledger import rref_id
 
 SETTLE = 0.5  # seconds at most a block's end waits for replies still on their way
@@ -107,12 +107,6 @@ def _update() -> None:
     recording = _always or _blocks > 0
     if recording:
         armed = True
-
-
-def set_capacity(capacity: int) -> None:
-    """Keep ``capacity`` halves in this member (emptying its ring)."""
-    global _ring
-    _ring = Ring(capacity)
 
 
 def identity() -> dict:

@@ -34,8 +34,7 @@ import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from ..errors import SerializationError
-from ..recording import recorder as tracing
-from ..recording import rref_ledger
+from ..recording import recorder, rref_ledger
 from . import definitions
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
@@ -132,8 +131,8 @@ class RpcPickler(cloudpickle.Pickler):
         if _key is not None:
             self._out.write(_SIGNED + _mac(body))
         self._out.write(body)
-        if tracing.armed:
-            tracing.count(obj, self._out.tell())
+        if recorder.armed:
+            recorder.count(obj, self._out.tell())
 
 
 def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
@@ -146,8 +145,8 @@ def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
             raise pickle.UnpicklingError(
                 "nbrpc refused an RPC message not signed with this cluster's key: it "
                 "comes from a process outside the cluster")
-    if tracing.fetches:  # a recorded to_here's reply
-        tracing.received(len(file.getbuffer()))
+    if recorder.fetches:  # a recorded to_here's reply
+        recorder.received(len(file.getbuffer()))
     return pickle.Unpickler(file, **kwargs)
 
 
