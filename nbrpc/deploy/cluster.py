@@ -32,9 +32,11 @@ from ..errors import (
     WorkerStartError,
 )
 from ..group import devices, membership
+from ..group.membership import DEFAULT_TRANSPORT
 from ..recording import recorder, rref_ledger
 from . import execution, launchers, template
 from .launchers.base import Progress, Started, Worker
+from .options import DEFAULTS, ClusterOptions
 from .settings import WorkerSettings
 
 __all__ = ["Cluster", "current"]
@@ -80,7 +82,8 @@ class Cluster:
         ``nbrpc.trace_snapshot()`` and the timeline; without it, record blocks with
         ``with nbrpc.trace() as t:``.
     attach, bind, port, hosts, ssh, python, slurm
-        Where the workers come from (default: local kernels), read by ``launchers.choose``.
+        Where the workers come from (default: local kernels): the options of the launcher
+        they ask for (``launchers.options``), read by ``launchers.choose``.
     attach
         Wait for this many workers started elsewhere with ``nbrpc worker --join``
         (the command, with its token, is printed and in ``join_command``); more
@@ -95,11 +98,11 @@ class Cluster:
         The ssh command to run (e.g. ``"ssh -F my_config"``); ``python`` is the
         interpreter on the hosts (default: this one's path).
     transport
-        TensorPipe's transport in every member: ``"uv"`` (TCP, idle at no CPU) or
+        TensorPipe's transport in every member: ``"uv"`` (TCP, idle at no CPU: the default) or
         ``"shm"`` (torch's default: shared memory, a little faster per small call, but
         a polling thread keeps a core busy in every member, also at rest). Default:
         the one this process joined with for an earlier cluster (fixed until it
-        exits), else ``"uv"``.
+        exits), else ``membership.DEFAULT_TRANSPORT``.
     slurm
         Start the workers in a Slurm job (one task each; inside an allocation, a step of
         it): ``True``, or the job's options as a dict or ``nbrpc.SlurmOptions``
@@ -117,9 +120,9 @@ class Cluster:
         *,
         names: Iterable[str] | None = None,
         driver_name: str | None = None,
-        threads: int = 16,
-        timeout: float = 60.0,
-        startup_timeout: float = 60.0,
+        threads: int = DEFAULTS.threads,
+        timeout: float = DEFAULTS.timeout,
+        startup_timeout: float = DEFAULTS.startup_timeout,
         env: dict[str, str] | None = None,
         progress: Progress | None = text_progress,
         track: bool = True,
@@ -134,15 +137,10 @@ class Cluster:
         self._kept_name = driver_name is None and membership.driver_name() is not None
         driver_name = driver_name if driver_name is not None else membership.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
-        self.launcher = launchers.choose(n, names, driver_name, self.warm_start, bool(gpus), **where)
-        for label, value in (("threads", threads), ("timeout", timeout),
-                             ("startup_timeout", startup_timeout)):
-            if not value > 0:
-                raise ValueError(f"{label} must be a positive number, got {value!r}")
-        if transport is not None and transport not in membership.TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(map(repr, membership.TRANSPORTS))}, "
-                             f"got {transport!r}")
-        self.transport = transport or membership.driver_transport() or "uv"
+        own = ClusterOptions(threads, timeout, startup_timeout, transport)
+        self.launcher = launchers.choose(launchers.Request(n, names, driver_name, self.warm_start, bool(gpus)),
+                                         **where)
+        self.transport = own.transport or membership.driver_transport() or DEFAULT_TRANSPORT
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})

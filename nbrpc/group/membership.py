@@ -32,6 +32,9 @@ from ..recording import recorder, rref_ledger
 from ..wire import serialization
 from . import devices
 
+# TensorPipe's transport unless a cluster asks for another: TCP, idle at no CPU.
+DEFAULT_TRANSPORT = "uv"
+
 DRIVER_RANK = 0
 RELEASE_TIMEOUT = 5.0  # seconds a member waits for the others' RRef deletions as a cluster ends
 # Keys torch keeps in the group's store: the join/leave lock and the member list.
@@ -52,7 +55,7 @@ class DriverGroup:
     next_rank: int = DRIVER_RANK + 1
     interface: str = "lo"  # where this process's TensorPipe listener is
     placement: devices.Placement = devices.CPU  # its devices and maps, fixed at its join
-    transport: str = "uv"  # TensorPipe's transports, fixed at its join (see TRANSPORTS)
+    transport: str = DEFAULT_TRANSPORT  # TensorPipe's transports, fixed at its join (see TRANSPORTS)
 
     def take_ranks(self, count: int) -> list[int]:
         ranks = list(range(self.next_rank, self.next_rank + count))
@@ -96,7 +99,7 @@ _driver: DriverGroup | None = None
 
 def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
                  interface: str = "lo", placement: devices.Placement | None = None,
-                 transport: str = "uv") -> DriverGroup:
+                 transport: str = DEFAULT_TRANSPORT) -> DriverGroup:
     """Join RPC as the driver the first time; later calls reuse that membership.
 
     ``interface`` is where the driver's TensorPipe listener goes: ``lo`` for local
@@ -204,11 +207,11 @@ def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
 # until a message comes. "shm" is torch's own default (shared memory first, then uv):
 # its reactor thread busy-polls a whole core in every member from join to shutdown,
 # for faster small calls. Big tensors go through the cma channel with either.
-TRANSPORTS = {"uv": ["uv"], "shm": None}
+TRANSPORTS = {DEFAULT_TRANSPORT: ["uv"], "shm": None}
 
 
 def backend_options(threads: int, timeout: float, placement: devices.Placement | None = None,
-                    transport: str = "uv") -> rpc.TensorPipeRpcBackendOptions:
+                    transport: str = DEFAULT_TRANSPORT) -> rpc.TensorPipeRpcBackendOptions:
     """TensorPipe options with ``transport`` (see ``TRANSPORTS``) and ``placement``'s devices
     and maps; the transports only take effect in the constructor."""
     chosen = TRANSPORTS[transport]
