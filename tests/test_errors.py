@@ -28,7 +28,7 @@ def worker_children() -> set[int]:
     found = set()
     for child in psutil.Process().children():
         try:
-            if "nbrpc.deploy.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if "nbrpc.member.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
                 found.add(child.pid)
         except psutil.Error:  # ended, or a zombie, meanwhile
             pass

@@ -501,7 +501,7 @@ def test_frozen_worker_at_shutdown_leaves_the_group_usable(clusters, pids):
     os.kill(w2, signal.SIGSTOP)
     # worker1's graceful leave takes torch's membership lock, then blocks on the
     # frozen worker2: it is killed holding the lock.
-    cluster.worker("worker1").client.execute("import nbrpc.deploy.worker; nbrpc.deploy.worker.leave()", silent=True)
+    cluster.worker("worker1").client.execute("import nbrpc.member.worker; nbrpc.member.worker.leave()", silent=True)
     members = torch.distributed.PrefixStore(cluster._driver.prefix, cluster._driver.store)
     token = nbrpc.group.membership.TOKEN
     assert wait_until(lambda: members.check([token]) and members.get(token), 30), \

@@ -21,6 +21,7 @@ from torch.distributed.optim import DistributedOptimizer
 import nbrpc
 from nbrpc.calls.fanout import ask_members
 from nbrpc.diagnostics import records, trace
+from nbrpc.drawing import summary
 from nbrpc.recording import clocks, recorder
 from nbrpc.recording.ring import CAPACITY, Ring
 
@@ -184,7 +185,7 @@ def test_summary_rows():
                              caller("master:1", 2.0, 2.1, request=(4000, 600)),
                              caller("master:2", 3.0, 3.2, callee=W2, name="g")]),
                member(W1, 1, [callee("master:0", 1.1, 1.2, reply=(4, 10))])]
-    rows = records.summarize(records.merge(reports, {}, 0.0, 10.0))
+    rows = summary.summarize(records.merge(reports, {}, 0.0, 10.0))
     assert [(r["name"], r["callee"], r["count"]) for r in rows] == [("f", W1, 2), ("g", W2, 1)]
     f = rows[0]
     assert f["total"] == pytest.approx(0.6) and f["median"] == pytest.approx(0.3)

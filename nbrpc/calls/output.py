@@ -5,7 +5,7 @@ Parts:
 - ``begin`` / ``end``: ``interrupts.Stoppable`` marks the thread serving a call with
   them; ``end`` sends what waits before the call's reply leaves, so a call's output
   reaches the driver before its caller can go on.
-- ``take(piece)``: a worker's stdout and stderr (``deploy.streams``) offer each write
+- ``take(piece)``: a worker's stdout and stderr (``member.streams``) offer each write
   here. It is taken from a thread serving a call, and from any thread while no cell
   runs on the worker's kernel (``set_kernel_busy``); the kernel publishes the rest
   itself, which is what ``%%rpc_on`` shows.

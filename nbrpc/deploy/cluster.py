@@ -373,7 +373,7 @@ class Cluster:
         """Every member deletes its RRefs at once (``membership.release_rrefs``), then each
         worker leaves the group in turn (torch's membership lock orders them)."""
         ready = [w for w in self._workers if w.client is not None]
-        pending = {w.client.execute("import nbrpc.deploy.worker; nbrpc.deploy.worker.leave()", silent=True): w
+        pending = {w.client.execute("import nbrpc.member.worker; nbrpc.member.worker.leave()", silent=True): w
                    for w in ready}
         membership.release_rrefs()  # while the workers release theirs
         deadline = time.monotonic() + min(self.timeout, 20.0)

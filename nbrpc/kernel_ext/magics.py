@@ -14,7 +14,7 @@ from ..deploy import launchers
 from ..deploy.launchers.options import flags
 from ..deploy.launchers.slurm_options import SlurmOptions
 from ..deploy.options import ClusterOptions
-from ..deploy.status import StatusTable
+from ..drawing.status import StatusTable
 from ..errors import JobRefusedError, NoClusterError
 from .display import KernelOutput, start_progress
 

@@ -205,7 +205,7 @@ def launch(worker: LocalWorker, env: dict[str, str], workdir: str, warm_start: b
                 worker._popen, worker.pid = forked, forked.pid
                 return
         worker._popen = launch_kernel(
-            [sys.executable, "-m", "nbrpc.deploy.worker", *argv], stdout=log, stderr=log, env=full_env, cwd=workdir
+            [sys.executable, "-m", "nbrpc.member.worker", *argv], stdout=log, stderr=log, env=full_env, cwd=workdir
         )
     worker.pid = worker._popen.pid
 

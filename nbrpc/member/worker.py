@@ -1,6 +1,6 @@
 """Worker bootstrap: a real ipykernel that is also a member of the driver's RPC group.
 
-The driver launches ``python -m nbrpc.deploy.worker -f CONNECTION_FILE`` with the group's
+The driver launches ``python -m nbrpc.member.worker -f CONNECTION_FILE`` with the group's
 coordinates in its environment (``settings.WorkerSettings``). The kernel binds its ZMQ ports,
 joins RPC, then serves execute requests (``%%rpc_on``) on its main thread while
 TensorPipe threads serve RPCs. A watchdog ends the process when the driver is gone.
@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from .._util import pid_alive
 from ..calls import output
+from ..deploy.settings import WorkerSettings
 from ..group import devices, membership
 from ..wire import serialization
 from . import streams
-from .settings import WorkerSettings
 
 WATCH_INTERVAL = 0.5
 
@@ -65,8 +65,8 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     import tempfile
 
     from .._util import LOOPBACK
-    from .launchers import addresses, rendezvous
-    from .launchers.base import write_unbound_connection_file
+    from ..deploy.launchers import addresses, rendezvous
+    from ..deploy.launchers.base import write_unbound_connection_file
 
     store_port = rendezvous.relay_store(address, token)
     sock, grant = rendezvous.request_join(address, token, name, devices.visible_gpus())
