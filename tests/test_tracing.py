@@ -238,6 +238,17 @@ def shape(calls_made):
     return [(c["kind"], c["caller"], c["callee"], c["name"]) for c in calls_made]
 
 
+def test_status_calls_stay_out_of_the_traced_timeline(traced):
+    """%rpc_status asks every worker over RPC: nbrpc's own calls, not the user's to see."""
+    began = clocks.now()
+    rows = traced.status()  # what %rpc_status shows
+    assert [r["name"] for r in rows] == [M, W1, W2]
+    assert all(isinstance(r["busy"], int) for r in rows[1:])
+    rpc.rpc_sync(W1, add_one, args=(1,))
+    recent = nbrpc.trace_snapshot(last=clocks.now() - began + 0.01)
+    assert shape(recent["calls"]) == [("rpc_sync", M, W1, "add_one")]
+
+
 def test_a_known_sequence_gives_exactly_its_records(traced):
     x = torch.zeros(1000, dtype=torch.float32)
     with nbrpc.trace() as t:

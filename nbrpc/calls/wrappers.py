@@ -107,7 +107,7 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    half = recorder.outgoing("rpc_sync", to) if recorder.recording else None
+    half = recorder.outgoing("rpc_sync", to, func=func) if recorder.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
     try:
         _wait(fut, to)
@@ -135,7 +135,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    half = recorder.outgoing("rpc_async", to) if recorder.recording else None
+    half = recorder.outgoing("rpc_async", to, func=func) if recorder.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
     named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
@@ -200,7 +200,7 @@ def collect_all(futures):
 
 def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.remote`` with named failures, in the RRef ledger."""
-    half = recorder.outgoing("remote", to) if recorder.recording else None
+    half = recorder.outgoing("remote", to, func=func) if recorder.recording else None
     if half is not None:
         rref = _traced_remote(to, func, args, kwargs, timeout, half)
     else:

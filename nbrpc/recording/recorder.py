@@ -129,13 +129,14 @@ def quiet():
 # -- the caller's half --------------------------------------------------------------
 
 
-def outgoing(kind: str, to, rref=None) -> list | None:
+def outgoing(kind: str, to, rref=None, func=None) -> list | None:
     """Start the caller's half of a call about to be sent (None: not recorded): only its
     id and time, so that the call leaves at once; the next pickle this thread writes is
     its request. ``sent`` adds the rest while the message is on its way.
-    ``rref``: the RRef a ``to_here`` fetches (its half is complete at once)."""
+    ``rref``: the RRef a ``to_here`` fetches (its half is complete at once). Not recorded:
+    calls of nbrpc's own functions (``functions.own``) and a ``quiet`` thread's calls."""
     me = _get_ident()
-    if me in _quiet:
+    if me in _quiet or (func is not None and functions.own(func)):
         return None
     half = [next(_ids), clocks.now(), "caller", None, None, None, None,
             to, kind, _running.get(me), None, 0, 0, None, None, None]
