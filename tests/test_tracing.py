@@ -114,12 +114,12 @@ def test_a_block_end_waits_a_little_for_replies_on_their_way(monkeypatch):
     """torch answers a ``to_here`` before the ``remote`` that made its value: a block's
     end waits for such replies, at most ``limit``, and never for gradients' halves
     (which get none) or calls from before the block."""
-    monkeypatch.setattr(recorder, "_ring", recorder.Ring(10))
+    monkeypatch.setattr(recorder.RECORDER, "ring", recorder.Ring(10))
 
     def half(kind, sent):
         h = [None] * (recorder.ID + 1)  # a caller half's slots
         h[recorder.T], h[recorder.SIDE], h[recorder.KIND] = sent, "caller", kind
-        recorder._ring.add(h)
+        recorder.RECORDER.ring.add(h)
         return h
 
     remote, _, _ = half("remote", 5.0), half("autograd", 5.0), half("rpc_async", 1.0)
@@ -418,7 +418,7 @@ def test_backward_and_optimizer_step(traced):
 
 def _keep_halves(capacity: int) -> None:
     """Keep ``capacity`` halves in this member (emptying its ring)."""
-    recorder._ring = Ring(capacity)
+    recorder.RECORDER.ring = Ring(capacity)
 
 
 def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
@@ -490,14 +490,17 @@ def test_perfetto_opens_the_trace(traced, tmp_path):
     assert flows == 6
 
 
-def test_html_report_is_written_and_without_a_writer_says_so(traced, tmp_path, monkeypatch):
+def test_html_report_is_written_with_no_writer_to_set_and_a_bad_suffix_says_what_to_do(traced, tmp_path):
+    """The report page is drawn by ``nbrpc.drawing`` directly: no writer is set by the
+    package first (a script that imports only the diagnostics writes one too)."""
     with nbrpc.trace() as t:
         rpc.rpc_sync(W1, add_one, args=(1,))
     page = t.save(tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "add_one" in page and "<svg" in page
-    monkeypatch.setattr(trace, "_report_writer", None)
-    with pytest.raises(RuntimeError, match="no HTML report writer"):
-        t.save(tmp_path / "again.html")
+    assert not hasattr(trace, "set_report_writer")
+    with pytest.raises(ValueError, match=r"give a path ending in \.json .* or \.html"):
+        t.save(tmp_path / "trace.txt")
+    assert not (tmp_path / "trace.txt").exists()
 
 
 def test_clock_offset_is_estimated_and_corrected(traced):

@@ -32,6 +32,7 @@ import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from .._compat.torch_compat import UNSET_RPC_TIMEOUT, RPCExecMode
+from .._util import Hooks
 from ..errors import (
     RpcTimeoutError,
     SerializationError,
@@ -53,26 +54,16 @@ FATE_POLL = 0.5
 # Threads that wait on blocking torch calls (to_here) for the main thread; one that
 # was interrupted stays busy until its call ends.
 HELPERS = 8
-_helpers: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _no_fate(name: str) -> str | None:
-    return None
-
-
-# Worker name -> why it is gone, or None if alive: told by the running cluster.
-_fate: Callable[[str], str | None] = _no_fate
-
-
-def set_worker_fate(fate: Callable[[str], str | None] | None) -> None:
-    """Let ``fate`` say why a worker is gone (the running cluster), or nothing (None)."""
-    global _fate
-    _fate = fate or _no_fate
+# Kept between calls: a new thread per call costs more than the call. Its threads start
+# with the first call that waits in the background.
+_helpers = concurrent.futures.ThreadPoolExecutor(HELPERS, thread_name_prefix="nbrpc-wait")
+# ``fate(name)``: why worker ``name`` is gone, or None; the running cluster registers one.
+WORKER_FATES = Hooks()
 
 
 def worker_fate(name: str) -> str | None:
     """Why worker ``name`` is gone, or None while it runs (or no cluster knows it)."""
-    return _fate(name)
+    return WORKER_FATES.first(name)
 
 
 def install() -> None:
@@ -107,7 +98,7 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    half = recorder.outgoing("rpc_sync", to, func=func) if recorder.recording else None
+    half = recorder.outgoing("rpc_sync", to, func=func) if recorder.RECORDER.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
     try:
         _wait(fut, to)
@@ -135,7 +126,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    half = recorder.outgoing("rpc_async", to, func=func) if recorder.recording else None
+    half = recorder.outgoing("rpc_async", to, func=func) if recorder.RECORDER.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
     named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
@@ -200,7 +191,7 @@ def collect_all(futures):
 
 def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.remote`` with named failures, in the RRef ledger."""
-    half = recorder.outgoing("remote", to, func=func) if recorder.recording else None
+    half = recorder.outgoing("remote", to, func=func) if recorder.RECORDER.recording else None
     if half is not None:
         rref = _traced_remote(to, func, args, kwargs, timeout, half)
     else:
@@ -259,7 +250,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     if rref.is_owner() or not torch_compat.has_agent():  # after shutdown: torch's own error
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
-    half = recorder.outgoing("to_here", owner, rref=rref) if recorder.recording else None
+    half = recorder.outgoing("to_here", owner, rref=rref) if recorder.RECORDER.recording else None
     try:
         if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
             value = _in_background(lambda: _fetch(rref, timeout, half), owner)
@@ -376,9 +367,6 @@ def _await(done, to) -> None:
 
 def _in_background(call: Callable, to):
     """``call()`` on a helper thread while this one waits interruptibly."""
-    global _helpers
-    if _helpers is None:  # kept between calls: a new thread per call costs more than the call
-        _helpers = concurrent.futures.ThreadPoolExecutor(HELPERS, thread_name_prefix="nbrpc-wait")
     job = _helpers.submit(call)
     _wait(job, to)
     return job.result()

@@ -175,8 +175,8 @@ class Cluster:
         recorder.install(self.trace)
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
-        wrappers.set_worker_fate(self._fate)
-        trace.set_cluster(lambda: self.trace)
+        wrappers.WORKER_FATES.add(self._fate)
+        trace.CLUSTER_TRACES.add(self._traces)
         try:
             self.launcher.start(self, driver, began + self.startup_timeout)
             self.install_devices()
@@ -212,10 +212,14 @@ class Cluster:
         finally:
             self._store = None
             self.state = "stopped"
-            wrappers.set_worker_fate(None)
-            trace.set_cluster(None)
+            wrappers.WORKER_FATES.discard(self._fate)
+            trace.CLUSTER_TRACES.discard(self._traces)
             if _current is self:
                 _current = None
+
+    def _traces(self) -> bool:
+        """Whether this cluster records every call (``nbrpc.trace_snapshot``)."""
+        return self.trace
 
     def __enter__(self) -> Cluster:
         return self.start() if self.state == "new" else self

@@ -9,9 +9,9 @@ cluster started with ``trace=True``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
+from .._util import Hooks
 from ..calls.fanout import ask_members
 from ..drawing import report, summary
 from ..errors import NoClusterError
@@ -23,18 +23,8 @@ from . import records
 __all__ = ["Trace", "trace", "trace_snapshot"]
 
 
-def _no_cluster() -> bool | None:
-    return None
-
-
-# Whether the running cluster records every call (None: no cluster), told by the cluster.
-_cluster_traces: Callable[[], bool | None] = _no_cluster
-
-
-def set_cluster(traces: Callable[[], bool | None] | None) -> None:
-    """Let ``traces()`` say whether the running cluster records every call (None: none runs)."""
-    global _cluster_traces
-    _cluster_traces = traces or _no_cluster
+# ``traces()``: whether the running cluster records every call; the cluster registers one.
+CLUSTER_TRACES = Hooks()
 
 
 def gather(start: float | None, clocks_found: dict, timeout: float = 10.0) -> list[dict]:
@@ -132,7 +122,7 @@ def trace(timeout: float = 10.0) -> Trace:
 def trace_snapshot(last: float | None = None, timeout: float = 10.0) -> TraceSnapshot:
     """The calls of the last ``last`` seconds (default: all kept) of a cluster started
     with ``trace=True``."""
-    traces = _cluster_traces()
+    traces = CLUSTER_TRACES.first()
     if traces is None:
         raise NoClusterError("no cluster is running; start one with trace=True "
                              "(nbrpc.start(trace=True) or %rpc_init --trace)")

@@ -94,7 +94,15 @@ def release_token(members: dist.Store, workers: Iterable[str]) -> None:
         members.set(holder, "Done")
 
 
-_driver: DriverGroup | None = None
+class GroupState:
+    """This process's place in torch's group: the driver's one membership (None in a
+    worker, or before the first cluster), kept until the process exits."""
+
+    def __init__(self):
+        self.driver: DriverGroup | None = None
+
+
+GROUP = GroupState()
 
 
 def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
@@ -107,8 +115,7 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
     ``placement`` is the driver's devices and device maps; torch keeps the first
     join's for the life of the agent (its options are read once, in the constructor).
     """
-    global _driver
-    if _driver is None:
+    if GROUP.driver is None:
         if is_member():
             raise ClusterRunningError(
                 "torch RPC is already initialized in this process (rpc.init_rpc was "
@@ -124,7 +131,7 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout, placement, transport),
              interface=interface)
         listeners = frozenset(listening_ports(os.getpid()) - before)
-        _driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface,
+        GROUP.driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface,
                               placement=placement, transport=transport)
         atexit.register(_leave_at_exit)
     else:
@@ -134,44 +141,44 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
             "RPC was shut down in this process outside nbrpc (rpc.shutdown()); torch "
             "cannot rejoin with working RRefs in the same process: restart the kernel"
         )
-    elif _driver.listeners and not _driver.listeners & listening_ports(os.getpid()):
+    elif GROUP.driver.listeners and not GROUP.driver.listeners & listening_ports(os.getpid()):
         raise ClusterRunningError(
             "this process's RPC agent stopped accepting connections (torch's TensorPipe "
             "does so after a connection that closes before its handshake: a port scan, "
             "say), so no worker can join it: restart the kernel to start a cluster"
         )
-    elif transport != _driver.transport:
+    elif transport != GROUP.driver.transport:
         raise ClusterRunningError(
-            f"this process joined RPC with the {_driver.transport!r} transport (for its first "
+            f"this process joined RPC with the {GROUP.driver.transport!r} transport (for its first "
             f"cluster) and torch cannot change an agent's transports: start this cluster with "
-            f"--transport {_driver.transport} (or leave it out), or restart the kernel to use "
+            f"--transport {GROUP.driver.transport} (or leave it out), or restart the kernel to use "
             f"{transport!r}"
         )
-    elif name != _driver.name:
+    elif name != GROUP.driver.name:
         raise ValueError(
-            f"this process joined RPC as {_driver.name!r} and keeps that name until it "
+            f"this process joined RPC as {GROUP.driver.name!r} and keeps that name until it "
             f"exits (torch binds RRefs to its first RPC agent); use --driver-name "
-            f"{_driver.name} or restart the kernel to take the name {name!r}"
+            f"{GROUP.driver.name} or restart the kernel to take the name {name!r}"
         )
-    elif interface not in ("lo", _driver.interface):
+    elif interface not in ("lo", GROUP.driver.interface):
         raise ClusterRunningError(
-            f"this process joined RPC listening on {_driver.interface!r} (for an earlier "
+            f"this process joined RPC listening on {GROUP.driver.interface!r} (for an earlier "
             f"cluster) and torch cannot move that listener to {interface!r}, where workers on "
             "other machines could reach it: restart the kernel and start this cluster first"
         )
     torch_compat.set_rpc_timeout(timeout)
-    return _driver
+    return GROUP.driver
 
 
 def check_placement(placement: devices.Placement | None) -> None:
     """Refuse devices or maps that this process's driver agent, if it has joined, lacks."""
-    if _driver is not None and placement:
-        devices.check_driver(_driver.placement, placement)
+    if GROUP.driver is not None and placement:
+        devices.check_driver(GROUP.driver.placement, placement)
 
 
 def driver_name() -> str | None:
     """The RPC name this process joined with as the driver, or None before its first cluster."""
-    return _driver.name if _driver is not None else None
+    return GROUP.driver.name if GROUP.driver is not None else None
 
 
 def drop_member(name: str) -> None:
@@ -224,7 +231,7 @@ def backend_options(threads: int, timeout: float, placement: devices.Placement |
 
 def driver_transport() -> str | None:
     """The transport this process joined RPC with, or None before its first cluster."""
-    return _driver.transport if _driver is not None else None
+    return GROUP.driver.transport if GROUP.driver is not None else None
 
 
 def join(

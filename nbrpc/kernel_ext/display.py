@@ -93,9 +93,9 @@ class CellOutput:
     def register(self, shell) -> None:
         shell.events.register("pre_run_cell", self.pre_run_cell)
         shell.events.register("post_run_cell", self.post_run_cell)
-        output.set_sink(self.deliver)
+        output.SINKS.add(self.deliver)
 
     def unregister(self, shell) -> None:
         shell.events.unregister("pre_run_cell", self.pre_run_cell)
         shell.events.unregister("post_run_cell", self.post_run_cell)
-        output.set_sink(None)
+        output.SINKS.discard(self.deliver)
