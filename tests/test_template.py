@@ -185,4 +185,4 @@ def _is_worker(pid: int) -> bool:
 
 
 def _is_template(pid: int) -> bool:
-    return b"nbrpc.deploy.template" in _cmdline(pid)
+    return b"nbrpc.member.template_process" in _cmdline(pid)
