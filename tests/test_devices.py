@@ -282,12 +282,12 @@ needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machi
 @needs_no_cuda
 @pytest.mark.parametrize("options", [dict(gpus=True), dict(device_maps={"worker1": {0: 1}})])
 def test_cluster_refuses_gpu_options_without_cuda(options):
-    before, joined, running = worker_pids(), group._driver, nbrpc.current()
+    before, joined, running = worker_pids(), group.GROUP.driver, nbrpc.current()
     with pytest.raises(DeviceMapError, match="needs CUDA"):
         nbrpc.Cluster(2, progress=None, **options)
     with pytest.raises(DeviceMapError, match="needs CUDA"):
         nbrpc.start(2, progress=None, **options)
-    assert worker_pids() == before and group._driver is joined and nbrpc.current() is running
+    assert worker_pids() == before and group.GROUP.driver is joined and nbrpc.current() is running
 
 
 def test_cluster_refuses_an_unknown_worker_first():

@@ -71,7 +71,7 @@ from nbrpc._util import listening_ports
 cluster = nbrpc.start(2, progress=None)
 print(json.dumps({"pids": [w.pid for w in cluster.workers]}), flush=True)
 cluster.shutdown()
-for port in sorted(group._driver.listeners):  # a port scan: connect, close at once
+for port in sorted(group.GROUP.driver.listeners):  # a port scan: connect, close at once
     try:
         socket.create_connection(("127.0.0.1", port)).close()
     except ConnectionRefusedError:  # closed by the scan's earlier connections
