@@ -20,7 +20,7 @@ from IPython.core.error import UsageError
 
 import nbrpc
 from nbrpc._util import listening_socket
-from nbrpc.group import membership as group
+from nbrpc.group import membership
 
 
 def worker_children() -> set[int]:
@@ -285,7 +285,7 @@ def test_port_in_use_names_the_port():
         taken.listen(1)
         port = taken.getsockname()[1]
         for attempt in (lambda: listening_socket("127.0.0.1", port),
-                        lambda: group.host_store("127.0.0.1", port, 5)):
+                        lambda: membership.host_store("127.0.0.1", port, 5)):
             began = time.monotonic()
             with pytest.raises(OSError) as info:
                 attempt()

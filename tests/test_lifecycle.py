@@ -65,13 +65,13 @@ print(json.dumps({"shutdown_took": time.monotonic() - began,
 DRIVER_LISTENER_POKED = """
 import json, os, socket, time
 import nbrpc
-from nbrpc.group import membership as group
+from nbrpc.group import membership
 from nbrpc._util import listening_ports
 
 cluster = nbrpc.start(2, progress=None)
 print(json.dumps({"pids": [w.pid for w in cluster.workers]}), flush=True)
 cluster.shutdown()
-for port in sorted(group.GROUP.driver.listeners):  # a port scan: connect, close at once
+for port in sorted(membership.GROUP.driver.listeners):  # a port scan: connect, close at once
     try:
         socket.create_connection(("127.0.0.1", port)).close()
     except ConnectionRefusedError:  # closed by the scan's earlier connections
