@@ -21,7 +21,7 @@ import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from .._util import muted_stderr
-from ..calls import patches, wrappers
+from ..calls import wrappers
 from ..calls.output import PrintOutput
 from ..diagnostics import trace
 from ..errors import (
@@ -33,7 +33,6 @@ from ..errors import (
 )
 from ..group import devices, membership
 from ..group.membership import DEFAULT_TRANSPORT
-from ..recording import recorder, rref_ledger
 from . import execution, launchers, template
 from .launchers.base import Progress, Started, Worker
 from .options import DEFAULTS, ClusterOptions
@@ -168,11 +167,9 @@ class Cluster:
         began = time.monotonic()
         self.launcher.prepare()
         driver = membership.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                    self.launcher.interface, self._driver_placement(), self.transport)
+                                         self.launcher.interface, self._driver_placement(), self.transport,
+                                         track=self.track, trace=self.trace)
         self._driver, self._store = driver, driver.store
-        patches.install(self.track)  # tracking is each cluster's choice
-        rref_ledger.reset()
-        recorder.install(self.trace)
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         wrappers.WORKER_FATES.add(self._fate)

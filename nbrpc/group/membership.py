@@ -107,15 +107,18 @@ GROUP = GroupState()
 
 def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
                  interface: str = "lo", placement: devices.Placement | None = None,
-                 transport: str = DEFAULT_TRANSPORT) -> DriverGroup:
-    """Join RPC as the driver the first time; later calls reuse that membership.
+                 transport: str = DEFAULT_TRANSPORT, track: bool = True, trace: bool = False) -> DriverGroup:
+    """Join RPC as the driver the first time; later calls reuse that membership. Either
+    way the driver tracks RRefs (``track``) and records calls (``trace``) as this cluster
+    asks, set up here and nowhere else.
 
     ``interface`` is where the driver's TensorPipe listener goes: ``lo`` for local
     workers, the interface that reaches them for workers on other machines.
     ``placement`` is the driver's devices and device maps; torch keeps the first
     join's for the life of the agent (its options are read once, in the constructor).
     """
-    if GROUP.driver is None:
+    first = GROUP.driver is None
+    if first:
         if is_member():
             raise ClusterRunningError(
                 "torch RPC is already initialized in this process (rpc.init_rpc was "
@@ -129,7 +132,7 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         before = listening_ports(os.getpid())
         placement = placement or devices.CPU
         join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout, placement, transport),
-             interface=interface)
+             interface=interface, track=track, trace=trace)
         listeners = frozenset(listening_ports(os.getpid()) - before)
         GROUP.driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface,
                               placement=placement, transport=transport)
@@ -166,6 +169,9 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
             f"cluster) and torch cannot move that listener to {interface!r}, where workers on "
             "other machines could reach it: restart the kernel and start this cluster first"
         )
+    elif not first:  # join set both up; a later cluster makes its own choice
+        patches.install(track)
+        after_agent(trace)
     torch_compat.set_rpc_timeout(timeout)
     return GROUP.driver
 

@@ -29,8 +29,11 @@ from . import streams
 WATCH_INTERVAL = 0.5
 
 
-def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> None:
-    settings = WorkerSettings.from_env(os.environ)
+def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
+         settings: WorkerSettings | None = None) -> None:
+    """Serve as a worker: ``settings`` given (a worker that joined from elsewhere), or
+    read from this process's environment (a local worker, started with them there)."""
+    settings = settings or WorkerSettings.from_env(os.environ)
     if settings.driver_pid is not None:  # a worker joined from elsewhere has its lifeline instead
         _watch_driver(settings.driver_pid, _scratch(argv or []))
     from ipykernel.kernelapp import IPKernelApp
@@ -73,7 +76,7 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     ip = sock.getsockname()[0]
     settings = WorkerSettings.from_wire(grant["settings"], f"{LOOPBACK}:{store_port}",
                                         addresses.interface_of(ip))
-    os.environ.update(settings.to_env())  # what main reads, as a local worker's
+    os.environ.update(settings.env)  # the cluster's extra variables, for the user's code
     scratch = tempfile.mkdtemp(prefix=f"nbrpc-{grant['name']}-")
     connection_file = os.path.join(scratch, "kernel.json")
     write_unbound_connection_file(connection_file, ip)
@@ -103,7 +106,7 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
 
     say(f"admitted by {address} (rank {grant['rank']}); kernel and RPC on {ip}")
 
-    main(["-f", connection_file], on_kernel=report)
+    main(["-f", connection_file], on_kernel=report, settings=settings)
 
 
 def leave(timeout: float = 20.0) -> None:

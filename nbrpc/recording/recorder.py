@@ -231,6 +231,11 @@ def answered_future(half: list, fut) -> None:
         answered(half)
 
 
+def named(half: list, error: BaseException) -> None:
+    """The call's error as nbrpc names it (it replaces torch's)."""
+    half[ERROR] = _error_text(error)
+
+
 def failed(half: list, error: BaseException) -> None:
     """The call failed before any reply (not sent, or its wait ended in an error)."""
     half[ERROR] = half[ERROR] or _error_text(error)
