@@ -117,8 +117,7 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
     ``placement`` is the driver's devices and device maps; torch keeps the first
     join's for the life of the agent (its options are read once, in the constructor).
     """
-    first = GROUP.driver is None
-    if first:
+    if GROUP.driver is None:
         if is_member():
             raise ClusterRunningError(
                 "torch RPC is already initialized in this process (rpc.init_rpc was "
@@ -135,45 +134,50 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
              interface=interface, track=track, trace=trace)
         listeners = frozenset(listening_ports(os.getpid()) - before)
         GROUP.driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface,
-                              placement=placement, transport=transport)
+                                   placement=placement, transport=transport)
         atexit.register(_leave_at_exit)
-    else:
+    else:  # join set tracking and tracing up; a later cluster makes its own choice
         check_placement(placement)
+        _check_reuse(name, interface, transport)
+        patches.install(track)
+        after_agent(trace)
+    torch_compat.set_rpc_timeout(timeout)
+    return GROUP.driver
+
+
+def _check_reuse(name: str, interface: str, transport: str) -> None:
+    """Refuse a cluster that this process's membership, joined for an earlier one, cannot serve."""
+    driver = GROUP.driver
     if not is_member():
         raise ClusterRunningError(
             "RPC was shut down in this process outside nbrpc (rpc.shutdown()); torch "
             "cannot rejoin with working RRefs in the same process: restart the kernel"
         )
-    elif GROUP.driver.listeners and not GROUP.driver.listeners & listening_ports(os.getpid()):
+    elif driver.listeners and not driver.listeners & listening_ports(os.getpid()):
         raise ClusterRunningError(
             "this process's RPC agent stopped accepting connections (torch's TensorPipe "
             "does so after a connection that closes before its handshake: a port scan, "
             "say), so no worker can join it: restart the kernel to start a cluster"
         )
-    elif transport != GROUP.driver.transport:
+    elif transport != driver.transport:
         raise ClusterRunningError(
-            f"this process joined RPC with the {GROUP.driver.transport!r} transport (for its first "
+            f"this process joined RPC with the {driver.transport!r} transport (for its first "
             f"cluster) and torch cannot change an agent's transports: start this cluster with "
-            f"--transport {GROUP.driver.transport} (or leave it out), or restart the kernel to use "
+            f"--transport {driver.transport} (or leave it out), or restart the kernel to use "
             f"{transport!r}"
         )
-    elif name != GROUP.driver.name:
+    elif name != driver.name:
         raise ValueError(
-            f"this process joined RPC as {GROUP.driver.name!r} and keeps that name until it "
+            f"this process joined RPC as {driver.name!r} and keeps that name until it "
             f"exits (torch binds RRefs to its first RPC agent); use --driver-name "
-            f"{GROUP.driver.name} or restart the kernel to take the name {name!r}"
+            f"{driver.name} or restart the kernel to take the name {name!r}"
         )
-    elif interface not in ("lo", GROUP.driver.interface):
+    elif interface not in ("lo", driver.interface):
         raise ClusterRunningError(
-            f"this process joined RPC listening on {GROUP.driver.interface!r} (for an earlier "
+            f"this process joined RPC listening on {driver.interface!r} (for an earlier "
             f"cluster) and torch cannot move that listener to {interface!r}, where workers on "
             "other machines could reach it: restart the kernel and start this cluster first"
         )
-    elif not first:  # join set both up; a later cluster makes its own choice
-        patches.install(track)
-        after_agent(trace)
-    torch_compat.set_rpc_timeout(timeout)
-    return GROUP.driver
 
 
 def check_placement(placement: devices.Placement | None) -> None:
