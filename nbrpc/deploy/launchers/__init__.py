@@ -135,6 +135,6 @@ def choose(request: Request, **where) -> Launcher:
     if foreign and not issubclass(kind.options, RemoteOptions) and set(foreign) <= {"bind", "port"}:
         raise ValueError("bind and port are for workers on other machines: add attach=N or hosts=...")
     if foreign:
-        raise ValueError(f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not options of the "
-                         f"{kind.name} launcher")
+        what = "is not an option" if len(foreign) == 1 else "are not options"
+        raise ValueError(f"{', '.join(foreign)} {what} of the {kind.name} launcher")
     return kind.make(request, from_keywords(kind.options, given))
