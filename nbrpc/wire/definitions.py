@@ -60,15 +60,6 @@ PER_PROCESS: dict[type, Callable] = {
     threading.BoundedSemaphore: lambda old: (threading.BoundedSemaphore, (old._initial_value,)),
 }
 
-_lock = threading.RLock()
-_origin = uuid.uuid4().hex
-_next_token = 0
-_identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # definition -> Identity
-_own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> this process's definition
-_received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (origin, token) -> definition
-_unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
-_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
-_code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> (its pickle, digest)
 DIGEST_SIZE = 16
 
 
@@ -85,28 +76,37 @@ class Identity:
     global_names: tuple = ()
 
 
-_codes: dict[bytes, types.CodeType] = {}  # digest -> code received in full (never dropped: small)
-# (origin, token, version) -> a top-level function received (or come home) in full: kept,
-# so that a sender may name it by identity; one entry per top-level definition sent here.
-_pinned: dict[tuple, types.FunctionType] = {}
+class Registry:
+    """This process's notebook definitions: what it made and sent (by token), what it
+    received (by origin and token), the shells still to build, the pickled code, the code
+    received by digest and the top-level functions kept for senders that name them by
+    identity. One per process; a forked child starts afresh (``reset``)."""
+
+    def __init__(self):
+        self.reset()
+        # code -> (its pickle, digest)
+        self.code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.next_token = 0
+
+    def reset(self) -> None:
+        """A new process: new origin, nothing sent or received yet."""
+        self.lock = threading.RLock()
+        self.origin = uuid.uuid4().hex
+        self.identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # definition -> Identity
+        self.own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> this process's definition
+        # (origin, token) -> definition
+        self.received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
+        self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
+        self.codes: dict[bytes, types.CodeType] = {}  # digest -> code received in full (never dropped: small)
+        # (origin, token, version) -> a top-level function received (or come home) in
+        # full: kept, so that a sender may name it by identity; one per definition sent here.
+        self.pinned: dict[tuple, types.FunctionType] = {}
+        receivers.reset()
 
 
-def _new_process() -> None:
-    """A forked child is a new process: new origin, nothing sent or received yet."""
-    global _origin, _lock
-    _lock = threading.RLock()
-    _origin = uuid.uuid4().hex
-    _identities.clear()
-    _own.clear()
-    _received.clear()
-    _unbuilt.clear()
-    _names.clear()
-    _codes.clear()
-    _pinned.clear()
-    receivers.reset()
-
-
-os.register_at_fork(after_in_child=_new_process)
+REGISTRY = Registry()
+os.register_at_fork(after_in_child=REGISTRY.reset)
 
 
 def namespace() -> dict:
@@ -124,13 +124,12 @@ def is_notebook_definition(obj) -> bool:
 
 
 def _identity(obj) -> Identity:
-    global _next_token
-    with _lock:
-        found = _identities.get(obj)
+    with REGISTRY.lock:
+        found = REGISTRY.identities.get(obj)
         if found is None:
-            _next_token += 1
-            found = _identities[obj] = Identity(_origin, _next_token)
-            _own[found.token] = obj
+            REGISTRY.next_token += 1
+            found = REGISTRY.identities[obj] = Identity(REGISTRY.origin, REGISTRY.next_token)
+            REGISTRY.own[found.token] = obj
         return found
 
 
@@ -147,7 +146,7 @@ def reduce_function(func: types.FunctionType) -> tuple:
     if ident.code is not func.__code__:
         _cache_code(ident, func)
     name = _stored_under(func)
-    if name is not None:  # top-level: a receiver that has it keeps it (``_pinned``)
+    if name is not None:  # top-level: a receiver that has it keeps it (``REGISTRY.pinned``)
         key = (ident.origin, ident.token, ident.version)
         if receivers.holds(key):
             return _by_identity(func, key, ident)
@@ -178,12 +177,12 @@ def _by_identity(func: types.FunctionType, key: tuple, ident: Identity) -> tuple
 
 
 def _cache_code(ident: Identity, func: types.FunctionType) -> None:
-    with _lock:
+    with REGISTRY.lock:
         code = func.__code__
-        cached = _code_payloads.get(code)
+        cached = REGISTRY.code_payloads.get(code)
         if cached is None:  # shared by every function made from this code (lambdas in a loop)
             payload = cloudpickle.dumps(code)
-            cached = _code_payloads[code] = (payload, _digest(payload))
+            cached = REGISTRY.code_payloads[code] = (payload, _digest(payload))
         ident.payload, ident.digest = cached
         ident.global_names = tuple(cp.code_globals(code))
         ident.code = code
@@ -239,24 +238,24 @@ def _stored_under(obj) -> str | None:
 
 def _known(origin: str, token: int, version: int = 0):
     """This process's object for a definition, or None if it must be built."""
-    if origin == _origin:
-        return _own.get(token)
-    found = _received.get((origin, token))
-    if found is not None and _identities[found].version == version:
+    if origin == REGISTRY.origin:
+        return REGISTRY.own.get(token)
+    found = REGISTRY.received.get((origin, token))
+    if found is not None and REGISTRY.identities[found].version == version:
         return found
     return None
 
 
 def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes,
                     fname: str, qualname: str, doc: str | None, digest: bytes = b""):
-    with _lock:
+    with REGISTRY.lock:
         found = _known(origin, token, version)
         if found is not None:
-            if digest not in _codes:  # the sender will name it by digest from now on
-                _codes[digest] = pickle.loads(payload)
+            if digest not in REGISTRY.codes:  # the sender will name it by digest from now on
+                REGISTRY.codes[digest] = pickle.loads(payload)
             return _pin(found, origin, token, version, name)
         code = pickle.loads(payload)
-        _codes[digest] = code
+        REGISTRY.codes[digest] = code
         built = _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
         return _pin(built, origin, token, version, name)
 
@@ -264,24 +263,24 @@ def _function_shell(origin: str, token: int, version: int, name: str | None, pay
 def _function_shell_by_digest(origin: str, token: int, version: int, name: str | None, digest: bytes,
                               fname: str, qualname: str, doc: str | None):
     """``_function_shell`` of a code this process was sent before, named by its digest."""
-    with _lock:
+    with REGISTRY.lock:
         found = _known(origin, token, version)
         if found is not None:
             return _pin(found, origin, token, version, name)
-        code = _codes.get(digest)
+        code = REGISTRY.codes.get(digest)
         if code is None:
             raise pickle.UnpicklingError(
                 f"the code of {qualname} (digest {digest.hex()}) was never sent to this "
                 "process; its sender believed it was. Start a new cluster (%rpc_shutdown, "
                 "then %rpc_init) if this repeats")
-        payload = _code_payloads.get(code, (b"", b""))[0] or cloudpickle.dumps(code)
+        payload = REGISTRY.code_payloads.get(code, (b"", b""))[0] or cloudpickle.dumps(code)
         built = _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
         return _pin(built, origin, token, version, name)
 
 
 def _pinned_function(key: tuple):
     """A top-level function this process was sent in full before (see ``_by_identity``)."""
-    found = _pinned.get(key)
+    found = REGISTRY.pinned.get(key)
     if found is None:
         raise pickle.UnpicklingError(
             f"a notebook function (origin {key[0]}, token {key[1]}) was never sent to this "
@@ -296,7 +295,7 @@ def _touch(func: types.FunctionType, uses: tuple) -> None:
 
 def _pin(func, origin: str, token: int, version: int, name: str | None):
     if name is not None:
-        _pinned[(origin, token, version)] = func
+        REGISTRY.pinned[(origin, token, version)] = func
     return func
 
 
@@ -310,7 +309,7 @@ def _plain_function_by_digest(*args):
 
 
 def _bound(func: types.FunctionType) -> types.FunctionType:
-    if func in _unbuilt:
+    if func in REGISTRY.unbuilt:
         _bind_function(func, (None, None, None, {}, {}, {}))
     return func
 
@@ -325,8 +324,8 @@ def _build_function(origin, token, version, name, code, payload, digest, fname, 
 
 def _bind_function(func: types.FunctionType, state: tuple) -> None:
     defaults, kwdefaults, closure, attributes, annotations, fills = state
-    with _lock:
-        if func not in _unbuilt:  # this process's own, or built before: as it is here
+    with REGISTRY.lock:
+        if func not in REGISTRY.unbuilt:  # this process's own, or built before: as it is here
             return
         func.__defaults__, func.__kwdefaults__ = defaults, kwdefaults
         if attributes:
@@ -341,7 +340,7 @@ def _bind_function(func: types.FunctionType, state: tuple) -> None:
 
 def _class_shell(origin: str, token: int, name: str | None, metaclass: type, cname: str,
                  bases: tuple, type_kwargs: dict):
-    with _lock:
+    with REGISTRY.lock:
         found = _known(origin, token)
         if found is not None:
             return found
@@ -352,8 +351,8 @@ def _class_shell(origin: str, token: int, name: str | None, metaclass: type, cna
 
 
 def _bind_class(cls: type, state: tuple) -> type:
-    with _lock:
-        if cls in _unbuilt:  # a class seen before keeps its class-level state
+    with REGISTRY.lock:
+        if cls in REGISTRY.unbuilt:  # a class seen before keeps its class-level state
             cp.set_class_state(cls, state)
         _store(cls)
     return cls
@@ -361,23 +360,23 @@ def _bind_class(cls: type, state: tuple) -> type:
 
 def _remember(obj, origin: str, token: int, version: int, name: str | None,
               code=None, payload: bytes = b"", digest: bytes = b"") -> None:
-    _unbuilt.add(obj)
-    if origin != _origin:
+    REGISTRY.unbuilt.add(obj)
+    if origin != REGISTRY.origin:
         names = () if code is None else tuple(cp.code_globals(code))
-        _identities[obj] = Identity(origin, token, version, code, payload, digest, names)
+        REGISTRY.identities[obj] = Identity(origin, token, version, code, payload, digest, names)
         if code is not None:  # forwarded as it came, by digest where the receiver has it
-            _code_payloads.setdefault(code, (payload, digest))
-        _received[(origin, token)] = obj
-    _names[obj] = name
+            REGISTRY.code_payloads.setdefault(code, (payload, digest))
+        REGISTRY.received[(origin, token)] = obj
+    REGISTRY.names[obj] = name
 
 
 def _store(obj) -> None:
     """Put a newly built definition under its name, unless the name holds something else."""
-    if obj not in _unbuilt:
+    if obj not in REGISTRY.unbuilt:
         return
-    _unbuilt.discard(obj)
-    name = _names.pop(obj, None)
-    if name is None or _identities.get(obj) is None:  # not top-level, or a detached copy
+    REGISTRY.unbuilt.discard(obj)
+    name = REGISTRY.names.pop(obj, None)
+    if name is None or REGISTRY.identities.get(obj) is None:  # not top-level, or a detached copy
         return
     ns = namespace()
     current = ns.get(name)
@@ -389,10 +388,10 @@ def _same_definition(current, arriving) -> bool:
     """Whether ``current`` is an earlier version of the definition ``arriving`` (same
     origin and name): then the newer one replaces it."""
     try:
-        ident = _identities.get(current)
+        ident = REGISTRY.identities.get(current)
     except TypeError:
         return False
-    return ident is not None and ident.origin == _identities[arriving].origin
+    return ident is not None and ident.origin == REGISTRY.identities[arriving].origin
 
 
 def _fill(scope: dict, fills: dict) -> None:

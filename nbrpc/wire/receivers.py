@@ -11,9 +11,9 @@ class Receivers:
     receiver, by worker name, is known to hold, and where the call being pickled on this
     thread goes.
 
-    A receiver keeps every code it is sent (``definitions._codes``: one entry per
+    A receiver keeps every code it is sent (``definitions.REGISTRY.codes``: one entry per
     distinct code, not per function object, so lambdas made in a loop share one) and
-    every top-level function (``definitions._pinned``), so what it acknowledged stays
+    every top-level function (``REGISTRY.pinned``), so what it acknowledged stays
     valid for its life; ``forget`` drops everything known when
     the group's members change (a new cluster may reuse a name).
     """
