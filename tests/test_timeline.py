@@ -114,7 +114,15 @@ def test_thread_lanes():
 def test_window_keeps_the_last_seconds():
     last = tl.window(TRACE, 0.1)
     assert last["start"] == pytest.approx(100.15)
-    assert [c["id"] for c in last["calls"]] == ["master:5", "master:6"]
+    # master:4 (sent 100.10, replied 100.16) straddles the start: kept, cut at the start;
+    # master:3 (replied 100.12) is over before it; master:6 is in flight (no reply).
+    assert [c["id"] for c in last["calls"]] == ["master:4", "master:5", "master:6"]
+    place = tl.timeline_layout(last)
+    assert place.t0 == pytest.approx(100.15)
+    wait = next(s for s in place.segments if s.id == "master:4" and s.kind == "wait")
+    assert wait.x1 < 0 < wait.x2  # master waited from before the window into it: clipped at 0
+    flying = next(s for s in place.segments if s.id == "master:6" and s.kind == "wait")
+    assert flying.x2 == pytest.approx(place.plot_w)  # in flight: drawn to the window's end
     assert tl.window(TRACE, None) is TRACE
     assert tl.window(TRACE, 10)["start"] == 100.0
     with pytest.raises(ValueError, match="positive number of seconds"):
@@ -159,7 +167,11 @@ def test_call_stats_per_function_and_callee():
     text = ts.summary_text(TRACE)
     assert text.splitlines()[0] == ("RPC timeline: 7 calls on 3 members over 250.0 ms; "
                                     "busy: w1 90.0 ms, w2 80.0 ms")
-    assert "stage1    w1          2  150.0 ms  75.0 ms  25.0 ms  16.3 KiB       0" in text
+    # the two overlap (100.00-100.06, 100.01-100.10): under way for 100 ms of wall time,
+    # 150 ms summed; the table says which is which
+    assert stage1["wall"] == pytest.approx(0.1)
+    assert text.splitlines()[1].split() == list(ts.STAT_COLUMNS)
+    assert "stage1    w1          2  100.0 ms  150.0 ms  75.0 ms  25.0 ms  16.3 KiB       0" in text
 
 
 def flat(intervals) -> list[float]:
@@ -280,7 +292,7 @@ def test_timeline_widget_from_a_snapshot():
         assert "application/vnd.jupyter.widget-view+json" in data
         assert "<title>" not in widget.svg  # the widget shows its own details
         last = nbrpc.Timeline(TRACE, last=0.1)
-        assert set(last.details) == {"master:5", "master:6"}
+        assert set(last.details) == {"master:4", "master:5", "master:6"}  # master:4 straddles the start
         last.close()
         threads = nbrpc.Timeline(TRACE, threads=True)
         assert 'data-lane="w1/t3"' in threads.svg

@@ -14,14 +14,40 @@ import statistics
 
 from ..schemas import CallRecord, TraceSnapshot
 
-__all__ = ["chrome_trace", "merge", "summarize"]
+__all__ = ["chrome_trace", "in_window", "merge", "own_call", "summarize"]
 
 _CALLER_FIELDS = ("caller", "callee", "kind", "name", "sent", "replied", "request", "reply",
                   "parent", "context", "rref", "error")
 
 
-def merge(reports: list[dict], clocks_found: dict, start: float, end: float) -> TraceSnapshot:
-    """Join members' halves into call records on the driver's clock (pure)."""
+# Calls that are nbrpc's own bookkeeping, not the user's: nbrpc's functions (``nbrpc``
+# kind: %rpc_status, the RRef graph's summaries, clocks) and the RRef type queries that
+# naming an RRef helper call makes.
+BOOKKEEPING = ("_rref_typeof_on_owner",)
+
+
+def own_call(call: dict) -> bool:
+    """Whether a call (record or caller half) is nbrpc's bookkeeping rather than the user's."""
+    name = call.get("name") or ""
+    return call.get("kind") == "nbrpc" or name.rsplit(".", 1)[-1] in BOOKKEEPING
+
+
+def in_window(call: dict, start: float, end: float, straddle: bool = True) -> bool:
+    """A call belongs to [start, end] if it was sent in it, or (``straddle``) sent before
+    it and not over by ``start``: under way at the start, or still in flight."""
+    if call["sent"] > end:
+        return False
+    if not straddle:
+        return call["sent"] >= start
+    last = [t for t in (call.get("replied"), call.get("ended")) if t is not None]
+    return call["sent"] >= start or not last or max(last) >= start
+
+
+def merge(reports: list[dict], clocks_found: dict, start: float, end: float,
+          own: bool = False, straddle: bool = False) -> TraceSnapshot:
+    """Join members' halves into call records on the driver's clock (pure): the calls
+    ``in_window`` (with ``straddle``, also those under way at ``start``), without nbrpc's
+    own (``own_call``) unless ``own``."""
     callers: dict[str, dict] = {}
     callees: dict[str, dict] = {}
     dropped = 0
@@ -33,9 +59,9 @@ def merge(reports: list[dict], clocks_found: dict, start: float, end: float) -> 
         dropped += sum(n for t, n in r["evicted"] if start <= t + offset <= end)
     calls: list[CallRecord] = []
     for key, c in callers.items():
-        if not start <= c["sent"] <= end:
-            continue
         e = callees.pop(key, None) or {}
+        if not in_window({**c, "ended": e.get("ended")}, start, end, straddle) or (not own and own_call(c)):
+            continue
         record = {"id": c.get("id", key), **{f: c[f] for f in _CALLER_FIELDS}}
         record["began"], record["ended"] = e.get("began"), e.get("ended")
         record["thread"] = e.get("thread")
@@ -150,7 +176,9 @@ def _lane(ends: list[float], start: float, end: float) -> int:
 
 
 def summarize(snap: TraceSnapshot) -> list[dict]:
-    """Rows per (function, callee): ``count``; ``total`` and ``median`` time (``duration``);
+    """Rows per (function, callee): ``count``; ``total`` (the calls' times summed: calls
+    that overlap count each) and ``median`` time (``duration``); ``wall``, the time
+    during which at least one of them was under way (overlaps counted once);
     median ``queue`` (sent to began); bytes each way and both; ``errors``; largest total first.
     ``Trace.summary()`` and the timeline's table are both these rows."""
     groups: dict[tuple, list] = collections.defaultdict(list)
@@ -159,17 +187,38 @@ def summarize(snap: TraceSnapshot) -> list[dict]:
     rows = []
     for (name, callee), calls in groups.items():
         times = [t for t in map(duration, calls) if t is not None]
+        spans = [_span(c) for c in calls]
         queues = [c["began"] - c["sent"] for c in calls if c.get("began") is not None and c.get("sent") is not None]
         request = sum(_count(c.get("request")) for c in calls)
         reply = sum(_count(c.get("reply")) for c in calls)
         rows.append(dict(
             name=name, callee=callee, kind=calls[0].get("kind"), count=len(calls),
-            total=sum(times), median=statistics.median(times) if times else None,
+            total=sum(times), wall=_covered([x for x in spans if x is not None]),
+            median=statistics.median(times) if times else None,
             queue=statistics.median(queues) if queues else None,
             errors=sum(bool(c.get("error")) for c in calls),
             request_bytes=request, reply_bytes=reply, bytes=request + reply,
         ))
     return sorted(rows, key=lambda r: (-r["total"], -r["count"], r["name"], r["callee"]))
+
+
+def _span(call: dict) -> tuple[float, float] | None:
+    """The interval ``duration`` measures."""
+    if call.get("replied") is not None and call.get("sent") is not None:
+        return call["sent"], call["replied"]
+    if call.get("ended") is not None and call.get("began") is not None:
+        return call["began"], call["ended"]
+    return None
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of ``spans``."""
+    covered, reach = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > reach:
+            covered += b - max(a, reach)
+            reach = b
+    return covered
 
 
 def duration(call: dict) -> float | None:

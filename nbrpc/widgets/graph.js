@@ -53,6 +53,55 @@ function table(details, id) {
   return box;
 }
 
+/**
+ * Put a hover card next to the pointer, inside the view and inside the window: right
+ * and below when it fits, else left or above, else against the edge. The output area
+ * around a widget clips what sticks out of it, so the card never leaves the view.
+ * @param {HTMLElement} tip
+ * @param {HTMLElement} view
+ * @param {MouseEvent} event
+ */
+function placeTip(tip, view, event) {
+  const box = view.getBoundingClientRect();
+  const gap = 14;
+  const w = tip.offsetWidth;
+  const h = tip.offsetHeight;
+  // The part of the view that is on screen, in view coordinates.
+  const left = Math.max(0, -box.left);
+  const top = Math.max(0, -box.top);
+  const right = Math.min(box.width, window.innerWidth - box.left);
+  const bottom = Math.min(box.height, window.innerHeight - box.top);
+  const x = event.clientX - box.left;
+  const y = event.clientY - box.top;
+  let tx = x + gap + w <= right ? x + gap : x - gap - w;
+  let ty = y + gap + h <= bottom ? y + gap : y - gap - h;
+  tx = Math.max(left, Math.min(tx, right - w));
+  ty = Math.max(top, Math.min(ty, bottom - h));
+  tip.style.left = `${Math.round(tx)}px`;
+  tip.style.top = `${Math.round(ty)}px`;
+}
+
+/**
+ * The fit / 1:1 button: fitted, a drawing shrinks to the output's width; at 1:1 it
+ * keeps its own size and the box scrolls. The choice lives in the model (`fit`).
+ * @param {Model} model
+ * @param {HTMLElement} host
+ */
+function fitButton(model, host) {
+  const button = /** @type {HTMLButtonElement} */ (make("button", "nbrpc-fit-toggle"));
+  const show = () => {
+    const fit = model.get("fit") !== false;
+    host.classList.toggle("nbrpc-fit", fit);
+    button.textContent = fit ? "1:1" : "fit";
+    button.title = fit ? "show the drawing at its own size (scroll to see it all)" : "fit the drawing to the width";
+  };
+  button.addEventListener("click", () => {
+    model.set("fit", model.get("fit") === false);
+    model.save_changes();
+  });
+  return { button, show };
+}
+
 /** @param {{ model: Model, el: HTMLElement }} context */
 function render({ model, el }) {
   const view = make("div", "nbrpc-graph");
@@ -68,6 +117,8 @@ function render({ model, el }) {
   const host = make("div", "nbrpc-host");
   const tip = make("div", "nbrpc-tip");
   const pin = make("div", "nbrpc-pin");
+  const fit = fitButton(model, host);
+  bar.append(fit.button);
   if (model.get("kind") === "rref") bar.append(forkBox);
   bar.append(filterBox, status);
   view.append(bar, host, pin, tip);
@@ -171,9 +222,7 @@ function render({ model, el }) {
       showTip();
     }
     if (hovered !== null) {
-      const box = view.getBoundingClientRect();
-      tip.style.left = `${event.clientX - box.left + 14}px`;
-      tip.style.top = `${event.clientY - box.top + 14}px`;
+      placeTip(tip, view, event);
     }
   }
 
@@ -228,9 +277,11 @@ function render({ model, el }) {
   model.on("change:worker", applyFilter);
   model.on("change:show_forks", onShowForks);
   model.on("change:status", onStatus);
+  model.on("change:fit", fit.show);
   swap();
   onShowForks();
   onStatus();
+  fit.show();
 
   return () => {
     model.off("change:svg", swap);
@@ -239,6 +290,7 @@ function render({ model, el }) {
     model.off("change:worker", applyFilter);
     model.off("change:show_forks", onShowForks);
     model.off("change:status", onStatus);
+    model.off("change:fit", fit.show);
   };
 }
 

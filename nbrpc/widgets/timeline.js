@@ -92,6 +92,55 @@ function table(details, id) {
   return box;
 }
 
+/**
+ * Put a hover card next to the pointer, inside the view and inside the window: right
+ * and below when it fits, else left or above, else against the edge. The output area
+ * around a widget clips what sticks out of it, so the card never leaves the view.
+ * @param {HTMLElement} tip
+ * @param {HTMLElement} view
+ * @param {MouseEvent} event
+ */
+function placeTip(tip, view, event) {
+  const box = view.getBoundingClientRect();
+  const gap = 14;
+  const w = tip.offsetWidth;
+  const h = tip.offsetHeight;
+  // The part of the view that is on screen, in view coordinates.
+  const left = Math.max(0, -box.left);
+  const top = Math.max(0, -box.top);
+  const right = Math.min(box.width, window.innerWidth - box.left);
+  const bottom = Math.min(box.height, window.innerHeight - box.top);
+  const x = event.clientX - box.left;
+  const y = event.clientY - box.top;
+  let tx = x + gap + w <= right ? x + gap : x - gap - w;
+  let ty = y + gap + h <= bottom ? y + gap : y - gap - h;
+  tx = Math.max(left, Math.min(tx, right - w));
+  ty = Math.max(top, Math.min(ty, bottom - h));
+  tip.style.left = `${Math.round(tx)}px`;
+  tip.style.top = `${Math.round(ty)}px`;
+}
+
+/**
+ * The fit / 1:1 button: fitted, a drawing shrinks to the output's width; at 1:1 it
+ * keeps its own size and the box scrolls. The choice lives in the model (`fit`).
+ * @param {Model} model
+ * @param {HTMLElement} host
+ */
+function fitButton(model, host) {
+  const button = /** @type {HTMLButtonElement} */ (make("button", "nbrpc-fit-toggle"));
+  const show = () => {
+    const fit = model.get("fit") !== false;
+    host.classList.toggle("nbrpc-fit", fit);
+    button.textContent = fit ? "1:1" : "fit";
+    button.title = fit ? "show the drawing at its own size (scroll to see it all)" : "fit the drawing to the width";
+  };
+  button.addEventListener("click", () => {
+    model.set("fit", model.get("fit") === false);
+    model.save_changes();
+  });
+  return { button, show };
+}
+
 /** @param {{ model: Model, el: HTMLElement }} context */
 function render({ model, el }) {
   const view = make("div", "nbrpc-timeline-view");
@@ -104,7 +153,8 @@ function render({ model, el }) {
   const tip = make("div", "nbrpc-tip");
   const pin = make("div", "nbrpc-pin");
   const summary = make("div", "nbrpc-tl-summary");
-  bar.append(reset, hint, status);
+  const fit = fitButton(model, host);
+  bar.append(fit.button, reset, hint, status);
   view.append(bar, host, pin, summary, tip);
   el.append(view);
 
@@ -145,11 +195,11 @@ function render({ model, el }) {
     if (!(b > a)) return;
     const [x0, y0, w, h] = ["data-plot-x", "data-plot-y", "data-plot-w", "data-plot-h"].map(num);
     const bottom = y0 + h;
-    const nodes = [svgNode("line", { x1: x0, y1: bottom, x2: x0 + w, y2: bottom, stroke: "#777777", "stroke-width": 0.8 })];
+    const nodes = [svgNode("line", { x1: x0, y1: bottom, x2: x0 + w, y2: bottom, stroke: "#595959", "stroke-width": 0.8, class: "nbrpc-line" })];
     const step = tickStep(b - a);
     for (let k = Math.ceil(a / step - 1e-9); k * step <= b + 1e-12; k++) {
       const x = x0 + ((k * step - a) / (b - a)) * w;
-      nodes.push(svgNode("line", { x1: x, y1: y0, x2: x, y2: bottom + 4, stroke: "#d0d4d9", "stroke-width": 0.6 }));
+      nodes.push(svgNode("line", { x1: x, y1: y0, x2: x, y2: bottom + 4, stroke: "#d0d4d9", "stroke-width": 0.6, class: "nbrpc-rule" }));
       const label = svgNode("text", { class: "nbrpc-tl-tick", x, y: bottom + 15, "text-anchor": "middle" });
       label.textContent = tickLabel(k * step, step);
       nodes.push(label);
@@ -277,9 +327,7 @@ function render({ model, el }) {
       showTip();
     }
     if (hovered !== null) {
-      const box = view.getBoundingClientRect();
-      tip.style.left = `${event.clientX - box.left + 14}px`;
-      tip.style.top = `${event.clientY - box.top + 14}px`;
+      placeTip(tip, view, event);
     }
   }
 
@@ -341,9 +389,11 @@ function render({ model, el }) {
   model.on("change:selected", onSelected);
   model.on("change:status", onStatus);
   model.on("change:table", onTable);
+  if (model.on) model.on("change:fit", fit.show);
   swap();
   onStatus();
   onTable();
+  fit.show();
 
   return () => {
     model.off("change:svg", swap);
@@ -351,6 +401,7 @@ function render({ model, el }) {
     model.off("change:selected", onSelected);
     model.off("change:status", onStatus);
     model.off("change:table", onTable);
+    model.off("change:fit", fit.show);
   };
 }
 

@@ -14,6 +14,7 @@ from . import timeline_layout as tl
 from . import timeline_svg as ts
 from ._live import LiveView, SyncLock
 from .base import HERE
+from .svg import THEME_CSS
 
 # Consecutive failed refreshes after which a live timeline gives up.
 
@@ -74,7 +75,7 @@ class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
     """
 
     _esm = HERE / "timeline.js"
-    _css = HERE / "timeline.css"
+    _css = (HERE / "timeline.css").read_text(encoding="utf-8") + THEME_CSS
 
     svg = traitlets.Unicode("", help="the drawing, made by nbrpc.widgets.timeline_svg").tag(sync=True)
     details = traitlets.Dict(help="hover details by call id: {title, rows}").tag(sync=True)
@@ -83,6 +84,7 @@ class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
         "", help="id of the call pinned by a click in the front end ('' for none)").tag(sync=True)
     status = traitlets.Unicode("", help="one line over the timeline: what is shown, live or not").tag(sync=True)
     follow = traitlets.Bool(False, help="live: keep the newest calls in view").tag(sync=True)
+    fit = traitlets.Bool(True, help="shrink the drawing to the output's width (else 1:1)").tag(sync=True)
     interval = traitlets.Float(1.0, help="seconds between refreshes while live")
     THREAD = "nbrpc-timeline"
     START_HINT = "start one with %rpc_init --trace"
