@@ -190,6 +190,47 @@ def test_summary_rows():
     assert f["request_bytes"] == 2 * 4600 and f["reply_bytes"] == 14
 
 
+def test_merge_leaves_out_nbrpc_own_calls_unless_asked():
+    reports = [member(M, 0, [
+        caller("master:0", 1.0, 1.1, name="train"),
+        caller("master:1", 1.2, 1.3, name="_debug_counts", kind="nbrpc"),  # %rpc_status
+        caller("master:2", 1.4, 1.5, name="_rref_typeof_on_owner", kind="internal"),
+        caller("master:3", 1.6, 1.7, name="_summaries", kind="nbrpc"),  # the RRef graph
+    ])]
+    assert [c["name"] for c in records.merge(reports, {}, 0.0, 10.0)["calls"]] == ["train"]
+    assert [c["name"] for c in records.merge(reports, {}, 0.0, 10.0, own=True)["calls"]] == [
+        "train", "_debug_counts", "_rref_typeof_on_owner", "_summaries"]
+    assert [r["name"] for r in records.summarize(records.merge(reports, {}, 0.0, 10.0))] == ["train"]
+
+
+def test_nbrpc_functions_are_nbrpc_calls_and_the_labs_are_the_students():
+    from nbrpc.deploy import cluster
+    from nbrpc.lab import param_server
+    from nbrpc.recording import functions
+
+    assert functions.describe(cluster._debug_counts)[1] == "nbrpc"
+    lab_function = next(f for f in vars(param_server).values()
+                        if callable(f) and getattr(f, "__module__", "") == param_server.__name__)
+    assert functions.describe(lab_function)[1] is None
+    assert functions.describe(first)[1] is None
+
+
+def test_a_window_keeps_the_calls_that_straddle_its_start_and_those_in_flight():
+    reports = [member(M, 0, [
+        caller("master:0", 1.0, 2.0),  # over before the window
+        caller("master:1", 3.0, 5.0),  # under way at its start (4.0)
+        caller("master:2", 3.5, None),  # in flight: no reply yet
+        caller("master:3", 4.5, 4.6),  # inside it
+        caller("master:4", 11.0, 11.5),  # after it
+    ]), member(W1, 1, [callee("master:2", 3.6, None)])]
+    ids = [c["id"] for c in records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"]]
+    assert ids == ["master:1", "master:2", "master:3"]
+    flying = records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"][1]
+    assert (flying["began"], flying["ended"], flying["replied"]) == (3.6, None, None)
+    # a trace block keeps only what was sent in it
+    assert [c["id"] for c in records.merge(reports, {}, 4.0, 10.0)["calls"]] == ["master:3"]
+
+
 def test_off_by_default_and_needs_a_cluster():
     assert nbrpc.Cluster(2).trace is False
     assert nbrpc.Cluster(2, trace=True).trace is True
@@ -315,6 +356,26 @@ def test_each_function_keeps_its_own_name(traced):
     assert [c["name"] for c in t.snapshot()["calls"]] == [
         "first", "second", "first", "second", "Counter", "Counter.bump", "aten::add",
         "test_each_function_keeps_its_own_name.<locals>.<lambda>"]
+
+
+def test_nbrpc_own_calls_stay_out_of_the_users_recording(traced):
+    """%rpc_status, the RRef graph's snapshot and naming an RRef helper call make RPCs of
+    nbrpc's own; a recording shows the user's calls only."""
+    with nbrpc.trace() as t:
+        rref = rpc.remote(W1, Counter)
+        rref.rpc_sync().bump(1)
+        nbrpc.current().status()
+        nbrpc.rref_snapshot()
+        rpc.rpc_sync(W2, first, args=(1,))
+    names = [c["name"] for c in t.snapshot()["calls"]]
+    assert names == ["Counter", "Counter.bump", "first"]
+    assert [c["name"] for c in t.snapshot()["calls"] if c["kind"] == "nbrpc"] == []
+    with nbrpc.trace(own=True) as asked:  # asked for, they are there
+        rref.rpc_sync().bump(1)
+        nbrpc.current().status()
+    names = {c["name"] for c in asked.snapshot()["calls"]}
+    assert {"Counter.bump", "_debug_counts"} <= names
+    del rref
 
 
 def test_a_call_that_never_leaves_is_recorded_with_its_error(traced):

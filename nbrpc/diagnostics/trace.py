@@ -63,10 +63,11 @@ STRADDLE = 120.0
 
 
 def snapshot(start: float, end: float, clocks_found: dict | None = None,
-             timeout: float = 10.0, straddle: bool = False) -> TraceSnapshot:
+             timeout: float = 10.0, straddle: bool = False, own: bool = False) -> TraceSnapshot:
     """Every member's calls sent in [start, end] (driver's clock), joined; with
     ``straddle``, also those sent up to ``STRADDLE`` seconds before and still under way
-    at ``start`` (a window that slides keeps the calls it cuts, and those in flight)."""
+    at ``start`` (a window that slides keeps the calls it cuts, and those in flight).
+    nbrpc's own calls (``records.own_call``) are left out unless ``own``."""
     if clocks_found is None:
         clocks_found = measure_clocks(timeout)
     reports = gather(start - STRADDLE if straddle else start, clocks_found, timeout)
@@ -75,7 +76,7 @@ def snapshot(start: float, end: float, clocks_found: dict | None = None,
         with quiet():
             clocks_found = {**clocks_found, **clocks.estimate_all(
                 {r["name"]: r["clock"] for r in reports if r["name"] in missing}, timeout)}
-    return records.merge(reports, clocks_found, start, end, straddle=straddle)
+    return records.merge(reports, clocks_found, start, end, straddle=straddle, own=own)
 
 
 # -- the user's API ---------------------------------------------------------------------
@@ -89,7 +90,8 @@ class Trace:
     trace (Perfetto, chrome://tracing) and ``t.save("report.html")`` a report page.
     """
 
-    def __init__(self, timeout: float = 10.0):
+    def __init__(self, timeout: float = 10.0, own: bool = False):
+        self.own = own
         self.timeout = timeout
         self.start: float | None = None
         self.end: float | None = None
@@ -108,7 +110,7 @@ class Trace:
         self.end = clocks.now()
         recorder.settle(self.start)
         try:
-            self._snapshot = snapshot(self.start, self.end, self._clocks, self.timeout)
+            self._snapshot = snapshot(self.start, self.end, self._clocks, self.timeout, own=self.own)
         finally:
             with quiet():
                 ask_members(enable, (False,), self.timeout)
@@ -119,7 +121,7 @@ class Trace:
             raise RuntimeError("this trace has not started: use it as `with nbrpc.trace() as t:`")
         if self._snapshot is not None:
             return self._snapshot
-        return snapshot(self.start, clocks.now(), self._clocks, self.timeout)
+        return snapshot(self.start, clocks.now(), self._clocks, self.timeout, own=self.own)
 
     def summary(self) -> list[dict]:
         """Per function and callee: count, total and median seconds, bytes each way."""
@@ -143,12 +145,13 @@ class Trace:
                          "(Chrome trace event format) or .html (report)")
 
 
-def trace(timeout: float = 10.0) -> Trace:
-    """Record every RPC made in a ``with`` block, on every member of the running cluster."""
-    return Trace(timeout)
+def trace(timeout: float = 10.0, own: bool = False) -> Trace:
+    """Record every RPC made in a ``with`` block, on every member of the running cluster
+    (with ``own``, also nbrpc's own: status, RRef summaries, RRef type queries)."""
+    return Trace(timeout, own)
 
 
-def trace_snapshot(last: float | None = None, timeout: float = 10.0) -> TraceSnapshot:
+def trace_snapshot(last: float | None = None, timeout: float = 10.0, own: bool = False) -> TraceSnapshot:
     """The calls of the last ``last`` seconds (default: all kept) of a cluster started
     with ``trace=True``."""
     traces = _cluster_traces()
@@ -162,7 +165,7 @@ def trace_snapshot(last: float | None = None, timeout: float = 10.0) -> TraceSna
             "the cluster with nbrpc.start(trace=True) / %rpc_init --trace")
     end = clocks.now()
     snap = snapshot(end - last if last is not None else float("-inf"), end, None, timeout,
-                    straddle=last is not None)
+                    straddle=last is not None, own=own)
     if last is None:  # from the first call kept
         snap["start"] = min((c["sent"] for c in snap["calls"]), default=end)
     return snap
