@@ -93,31 +93,40 @@ function table(details, id) {
 }
 
 /**
- * Put a hover card next to the pointer, inside the view and inside the window: right
- * and below when it fits, else left or above, else against the edge. The output area
- * around a widget clips what sticks out of it, so the card never leaves the view.
+ * Put a hover card next to the pointer where it shows whole. The card is fixed to the
+ * window, so the output area around a widget (which clips what sticks out of it) does
+ * not cut it: across, it stays inside the view; down, inside the view when it fits
+ * there, else over the output, inside the notebook's scrolling area and the window.
+ * Right of and below the pointer when there is room, else left of or above it.
  * @param {HTMLElement} tip
  * @param {HTMLElement} view
  * @param {MouseEvent} event
  */
 function placeTip(tip, view, event) {
-  const box = view.getBoundingClientRect();
   const gap = 14;
+  const box = view.getBoundingClientRect();
+  tip.style.maxWidth = `${Math.max(160, Math.min(460, box.width - 8))}px`;
   const w = tip.offsetWidth;
   const h = tip.offsetHeight;
-  // The part of the view that is on screen, in view coordinates.
-  const left = Math.max(0, -box.left);
-  const top = Math.max(0, -box.top);
-  const right = Math.min(box.width, window.innerWidth - box.left);
-  const bottom = Math.min(box.height, window.innerHeight - box.top);
-  const x = event.clientX - box.left;
-  const y = event.clientY - box.top;
-  let tx = x + gap + w <= right ? x + gap : x - gap - w;
-  let ty = y + gap + h <= bottom ? y + gap : y - gap - h;
-  tx = Math.max(left, Math.min(tx, right - w));
-  ty = Math.max(top, Math.min(ty, bottom - h));
-  tip.style.left = `${Math.round(tx)}px`;
-  tip.style.top = `${Math.round(ty)}px`;
+  const scroller = view.closest(".jp-WindowedPanel-outer, .jp-Notebook, .jp-NotebookPanel");
+  const area = scroller ? scroller.getBoundingClientRect() : { top: 0, bottom: window.innerHeight };
+  const left = Math.max(box.left, 0);
+  const right = Math.min(box.right, window.innerWidth);
+  const room = Math.max(event.clientY - box.top, box.bottom - event.clientY) - gap;
+  const top = Math.max(h <= room ? box.top : area.top, 0);
+  const bottom = Math.min(h <= room ? box.bottom : area.bottom, window.innerHeight);
+  let x = event.clientX + gap + w <= right ? event.clientX + gap : event.clientX - gap - w;
+  let y = event.clientY + gap + h <= bottom ? event.clientY + gap : event.clientY - gap - h;
+  x = Math.max(left, Math.min(x, right - w));
+  y = Math.max(top, Math.min(y, bottom - h));
+  tip.style.left = `${Math.round(x)}px`;
+  tip.style.top = `${Math.round(y)}px`;
+  // A transformed or contained ancestor makes "fixed" relative to itself: correct for it.
+  const got = tip.getBoundingClientRect();
+  if (Math.abs(got.left - x) > 0.5 || Math.abs(got.top - y) > 0.5) {
+    tip.style.left = `${Math.round(2 * x - got.left)}px`;
+    tip.style.top = `${Math.round(2 * y - got.top)}px`;
+  }
 }
 
 /**
