@@ -26,6 +26,14 @@ CELLS = [
     "RRefGraph(snapshot=synthetic(60, 6))",
     "AutogradGraph(autograd_wide())",
     "Timeline(TRACE)",
+    "from nbrpc.deploy.status import StatusTable\n"
+    "ROWS = [dict(name='master', rank=0, host='h', pid=1, state='driver', devices='-', busy=0, owned_rrefs=2),\n"
+    "        dict(name='worker1', rank=1, host='h', pid=2, state='running', devices='-', busy=1, owned_rrefs=5)]\n"
+    "StatusTable(ROWS)  # what %rpc_status shows",
+    "from nbrpc.widgets.status import ClusterStatus\n\n"
+    "class Saved:  # a cluster's status rows, kept\n"
+    "    def status(self):\n        return ROWS\n\n"
+    "ClusterStatus(live=False, cluster=Saved())",
 ]
 KINDS = ["rref", "autograd", "timeline"]
 THEMES = ["JupyterLab Light", "JupyterLab Dark"]
@@ -111,6 +119,7 @@ def views_page(tmp_path_factory):
                 tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
                 tab.wait_for_selector(".nbrpc-timeline-view .nbrpc-host svg", timeout=180_000)
                 tab.wait_for_function("() => document.querySelectorAll('.nbrpc-host > svg').length === 3")
+                tab.wait_for_selector(".nbrpc-status-table table.nbrpc-status")
                 yield tab
             finally:
                 context.close()
@@ -243,3 +252,31 @@ def test_hover_cards_show_whole(views_page, theme):
         assert found["color"] != found["background"]
         page.screenshot(path=str(ARTIFACTS / f"views_tip_{kind}_{theme.split()[-1].lower()}.png"))
         page.mouse.move(0, 0)
+
+
+def test_cluster_status_looks_like_rpc_status(views_page):
+    """``ClusterStatus()`` draws its table as ``%rpc_status``'s output is drawn: same
+    padding, font and rules, so columns never touch."""
+    page = views_page
+    use_theme(page, "JupyterLab Light")
+    styles = page.evaluate("""() => {
+        const widget = document.querySelector('.nbrpc-status-table table.nbrpc-status');
+        const magic = [...document.querySelectorAll('table.nbrpc-status')].find(t => t !== widget);
+        const look = (table) => {
+            const td = getComputedStyle(table.querySelector('tbody td'));
+            const tr = getComputedStyle(table.querySelector('tbody tr:nth-child(2)'));
+            return {padding: [td.paddingLeft, td.paddingRight, td.paddingTop], font: td.fontSize,
+                    border: getComputedStyle(table.querySelector('thead')).borderBottomWidth,
+                    stripe: tr.backgroundColor};
+        };
+        const cells = [...widget.querySelectorAll('tbody tr:first-child td')].map(td => td.getBoundingClientRect());
+        const gaps = cells.slice(1).map((b, i) => b.left - cells[i].right);
+        return {widget: look(widget), magic: look(magic), gaps,
+                text: [...widget.querySelectorAll('tbody td')].map(td => td.textContent)};
+    }""")
+    assert styles["widget"] == styles["magic"], styles
+    assert "worker1" in styles["text"] and "running" in styles["text"]
+    padding = sum(float(p.removesuffix("px")) for p in styles["widget"]["padding"][:2])
+    assert padding >= 8, styles  # the columns have room between them
+    page.locator(".nbrpc-status-table").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "views_cluster_status.png"))
