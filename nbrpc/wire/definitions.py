@@ -26,6 +26,7 @@ The parts:
 from __future__ import annotations
 
 import enum
+import linecache
 import os
 import pickle
 import sys
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 import cloudpickle
 
 from .._compat import cloudpickle_compat as cp
+from .._compat import jupyter_compat
 
 # The per-process objects a global may hold, and the recipe for a fresh one like it.
 PER_PROCESS: dict[type, Callable] = {
@@ -134,9 +136,39 @@ def _cache_code(ident: Identity, func: types.FunctionType) -> None:
         code = func.__code__
         payload = _code_payloads.get(code)
         if payload is None:  # shared by every function made from this code (lambdas in a loop)
-            payload = _code_payloads[code] = cloudpickle.dumps(code)
+            payload = _code_payloads[code] = cloudpickle.dumps((code, _source_of(code)))
         ident.payload, ident.code = payload, code
         ident.version += 1
+
+
+SOURCE_LINES_SENT = 2000  # a longer file (a script run as __main__) goes without its source
+
+
+def _source_of(code: types.CodeType) -> tuple[str, list[str]] | None:
+    """Where ``code`` was written, named for a traceback (``Cell In[5]`` for a notebook
+    cell, as IPython names it, else the file), and the lines there: the receiver shows
+    them in the tracebacks of errors the function raises (cloudpickle sends code as
+    ``<dynamic-code>``, with no lines)."""
+    lines = linecache.getlines(code.co_filename)
+    if not lines or len(lines) > SOURCE_LINES_SENT:
+        return None
+    count = jupyter_compat.cell_number(code.co_filename)
+    return (code.co_filename if count is None else f"Cell In[{count}]"), lines
+
+
+def _placed(code: types.CodeType, source: tuple[str, list[str]] | None) -> types.CodeType:
+    """``code`` (and the code inside it) named after where it was written, with those
+    lines in ``linecache`` so that tracebacks here show them."""
+    if source is None:
+        return code
+    label, lines = source
+    linecache.cache[label] = (sum(map(len, lines)), None, lines, label)  # kept: no mtime
+
+    def relabel(c: types.CodeType) -> types.CodeType:
+        consts = tuple(relabel(k) if isinstance(k, types.CodeType) else k for k in c.co_consts)
+        return c.replace(co_filename=label, co_consts=consts)
+
+    return relabel(code)
 
 
 def fill_ins(func: types.FunctionType) -> dict:
@@ -195,7 +227,8 @@ def _function_shell(origin: str, token: int, version: int, name: str | None, pay
         found = _known(origin, token, version)
         if found is not None:
             return found
-        code = pickle.loads(payload)
+        code, source = pickle.loads(payload)
+        code = _placed(code, source)
         closure = tuple(cp.make_empty_cell() for _ in code.co_freevars) or None
         func = types.FunctionType(code, namespace(), fname, None, closure)
         func.__qualname__, func.__module__, func.__doc__ = qualname, "__main__", doc
