@@ -435,3 +435,31 @@ def test_a_traced_block_saved_as_a_report(traced, tmp_path):
         assert [c["callee"] for c in widget.snapshot["calls"] if c["name"].endswith("spin")] == ["worker2"]
     finally:
         widget.close()
+
+
+def test_legend_labels_are_unique_and_keep_the_method():
+    names = ["BatchUpdateParameterServer.update_and_fetch_model",
+             "BatchUpdateParameterServer.get_model", "train", "x" * 40, "x" * 40 + "y"]
+    labels = ts.legend_labels(names)
+    assert len(set(labels)) == len(labels) and all(len(a) <= ts.LEGEND_CHARS + 4 for a in labels)
+    assert labels[0].endswith("update_and_fetch_model") and labels[1].endswith(".get_model")
+    assert labels[2] == "train"
+    snap = copy.deepcopy(TRACE)
+    for c, name in zip(snap["calls"], names * 2):
+        c["name"] = name
+    legend = classed(ET.fromstring(ts.timeline_svg(snap)), "nbrpc-tl-legend")[0]
+    shown = [t.text for t in legend.iter(SVG + "text")]
+    assert len(shown) == len(set(shown)) >= 3
+
+
+def test_a_call_still_running_is_drawn_to_the_windows_end():
+    snap = copy.deepcopy(TRACE)
+    running = next(c for c in snap["calls"] if c["id"] == "master:5")
+    running["ended"] = running["replied"] = None
+    place = tl.timeline_layout(snap)
+    bar = {b.id: b for b in place.bars}["master:5"]
+    assert bar.running and bar.x + bar.width == pytest.approx(place.plot_w)
+    drawn = bars(ET.fromstring(ts.draw(snap, place)))["master:5"]
+    assert "nbrpc-tl-running" in drawn.get("class").split() and drawn.get("stroke-dasharray")
+    rows = dict(ts.call_details(snap)["master:5"]["rows"])
+    assert rows["note"] == "still running when this was recorded" and rows["ran for"] == "-"

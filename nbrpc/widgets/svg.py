@@ -262,6 +262,9 @@ def _aggregated(snapshot: dict, places: Layout, colours: dict, titles: bool) -> 
     return [*edges, "</g>", *nodes, "</g>"]
 
 
+FORK_LIFT = 12  # how much higher a leftward fork arc rises than the rightward one
+
+
 def _fork_arcs(snapshot: dict, places: Layout) -> str:
     pairs = collections.Counter(
         (e.get("from"), e.get("to")) for e in snapshot.get("events", [])
@@ -275,7 +278,10 @@ def _fork_arcs(snapshot: dict, places: Layout) -> str:
         # other, so a -> b and b -> a do not overlap.
         x1, x2 = a.center - 12, b.center + 12
         top = a.y
-        rise = min(FORK_BAND - 6, 8 + 5 * abs(a.index - b.index))
+        # a -> b and b -> a share a midpoint: the leftward arc rises higher, so their
+        # counts sit one above the other, not on top of each other.
+        back = FORK_LIFT if a.index > b.index else 0
+        rise = min(FORK_BAND - 6 - FORK_LIFT, 8 + 5 * abs(a.index - b.index)) + back
         cx, cy = (x1 + x2) / 2, top - 2 * rise  # the arc's apex is at top - rise
         label = f"{count} fork{'s' * (count != 1)} {src} \u2192 {dst}"
         parts.append(f'<g class="nbrpc-fork" data-workers="{esc(src)} {esc(dst)}">'

@@ -283,15 +283,17 @@ def _legend(place: tl.TimelineLayout, titles: bool = True) -> str:
 
 def legend_labels(names: list[str], chars: int = LEGEND_CHARS) -> list[str]:
     """Labels of at most ``chars`` characters, one per name and all different: a long
-    name keeps its start and its end (``BatchUpd…update_and_fetch_model``), where
-    methods of one class differ; names that still clash get a number."""
+    name keeps its start and its end, the method whole where it fits
+    (``BatchUp….update_and_fetch_model``), where methods of one class differ; names that
+    still clash get a number."""
     labels = []
     for name in names:
         if len(name) <= chars:
             labels.append(name)
-        else:
-            head = chars // 3
-            labels.append(name[:head] + "\u2026" + name[-(chars - head - 1):])
+        else:  # the method whole where it fits, as much of the class as is left
+            method = "." + name.rsplit(".", 1)[1] if "." in name else ""
+            tail = len(method) if 0 < len(method) <= chars - 6 else chars - 1 - chars // 3
+            labels.append(name[:chars - 1 - tail] + "\u2026" + name[-tail:])
     seen: dict[str, int] = {}
     out = []
     for label in labels:
