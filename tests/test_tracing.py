@@ -378,6 +378,25 @@ def test_nbrpc_own_calls_stay_out_of_the_users_recording(traced):
     del rref
 
 
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def test_the_last_seconds_keep_a_call_in_flight_and_one_that_straddles_them(traced):
+    """A live timeline's window: a call still running is in it (began, not ended), and
+    stays in it after it ends, though it was sent before the window began."""
+    fut = rpc.rpc_async(W1, nap, args=(1.5,))
+    time.sleep(0.9)
+    flying = [c for c in nbrpc.trace_snapshot(last=0.4)["calls"] if c["name"] == "nap"]
+    assert len(flying) == 1 and flying[0]["began"] is not None, flying
+    assert flying[0]["ended"] is None and flying[0]["replied"] is None
+    assert fut.wait() == 1.5
+    snap = nbrpc.trace_snapshot(last=0.4)
+    (done,) = [c for c in snap["calls"] if c["id"] == flying[0]["id"]]
+    assert done["sent"] < snap["start"] <= done["replied"] and done["ended"] is not None
+
+
 def test_a_call_that_never_leaves_is_recorded_with_its_error(traced):
     """A call refused before its message exists (unknown worker, an argument that does
     not pickle) leaves an error record; a builtin, whose message torch writes itself,
