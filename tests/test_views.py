@@ -280,3 +280,96 @@ def test_cluster_status_looks_like_rpc_status(views_page):
     assert padding >= 8, styles  # the columns have room between them
     page.locator(".nbrpc-status-table").scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "views_cluster_status.png"))
+
+
+# -- the tutorials' own views ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["01_parameter_server", "05_distributed_rnn"])
+def tutorial_page(request, tmp_path_factory):
+    """A tutorial run top to bottom in JupyterLab at 1280x800 (its cluster ends in its
+    last cell; its views stay, with their hover details)."""
+    reason = why_no_browser("lab")
+    if reason:
+        report(f"SKIPPED: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path_factory.mktemp(request.param)
+    notebook = nbformat.read(TESTS.parent / "tutorials" / f"{request.param}.ipynb", as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(notebook, root / "tutorial.ipynb")
+    server = Server(root, "lab")
+    try:
+        server.wait_ready()
+        with sync_playwright() as p:
+            context = p.chromium.launch_persistent_context(
+                str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
+                headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+            try:
+                tab = context.pages[0] if context.pages else context.new_page()
+                tab.set_default_timeout(300_000)
+                tab.goto(f"{server.url}/{server.notebooks}/tutorial.ipynb?token={server.token}")
+                tab.wait_for_function(
+                    "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
+                    "?.connectionStatus === 'connected'")
+                tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                tab.wait_for_function("""() => {
+                    const cells = document.querySelectorAll('.jp-CodeCell');
+                    const last = cells[cells.length - 1];
+                    return last && /shut down/.test(last.querySelector('.jp-OutputArea')?.textContent || '');
+                }""")
+                errors = tab.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+                assert "Traceback" not in " ".join(errors.all_inner_texts())
+                yield request.param, tab
+            finally:
+                context.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("theme", THEMES)
+def test_a_tutorials_views_read_fit_and_show_their_cards(tutorial_page, theme):
+    name, page = tutorial_page
+    use_theme(page, theme)
+    hosts = page.locator(".nbrpc-host")
+    count = hosts.count()
+    assert count >= 2, f"{name}: {count} views"
+    lowest = []
+    for i in range(count):
+        h = hosts.nth(i)
+        h.scroll_into_view_if_needed()
+        page.wait_for_timeout(200)
+        found = h.evaluate(CONTRAST)
+        low = [f for f in found if f["ratio"] < 4.5]
+        assert not low, f"{name}, {theme}, view {i}: labels under 4.5:1: {low[:5]}"
+        if found:
+            lowest.append(min(f["ratio"] for f in found))
+        fits = h.evaluate("""(h) => {
+            const svg = h.querySelector(':scope > svg');
+            return {drawn: svg.getBoundingClientRect().width, host: h.clientWidth,
+                    own: Number(svg.getAttribute('width')), scrolls: h.scrollWidth > h.clientWidth + 1};
+        }""")
+        assert fits["drawn"] <= fits["host"] + 1 and not fits["scrolls"], (name, i, fits)
+        item = h.locator("svg [data-id]").last
+        if item.count():
+            item.scroll_into_view_if_needed()
+            box = item.bounding_box()
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            tip = h.locator("xpath=..").locator(":scope > .nbrpc-tip")
+            tip.wait_for(state="visible")
+            hidden = tip.evaluate("""(tip) => {
+                tip.style.pointerEvents = 'auto';
+                const b = tip.getBoundingClientRect();
+                const points = [[b.left + 2, b.top + 2], [b.right - 2, b.top + 2], [b.left + 2, b.bottom - 2],
+                                [b.right - 2, b.bottom - 2]];
+                const out = points.filter(([x, y]) => !tip.contains(document.elementFromPoint(x, y)));
+                tip.style.pointerEvents = '';
+                return out;
+            }""")
+            assert hidden == [], (name, theme, i, hidden)
+            page.screenshot(path=str(ARTIFACTS / f"tutorial_{name[:2]}_view{i}_{theme.split()[-1].lower()}.png"))
+            page.mouse.move(0, 0)
+    report(f"{name}, {theme}: {count} views; lowest label contrast {min(lowest):.2f}")
