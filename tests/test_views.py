@@ -148,7 +148,7 @@ def sizes(page, kind: str) -> dict:
     }""")
 
 
-@pytest.mark.parametrize("theme", THEMES)
+@pytest.mark.parametrize("theme", [*THEMES, "JupyterLab Dark High Contrast"])
 def test_labels_read_at_4_5_to_1_in_both_themes(views_page, theme):
     page = views_page
     use_theme(page, theme)
