@@ -373,3 +373,27 @@ def test_a_tutorials_views_read_fit_and_show_their_cards(tutorial_page, theme):
             page.screenshot(path=str(ARTIFACTS / f"tutorial_{name[:2]}_view{i}_{theme.split()[-1].lower()}.png"))
             page.mouse.move(0, 0)
     report(f"{name}, {theme}: {count} views; lowest label contrast {min(lowest):.2f}")
+
+
+def test_a_view_docked_beside_the_notebook_fits_its_tab(views_page):
+    """README: "Create New View for Cell Output" puts a live view in a tab of its own,
+    beside the notebook; the drawing fits that tab's width too."""
+    page = views_page
+    use_theme(page, "JupyterLab Light")
+    page.evaluate("""() => {
+        const app = window.jupyterapp;
+        const notebook = app.shell.currentWidget.content;
+        notebook.activeCellIndex = 3;  // Timeline(TRACE)
+        return app.commands.execute('notebook:create-output-view');
+    }""")
+    docked = page.locator(".jp-LinkedOutputView .nbrpc-host > svg")
+    docked.wait_for(state="visible")
+    fits = docked.evaluate("""(svg) => {
+        const host = svg.parentElement;
+        const panel = svg.closest('.jp-LinkedOutputView').getBoundingClientRect();
+        return {drawn: svg.getBoundingClientRect().width, host: host.clientWidth, panel: panel.width,
+                own: Number(svg.getAttribute('width'))};
+    }""")
+    assert fits["drawn"] <= fits["host"] + 1 and fits["drawn"] <= fits["panel"], fits
+    assert fits["panel"] < fits["own"], fits  # a narrow tab: the drawing was shrunk to fit it
+    page.screenshot(path=str(ARTIFACTS / "views_docked.png"))
