@@ -3,8 +3,9 @@
 // Python draws the SVG (trait `svg`) and the hover details (trait `details`, keyed by
 // each item's data-id). This module puts the SVG in the page and swaps it in place on
 // every refresh, and adds hover details, click-to-pin (synced back as `selected`), the
-// fork-history toggle (`show_forks`) and the worker filter (`worker`). All four
-// survive refreshes because they live in the model and in this closure, not in the SVG.
+// fork-history toggle (`show_forks`), the worker filter (`worker`) and fit / 1:1 (`fit`).
+// All of them survive refreshes because they live in the model and in this closure, not
+// in the SVG.
 
 /**
  * @typedef {{ title: string, rows: [string, string][] }} Details

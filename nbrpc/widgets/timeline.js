@@ -3,8 +3,8 @@
 // Python draws the SVG (trait `svg`), the hover details (`details`, keyed by each
 // bar's data-id) and the summary table (`table`). This module swaps the SVG in on
 // every refresh and adds zoom (wheel), pan (drag), reset (double-click or the button),
-// hover details, click-to-pin (synced back as `selected`) and, while `follow` is on,
-// keeps the newest calls in view. The zoom lives in this closure as a time range on the
+// hover details, click-to-pin (synced back as `selected`), fit / 1:1 (`fit`) and, while
+// `follow` is on, keeps the newest calls in view. The zoom lives in this closure as a time range on the
 // snapshot's clock, so a refresh keeps it. write_report runs this same module in a
 // plain page, with a model that only answers `get`.
 
