@@ -222,6 +222,7 @@ def test_a_window_keeps_the_calls_that_straddle_its_start_and_those_in_flight():
         caller("master:2", 3.5, None),  # in flight: no reply yet
         caller("master:3", 4.5, 4.6),  # inside it
         caller("master:4", 11.0, 11.5),  # after it
+        caller("master:5", 3.0, None, error="SerializationError: cannot pickle 'lock'"),  # never left
     ]), member(W1, 1, [callee("master:2", 3.6, None)])]
     ids = [c["id"] for c in records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"]]
     assert ids == ["master:1", "master:2", "master:3"]

@@ -34,13 +34,18 @@ def own_call(call: dict) -> bool:
 
 def in_window(call: dict, start: float, end: float, straddle: bool = True) -> bool:
     """A call belongs to [start, end] if it was sent in it, or (``straddle``) sent before
-    it and not over by ``start``: under way at the start, or still in flight."""
+    it and not over by ``start``: under way at the start, or still in flight (no reply,
+    no end, no error: a call refused before it left has only its error)."""
     if call["sent"] > end:
         return False
     if not straddle:
         return call["sent"] >= start
+    if call["sent"] >= start:
+        return True
     last = [t for t in (call.get("replied"), call.get("ended")) if t is not None]
-    return call["sent"] >= start or not last or max(last) >= start
+    if not last:  # in flight, unless it failed without leaving (its error is its end)
+        return call.get("error") is None
+    return max(last) >= start
 
 
 def merge(reports: list[dict], clocks_found: dict, start: float, end: float,
