@@ -1,12 +1,12 @@
 """The IPython extension: ``%load_ext nbrpc`` registers the RPC magics."""
 
 
-_cell_output = None
-_advice = None
+# Each shell's CellOutput and RpcAdvice, by the shell's id (one in a kernel).
+_cell_outputs: dict = {}
+_advice: dict = {}
 
 
 def load_ipython_extension(ipython):
-    global _cell_output, _advice
     from ..deploy import template
     from .advice import RpcAdvice
     from .display import CellOutput
@@ -14,12 +14,12 @@ def load_ipython_extension(ipython):
 
     ipython.register_magics(RpcMagics)
     # torch's "Call init_rpc first" becomes one line that says to run %rpc_init.
-    if _advice is None:
-        _advice = RpcAdvice()
-        _advice.register(ipython)
+    if id(ipython) not in _advice:
+        _advice[id(ipython)] = advice = RpcAdvice()
+        advice.register(ipython)
     # What workers write in calls and background threads shows in the running cell.
-    _cell_output = CellOutput()
-    _cell_output.register(ipython)
+    _cell_outputs[id(ipython)] = cell_output = CellOutput()
+    cell_output.register(ipython)
     if template.enabled():
         # A notebook that loads nbrpc runs %rpc_init next: the warm template imports
         # torch and ipykernel while the person types, and the first cluster forks from it.
@@ -29,10 +29,9 @@ def load_ipython_extension(ipython):
 def unload_ipython_extension(ipython):
     # IPython cannot unregister magics; the cluster, if any, keeps running, and its
     # workers' output goes to stdout and stderr, tagged.
-    global _cell_output, _advice
-    if _advice is not None:
-        _advice.unregister(ipython)
-        _advice = None
-    if _cell_output is not None:
-        _cell_output.unregister(ipython)
-        _cell_output = None
+    advice = _advice.pop(id(ipython), None)
+    if advice is not None:
+        advice.unregister(ipython)
+    cell_output = _cell_outputs.pop(id(ipython), None)
+    if cell_output is not None:
+        cell_output.unregister(ipython)

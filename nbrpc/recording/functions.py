@@ -59,20 +59,21 @@ def _describe(func) -> tuple[str, str | None, bool, bool]:
         name = func.qualified_name
         return name.removeprefix("__torch__."), _internal(name), True, True
     name = getattr(func, "__qualname__", None) or repr(func)
+    kind = _internal(getattr(func, "__module__", None) or "")
+    return name, kind, False, kind is not None
+
+
+def own(func) -> bool:
+    """Whether ``func`` is nbrpc's own (its status, snapshots, fan-outs): a call of it is
+    not the user's, so no recording shows it. The labs' functions are the user's."""
     module = getattr(func, "__module__", None) or ""
-    kind = _internal(module) or _own(module)
-    return name, kind, False, kind == "internal"
+    return module.startswith("nbrpc.") and not module.startswith("nbrpc.lab")
 
 
 def _internal(module: str) -> str | None:
     """torch's own functions (``_rref_typeof_on_owner``...) make internal calls."""
     return "internal" if module.removeprefix("__torch__.").startswith("torch.distributed") else None
 
-
-def _own(module: str) -> str | None:
-    """nbrpc's own functions (status, RRef summaries, clocks...) make ``nbrpc`` calls, which
-    a user's recordings leave out; the labs' functions are the student's calls."""
-    return "nbrpc" if module.startswith("nbrpc.") and not module.startswith("nbrpc.lab") else None
 
 
 def helper_name(rref, method: str) -> str:

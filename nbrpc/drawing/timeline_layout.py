@@ -25,8 +25,8 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from ..diagnostics import records
 from .layout import natural_key, worker_order
+from .summary import in_window
 
 # Geometry, in SVG user units (px).
 MARGIN = 10
@@ -66,7 +66,7 @@ def window(snapshot: dict, last: float | None) -> dict:
         raise ValueError(f"last must be a positive number of seconds, got {last!r}")
     start = max(snapshot["start"], snapshot["end"] - last)
     return dict(snapshot, start=start, calls=[c for c in snapshot["calls"]
-                                              if records.in_window(c, start, snapshot["end"])])
+                                              if in_window(c, start, snapshot["end"])])
 
 
 def members(snapshot: dict) -> list[str]:
