@@ -39,6 +39,7 @@ from ..errors import (
     WorkerDiedError,
 )
 from ..recording import recorder, rref_ledger
+from ..recording.pending import PENDING
 from ..wire import remote_errors
 from . import interrupts, output
 
@@ -109,11 +110,12 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     worker too) and with named failures."""
     half = recorder.outgoing("rpc_sync", to) if recorder.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
+    key = PENDING.calling(to, func, call_id, "rpc_sync")
     try:
         _wait(fut, to)
         value = fut.wait()
     except RuntimeError as e:
-        named = _named(e, to, _label("rpc_sync", to, func), timeout)
+        named = _named(e, to, _label("rpc_sync", to, func), timeout, key)
         if half is not None:
             recorder.answered(half, named)
         if named is e:
@@ -122,11 +124,13 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     except KeyboardInterrupt as e:
         if half is not None:
             recorder.failed(half, e)
-        raise _stopped(to, _label("rpc_sync", to, func), call_id) from None
+        raise _stopped(to, _label("rpc_sync", to, func), call_id, key) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         if half is not None:
             recorder.answered(half, e)
         raise
+    finally:
+        PENDING.answered(key)
     if half is not None:
         recorder.answered(half)
     return value
@@ -137,7 +141,8 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
     half = recorder.outgoing("rpc_async", to) if recorder.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
-    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half)
+    key = PENDING.calling(to, func, call_id, "rpc_async")
+    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half, key)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
     return named
@@ -152,15 +157,18 @@ class NamedFuture(torch.futures.Future):
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
-                 half: list | None = None):
+                 half: list | None = None, key: str | None = None):
         super().__init__()
         self._call = (to, label, timeout, call_id)
         self._half = half
+        self._key = key
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
+        if self._key is not None:
+            PENDING.answered(self._key)
         try:
             value = fut.value()
         except Exception as e:
@@ -178,12 +186,12 @@ class NamedFuture(torch.futures.Future):
             _wait(self, to)
             return super().wait()
         except RuntimeError as e:
-            named = _named(e, to, label, timeout)
+            named = _named(e, to, label, timeout, self._key)
             if named is e:
                 raise
             raise named from e
         except KeyboardInterrupt:
-            raise _stopped(to, label, call_id) from None
+            raise _stopped(to, label, call_id, self._key) from None
 
 
 def collect_all(futures):
@@ -201,41 +209,50 @@ def collect_all(futures):
 def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.remote`` with named failures, in the RRef ledger."""
     half = recorder.outgoing("remote", to) if recorder.recording else None
+    call_id = interrupts.new_call_id() if interrupts.can_stop(func) else None
     if half is not None:
-        rref = _traced_remote(to, func, args, kwargs, timeout, half)
+        rref = _traced_remote(to, func, args, kwargs, timeout, half, call_id)
     else:
         try:
-            rref = _plain_remote(to, func, args, kwargs, timeout)
+            rref = _plain_remote(to, func, args, kwargs, timeout, call_id)
         except RuntimeError as e:
             named = _named(e, to, _label("remote", to, func), timeout)
             if named is e:
                 raise
             raise named from e
+    _pending_remote(rref, to, func, call_id)
     if rref_ledger.is_tracking():
         rref_ledger.created(rref)
     return rref
 
 
-def _plain_remote(to, func, args, kwargs, timeout: float):
+def _pending_remote(rref, to, func, call_id: str | None) -> None:
+    """A ``remote`` is in flight until its owner confirms the RRef (its function ran)."""
+    key = PENDING.calling(to, func, call_id, "remote")
+    PENDING.remote_made(rref, key)
+    torch_compat.creation_future(rref).add_done_callback(lambda _: PENDING.answered(key))
+
+
+def _plain_remote(to, func, args, kwargs, timeout: float, call_id: str | None):
     """torch's ``remote``; a Python function goes as a ``Stoppable``, so that what it
     writes is sent to the driver before the owner confirms the RRef."""
     output.before_call()
-    if not interrupts.can_stop(func):
+    if call_id is None:
         return _torch_remote(to, func, args, kwargs, timeout)
     try:
-        return _torch_remote(to, interrupts.Stoppable(func, interrupts.new_call_id()), args, kwargs, timeout)
+        return _torch_remote(to, interrupts.Stoppable(func, call_id), args, kwargs, timeout)
     except SerializationError:
         # Sent bare, the error names the function or argument that does not pickle.
         return _torch_remote(to, func, args, kwargs, timeout)
 
 
-def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
+def _traced_remote(to, func, args, kwargs, timeout: float, half: list, call_id: str | None):
     """``remote`` recorded: the function goes with the call's id (no reply is pickled:
     the value stays with its owner), the reply is the owner's ack of the RRef."""
     output.before_call()
     stoppable = func
-    if interrupts.can_stop(func):
-        stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), (recorder.call_id(half), False))
+    if call_id is not None:
+        stoppable = interrupts.Stoppable(func, call_id, (recorder.call_id(half), False))
     try:
         rref = _torch_remote(to, stoppable, args, kwargs, timeout)
     except RuntimeError as e:
@@ -260,13 +277,14 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
     half = recorder.outgoing("to_here", owner, rref=rref) if recorder.recording else None
+    key = PENDING.calling(owner, "to_here", None, "to_here", PENDING.remote_call(rref))
     try:
         if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
             value = _in_background(lambda: _fetch(rref, timeout, half), owner)
         else:
             value = _fetch(rref, timeout, half)
     except RuntimeError as e:
-        named = _named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout)
+        named = _named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, key)
         if half is not None:
             recorder.answered(half, named)
         if named is e:
@@ -277,7 +295,9 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
             recorder.failed(half, KeyboardInterrupt("interrupted"))
         raise KeyboardInterrupt(
             f"to_here() of an RRef owned by {owner!r} was interrupted; only the waiting "
-            "stopped (the fetch ends in the background)") from None
+            f"stopped (the fetch ends in the background){_diagnosis(key)}") from None
+    finally:
+        PENDING.answered(key)
     if half is not None:
         recorder.answered(half)
     if rref_ledger.is_tracking():
@@ -384,16 +404,23 @@ def _in_background(call: Callable, to):
     return job.result()
 
 
-def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:
+def _diagnosis(key: str | None) -> str:
+    """What the call ``key`` waited on, as a sentence to add to its error ("" if unknown)."""
+    text = PENDING.explain(key) if key is not None else ""
+    return f". When it stopped: {text}" if text else ""
+
+
+def _stopped(to, label: str, call_id: str | None, key: str | None = None) -> KeyboardInterrupt:
     """The error for an interrupted call, after asking its worker to stop it."""
+    why = _diagnosis(key)  # before the stop changes what the callee does
     if call_id is None:
-        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped")
+        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped{why}")
     interrupts.send_stop(to, call_id)
     name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too")
+    return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too{why}")
 
 
-def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
+def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None = None) -> Exception:
     """Return a clearer error for a dead worker or a timeout, the remote exception
     itself where it was of a class torch could not keep, else ``error`` itself;
     ``label`` names the call (``rpc_sync('worker1', f)``)."""
@@ -413,7 +440,7 @@ def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
         msg = (
             f"{label} failed: worker {name!r} {fate}. Its state is "
             "lost; the other workers keep running. Start a new cluster (%rpc_shutdown, "
-            f"then %rpc_init) to get {name!r} back. Torch said: {error}"
+            f"then %rpc_init) to get {name!r} back{_diagnosis(key)}. Torch said: {error}"
         )
         return WorkerDiedError(msg)
     text = str(error)
@@ -429,7 +456,8 @@ def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
         msg = (
             f"{label} got no answer within {seconds:g} s (it may still "
             "be running there). Pass timeout=SECONDS to the call, or start the cluster "
-            f"with a longer default (%rpc_init --timeout SECONDS). Torch said: {torch_said}"
+            f"with a longer default (%rpc_init --timeout SECONDS){_diagnosis(key)}. "
+            f"Torch said: {torch_said}"
         )
         return RpcTimeoutError(msg)
     return error

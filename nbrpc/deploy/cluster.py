@@ -33,7 +33,8 @@ from ..errors import (
 from ..group import devices
 from ..group import membership as group
 from ..recording import recorder, rref_ledger
-from . import execution, launchers, template
+from ..recording.pending import PENDING
+from . import execution, launchers, probes, template
 from .launchers.base import Progress, Worker
 from .settings import WorkerSettings
 
@@ -156,6 +157,8 @@ class Cluster:
         self.progress = progress or (lambda done, total, message: None)
         self._workers = self.launcher.planned()
         self._admitting = threading.Lock()
+        self.probes = probes.Probes()  # the side channel nbrpc.waits() and stacks() ask
+        self._explain = probes.explainer(self)
         self.placements = _placements(driver_name, self.launcher.placement_names(), gpus, device_maps,
                                       self.launcher.own_gpus)
         self.gpus = bool(gpus)
@@ -184,6 +187,7 @@ class Cluster:
         atexit.register(self.shutdown)
         wrappers.set_worker_fate(self._fate)
         trace.set_cluster(lambda: self.trace)
+        PENDING.explainers.append(self._explain)
         try:
             self.launcher.start(self, driver, began + self.startup_timeout)
             self.install_devices()
@@ -221,6 +225,9 @@ class Cluster:
             self.state = "stopped"
             wrappers.set_worker_fate(None)
             trace.set_cluster(None)
+            if self._explain in PENDING.explainers:
+                PENDING.explainers.remove(self._explain)
+            self.probes.close()
             if _current is self:
                 _current = None
 

@@ -24,7 +24,7 @@ from ..calls import output
 from ..group import devices
 from ..group import membership as group
 from ..wire import serialization
-from . import streams
+from . import probes, streams
 from .settings import WorkerSettings
 
 WATCH_INTERVAL = 0.5
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
     app = IPKernelApp.instance()
     app.outstream_class = streams.OUTSTREAM_CLASS
     app.initialize(argv)
+    probes.serve(app, settings.name)  # answers while every RPC thread is blocked
     if on_kernel is not None:
         on_kernel(app)
     host, port = settings.store.rsplit(":", 1)

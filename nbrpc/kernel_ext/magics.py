@@ -1,5 +1,5 @@
-"""The magics (``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_shutdown``, ``%rref_graph``,
-``%autograd_graph``, ``%rpc_timeline``): thin shells over ``Cluster`` and the widgets."""
+"""The magics (``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_stacks``, ``%rpc_shutdown``,
+``%rref_graph``, ``%autograd_graph``, ``%rpc_timeline``): thin shells over ``Cluster`` and the widgets."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..deploy import cluster as cluster_mod
+from ..deploy import probes
 from ..deploy.status import StatusTable
-from ..errors import JobRefusedError, NoClusterError
+from ..diagnostics import stacks as stacks_mod
+from ..errors import JobRefusedError, NoClusterError, UnknownWorkerError
 from .display import KernelOutput, start_progress
 
 
@@ -150,6 +152,20 @@ class RpcMagics(Magics):
         if line.strip():
             raise UsageError("%rpc_status takes no arguments")
         return StatusTable(_running().status())
+
+    @magic_arguments()
+    @argument("members", nargs="*", help="member names, comma- or space-separated (default: all)")
+    @line_magic
+    def rpc_stacks(self, line: str = ""):
+        """Show the Python stack of every thread of every member (or of the named ones),
+        also while every RPC thread is blocked; nbrpc's and torch's frames folded."""
+        args = _parse(self.rpc_stacks, line)
+        names = [n for part in args.members for n in part.split(",") if n] or None
+        try:
+            found = probes.stacks(_running(), names)
+        except UnknownWorkerError as e:
+            raise UsageError(f"%rpc_stacks: {e}") from None
+        print(stacks_mod.format_stacks(found))
 
     @line_magic
     def rpc_shutdown(self, line: str = ""):
