@@ -194,9 +194,10 @@ def explainer(cluster: Cluster):
         fresh = waits_mod.graph(_members(cluster))
         text, stuck = waits_mod.explain(fresh, key)
         last = cluster.probes.last
-        if not stuck and last is not None and fresh.now - last.now < RECENT:
+        gone = fresh.calls.get(key, {}).get("callee") in fresh.gone()
+        if (gone or not stuck) and last is not None and fresh.now - last.now < RECENT:
             earlier, was_stuck = waits_mod.explain(last, key)
-            if was_stuck:
+            if earlier and (was_stuck or gone):
                 return earlier
         cluster.probes.last = fresh
         return text

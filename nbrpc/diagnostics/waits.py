@@ -148,6 +148,10 @@ class Graph:
                 walk([call])
         return out
 
+    def gone(self) -> set[str]:
+        """Members that are gone or frozen."""
+        return {n for n, m in self.members.items() if m.get("state", "running") != "running"}
+
     def full(self, name: str) -> bool:
         pool = self.threads_of(name)
         return pool is not None and self.busy(name) >= pool
