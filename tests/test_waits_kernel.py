@@ -1,0 +1,103 @@
+"""A stuck cell names its hang in its own output, by itself, in a real notebook kernel.
+
+The kernel is a real ipykernel driven over the Jupyter protocol (as a notebook front
+end does); it runs ``%rpc_init`` and starts its own worker kernel.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import execute, streamed
+
+pytestmark = pytest.mark.slow
+
+LOCK_CELL = """\
+lock = threading.Lock()
+def inner():
+    with lock:
+        return 1
+def outer():
+    with lock:
+        return rpc.rpc_sync("worker1", inner)
+rpc.rpc_sync("worker1", outer)
+"""
+
+
+LATE = "[worker1] (late: what a call wrote after the cell that made it had ended)"
+
+
+def _until_idle(client, msg_id: str, timeout: float) -> list[tuple[float, dict]]:
+    """Every IOPub message of request ``msg_id`` with the time it came, until idle."""
+    deadline = time.monotonic() + timeout
+    out = []
+    while True:
+        msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return out
+        out.append((time.monotonic(), msg))
+
+
+def test_the_stuck_cell_shows_the_finding_then_a_summary_and_the_error_says_it(kernel):
+    km, kc = kernel
+    _, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 1 --timeout 6\n"
+                           "import threading\nimport torch.distributed.rpc as rpc", timeout=180)
+    assert reply["status"] == "ok", reply
+    try:
+        msg_id = kc.execute(LOCK_CELL)
+        messages = _until_idle(kc, msg_id, 60)
+        began = next(t for t, m in messages if m["msg_type"] == "execute_input")
+        shown = [(t, m) for t, m in messages if m["msg_type"] in ("display_data", "update_display_data")
+                 and "nbrpc: stuck (blocked)" in m["content"]["data"].get("text/plain", "")]
+        assert shown, [m["msg_type"] for _, m in messages]
+        first_at, first = shown[0]
+        assert first_at - began < 3.0, f"the finding showed {first_at - began:.1f} s after the cell began"
+        text = first["content"]["data"]["text/plain"]
+        assert "worker1 runs outer (cell " in text
+        assert "which waits on its call to inner on worker1, blocked at `with lock:` (cell " in text
+        assert "line 3)" in text  # `with lock:` is the cell's third line
+        assert first["content"]["transient"].get("display_id")  # updated in place, not appended
+
+        error = next(m["content"] for _, m in messages if m["msg_type"] == "error")
+        assert error["ename"] == "RpcTimeoutError"
+        assert "When it stopped: worker1 runs outer (cell " in error["evalue"]
+        assert ", line 7), which waits on its call to inner on worker1, blocked at `with lock:`" in error["evalue"]
+        summary = streamed([m for _, m in messages])
+        assert summary.startswith("nbrpc: this cell waited on a hang (blocked; ")
+
+        # worker1's own timeout of inner, which ends outer there: in the stuck cell, or
+        # marked late in the next one, never passed off as the next cell's output.
+        time.sleep(2.0)
+        next_messages, _ = execute(kc, "1 + 1")
+        here, late = streamed([m for _, m in messages], "stderr"), streamed(next_messages, "stderr")
+        if "RpcTimeoutError" not in here:
+            assert late.startswith(LATE) and "RpcTimeoutError" in late
+        else:
+            assert late == ""
+
+        # A call that ends after its caller gave up: what it wrote shows marked late.
+        _, reply = execute(kc, "def slow():\n"
+                               "    for _ in range(25): time.sleep(0.1)\n"
+                               "    print('finished after all')\n"
+                               "import time", timeout=30)
+        gave_up, reply = execute(kc, "rpc.rpc_sync('worker1', slow, timeout=1)")
+        assert reply["status"] == "error" and reply["ename"] == "RpcTimeoutError"
+        time.sleep(3.0)
+        following, _ = execute(kc, "2 + 2")
+        late = streamed(following, "stderr") + streamed(following)
+        assert late.startswith(LATE), late
+
+        # A call that is only long shows nothing.
+        long_messages, reply = execute(kc, "import time\n"
+                                           "def step():\n"
+                                           "    end = time.monotonic() + 3\n"
+                                           "    while time.monotonic() < end: pass\n"
+                                           "rpc.rpc_sync('worker1', step)")
+        assert reply["status"] == "ok"
+        assert not [m for m in long_messages if m["msg_type"] in ("display_data", "update_display_data")]
+        assert "nbrpc:" not in streamed(long_messages)
+    finally:
+        execute(kc, "%rpc_shutdown", timeout=60)
