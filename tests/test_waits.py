@@ -178,6 +178,29 @@ def test_stacks_while_every_rpc_thread_of_a_worker_is_blocked(shell, cluster):
     assert cell.error is None and cell.value == [3] * (THREADS + 1)
 
 
+def test_a_stuck_rpc_on_cell(cluster):
+    code = ("import threading\n"
+            "import torch.distributed.rpc as rpc\n"
+            "ev = threading.Event()\n"
+            "def g():\n"
+            "    ev.wait(6)\n"
+            "rpc.rpc_sync('worker1', g)\n")
+    # The cell runs here (a kernel client belongs to the thread that made it); the
+    # looking happens beside it.
+    box = {}
+    looking = threading.Thread(target=lambda: box.update(zip(("found", "took", "snap"), finding("blocked"))),
+                               daemon=True)
+    looking.start()
+    cluster.run(code, "worker1")
+    looking.join(10)
+    assert box["found"] is not None, box["snap"]
+    assert box["took"] < 3.0
+    message = box["found"]["message"]
+    assert message.startswith(f"{cluster.driver_name} waits on the %%rpc_on cell on worker1: "
+                              "worker1 runs the %%rpc_on cell (worker1 cell ")
+    assert "which waits on its call to g on worker1, blocked at `ev.wait(6)` (worker1 cell " in message
+
+
 def test_rpc_stacks_text(shell, capsys):
     shell.run_line_magic("rpc_stacks", "worker1 worker2")
     out = capsys.readouterr().out
@@ -244,7 +267,7 @@ def test_pool_deadlock_across_two_workers_is_a_cycle(shell):
     cell = Cell(shell, f"futs = [rpc.rpc_async('worker1', a, timeout=12) for _ in range({THREADS})]\n"
                        "torch.futures.wait_all(futs)")
     found, took, snap = finding("cycle")
-    assert found is not None, snap
+    assert found is not None, (snap, cell.error, cell.value, cell.thread.is_alive())
     assert took < 3.0
     assert "worker1 runs a (cell " in found["message"]
     assert "which waits on its call to b on worker2" in found["message"]

@@ -271,7 +271,13 @@ class Cluster:
                     f"worker {w.name!r} {fate}; run on the others, or restart the cluster "
                     "(%rpc_shutdown, then %rpc_init)"
                 )
-        execution.run(code, chosen, output or execution.PrintOutput())
+        # In flight while the cells run: a stuck one is diagnosed as a stuck call is.
+        keys = [PENDING.calling(w.name, "the %%rpc_on cell", None, "rpc_on", site=False) for w in chosen]
+        try:
+            execution.run(code, chosen, output or execution.PrintOutput())
+        finally:
+            for key in keys:
+                PENDING.answered(key)
 
     def select(self, targets: str | Iterable[str]) -> list[Worker]:
         """Workers named by ``"all"``, ``"a,b"`` or a list of names."""

@@ -6,7 +6,7 @@ Parts:
   control channel, which ipykernel serves on a thread of its own: it answers while every
   RPC thread and the kernel's main thread are blocked. The answer is the member's
   ``diagnostics.waits.member_report`` (pending calls and every thread's stack).
-- ``Probes``: the driver's side, one per cluster: a control-channel client per worker,
+- ``Probes``: the driver's side, one per cluster: a control-channel socket per worker,
   requests sent to all at once and answers gathered for at most ``PROBE_TIMEOUT``.
   A worker that does not answer is ``gone`` (its process ended) or ``frozen`` (stopped by
   a signal, or a thread holds the GIL), and is never waited on longer.
@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 import zmq
-from jupyter_client import BlockingKernelClient
+from jupyter_client.session import Session
 
 from ..diagnostics import stacks as stacks_mod
 from ..diagnostics import waits as waits_mod
@@ -55,28 +55,56 @@ def serve(app, name: str) -> None:
     kernel.control_handlers[REQUEST] = handle
 
 
+class _Channel:
+    """A DEALER socket on one worker kernel's control port, with its session's key."""
+
+    def __init__(self, info: dict, context: zmq.Context):
+        self.session = Session(key=info["key"].encode() if isinstance(info["key"], str) else info["key"],
+                               signature_scheme=info.get("signature_scheme", "hmac-sha256"))
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.connect(f"{info.get('transport', 'tcp')}://{info['ip']}"
+                            + (f":{info['control_port']}" if info.get("transport", "tcp") == "tcp"
+                               else f"-{info['control_port']}"))
+
+    def send(self) -> str:
+        msg = self.session.send(self.socket, REQUEST, {})
+        return msg["header"]["msg_id"]
+
+    def replies(self):
+        while True:
+            try:
+                _, msg = self.session.recv(self.socket, mode=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg is None:
+                return
+            yield msg
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
 class Probes:
-    """The driver's control-channel clients to its workers, made on first use."""
+    """The driver's control-channel sockets to its workers, made on first use."""
 
     def __init__(self) -> None:
-        self._clients: dict[str, BlockingKernelClient] = {}
+        self._channels: dict[str, _Channel] = {}
         self._lock = threading.Lock()
         self.last: waits_mod.Graph | None = None  # the latest snapshot's graph
 
-    def _client(self, worker: Worker) -> BlockingKernelClient | None:
-        client = self._clients.get(worker.name)
-        if client is None and worker.client is not None:
-            client = BlockingKernelClient()
-            client.load_connection_info(worker.client.get_connection_info())
-            client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
-            self._clients[worker.name] = client
-        return client
+    def _channel(self, worker: Worker) -> _Channel | None:
+        channel = self._channels.get(worker.name)
+        if channel is None and worker.client is not None:
+            info = worker.client.get_connection_info()
+            channel = self._channels[worker.name] = _Channel(info, zmq.Context.instance())
+        return channel
 
     def ask(self, workers: list[Worker], timeout: float = PROBE_TIMEOUT) -> dict[str, dict]:
         """Each worker's report, or ``{"state": gone|frozen, "why"}``; within ``timeout``."""
         with self._lock:
             out: dict[str, dict] = {}
-            waiting: dict[str, tuple[Worker, BlockingKernelClient, str]] = {}
+            waiting: dict[str, tuple[Worker, _Channel, str]] = {}
             for w in workers:
                 fate = w.fate()
                 if fate:
@@ -85,13 +113,11 @@ class Probes:
                 if w.stopped():
                     out[w.name] = {"state": "frozen", "why": "stopped by a signal (SIGSTOP)"}
                     continue
-                client = self._client(w)
-                if client is None:
+                channel = self._channel(w)
+                if channel is None:
                     out[w.name] = {"state": "frozen", "why": "no kernel connection"}
                     continue
-                msg = client.session.msg(REQUEST, {})
-                client.control_channel.send(msg)
-                waiting[w.name] = (w, client, msg["header"]["msg_id"])
+                waiting[w.name] = (w, channel, channel.send())
             self._gather(waiting, out, time.monotonic() + timeout)
             for name, (w, _, _) in waiting.items():
                 fate = w.fate()
@@ -103,18 +129,14 @@ class Probes:
     @staticmethod
     def _gather(waiting: dict, out: dict, deadline: float) -> None:
         poller = zmq.Poller()
-        sockets = {}
-        for name, (_, client, _) in waiting.items():
-            sockets[client.control_channel.socket] = name
-            poller.register(client.control_channel.socket, zmq.POLLIN)
+        for _, channel, _ in waiting.values():
+            poller.register(channel.socket, zmq.POLLIN)
         while waiting and time.monotonic() < deadline:
             ready = dict(poller.poll(max(1, int((deadline - time.monotonic()) * 1000))))
-            for sock, name in sockets.items():
-                if sock not in ready or name not in waiting:
+            for name, (_, channel, msg_id) in list(waiting.items()):
+                if channel.socket not in ready:
                     continue
-                _, client, msg_id = waiting[name]
-                while client.control_channel.msg_ready():
-                    reply = client.control_channel.get_msg(timeout=0)
+                for reply in channel.replies():
                     if reply["parent_header"].get("msg_id") != msg_id:
                         continue  # a late answer to an earlier probe
                     content = reply["content"]
@@ -125,9 +147,9 @@ class Probes:
 
     def close(self) -> None:
         with self._lock:
-            for client in self._clients.values():
-                client.stop_channels()
-            self._clients.clear()
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
 
 
 def _driver_cells() -> stacks_mod.Cells:

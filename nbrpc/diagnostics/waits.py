@@ -87,6 +87,21 @@ class Graph:
             if call["thread"] is not None:
                 by_thread.setdefault((call["caller"], call["thread"]), []).append(call["id"])
         for call in self.calls.values():
+            if call["kind"] == "rpc_on":  # the cell runs on the callee kernel's main thread
+                main = (self.members.get(call["callee"], {}).get("report") or {}).get("main_thread")
+                if main is not None:
+                    call["serving_thread"] = main
+                    call["served_since"] = call["since"]
+                    call["waits_on"] = by_thread.get((call["callee"], main), [])
+                    user = stacks_mod.innermost_user(self.frames.get((call["callee"], main), []))
+                    if user is not None:
+                        call["at"] = stacks_mod.where(user)
+                    call["state"] = "waiting" if call["waits_on"] else "running"
+                    if not call["waits_on"]:
+                        blocked = stacks_mod.blocked_at(self.frames.get((call["callee"], main), []))
+                        if blocked is not None:
+                            call["blocked_at"] = blocked
+                continue
             callee = self.members.get(call["callee"], {})
             if callee.get("state", "running") != "running":
                 call["state"] = "waiting"

@@ -77,11 +77,15 @@ class Pending:
         """An id for a call that carries none to its callee (a builtin, ``to_here``)."""
         return f"{os.getpid()}-n{next(self._ids)}"
 
-    def calling(self, callee, func, call_id: str | None, kind: str, on: str | None = None) -> str:
-        """A call was sent; returns its key for ``answered``."""
+    def calling(self, callee, func, call_id: str | None, kind: str, on: str | None = None,
+                site: bool = True) -> str:
+        """A call was sent; returns its key for ``answered``. ``kind``: ``rpc_sync``,
+        ``rpc_async``, ``remote``, ``to_here``, ``backward``, or ``rpc_on`` (a cell run on
+        the callee's kernel, which waits on whatever that kernel's main thread calls)."""
         key = call_id or self.new_id()
         name = callee if isinstance(callee, str) else getattr(callee, "name", str(callee))
-        self.outgoing[key] = (key, name, func, call_site(2), threading.get_ident(), time.time(), kind, on)
+        where = call_site(2) if site else None
+        self.outgoing[key] = (key, name, func, where, threading.get_ident(), time.time(), kind, on)
         return key
 
     def answered(self, key: str) -> None:
@@ -118,7 +122,8 @@ class Pending:
              "since": e[S_SINCE]}
             for e in self.served.copy().values()
         ]
-        return {"pid": os.getpid(), "outgoing": outgoing, "served": served}
+        return {"pid": os.getpid(), "main_thread": threading.main_thread().ident,
+                "outgoing": outgoing, "served": served}
 
     def explain(self, key: str) -> str:
         """What call ``key`` waits on, in words, from the registered explainers ("" if none)."""
