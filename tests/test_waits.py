@@ -208,6 +208,22 @@ def test_rpc_stacks_text(shell, capsys):
     assert "thread Control" in out and "nbrpc/torch/library frame" in out
 
 
+def test_rpc_waits_text(shell, capsys):
+    shell.run_line_magic("rpc_waits", "")
+    assert capsys.readouterr().out == "nbrpc: no call is pending\n"
+    run(shell, "def nap():\n    time.sleep(2.5)\n")
+    cell = Cell(shell, "rpc.rpc_sync('worker2', nap)")
+    try:
+        time.sleep(1.0)
+        shell.run_line_magic("rpc_waits", "")
+        out = capsys.readouterr().out
+    finally:
+        cell.join()
+    assert f"  {nbrpc.current().driver_name} -> worker2: nap running at cell " in out
+    with pytest.raises(UsageError):
+        shell.run_line_magic("rpc_waits", "--show sometimes")
+
+
 def test_rpc_stacks_unknown_member_names_the_members(shell, cluster):
     with pytest.raises(UsageError, match=r"%rpc_stacks: no member named 'nosuchworker'.*"
                                          rf"the members are: {cluster.driver_name}, worker1, worker2"):

@@ -99,5 +99,14 @@ def test_the_stuck_cell_shows_the_finding_then_a_summary_and_the_error_says_it(k
         assert reply["status"] == "ok"
         assert not [m for m in long_messages if m["msg_type"] in ("display_data", "update_display_data")]
         assert "nbrpc:" not in streamed(long_messages)
+
+        # Unless asked: then a cell that waits for a second shows its pending calls.
+        _, reply = execute(kc, "%rpc_waits --show always")
+        assert reply["status"] == "ok"
+        shown_messages, reply = execute(kc, "rpc.rpc_sync('worker1', step)")
+        assert reply["status"] == "ok"
+        shown = [m["content"]["data"]["text/plain"] for m in shown_messages
+                 if m["msg_type"] in ("display_data", "update_display_data")]
+        assert shown and "master -> worker1: step running at cell " in shown[0]
     finally:
         execute(kc, "%rpc_shutdown", timeout=60)

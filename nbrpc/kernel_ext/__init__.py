@@ -25,6 +25,13 @@ def load_ipython_extension(ipython):
         template.prestart()
 
 
+def hang_watch():
+    """The loaded extension's ``HangWatch`` (what a waiting cell shows by itself)."""
+    if _hang_watch is None:
+        raise RuntimeError("nbrpc's extension is not loaded: %load_ext nbrpc")
+    return _hang_watch
+
+
 def unload_ipython_extension(ipython):
     # IPython cannot unregister magics; the cluster, if any, keeps running, and its
     # workers' output goes to stdout and stderr, tagged.

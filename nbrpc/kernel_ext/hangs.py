@@ -73,9 +73,9 @@ class HangWatch:
         findings = snap["findings"]
         if not findings and not (self.always and snap["calls"]):
             if self._handle is not None and self._shown:
-                self._handle.update(_Report([], snap["calls"], resolved=True))
+                self._handle.update(Report([], snap["calls"], resolved=True))
             return
-        report = _Report(findings, snap["calls"] if self.always or findings else [])
+        report = Report(findings, snap["calls"] if self.always or findings else [])
         with self._lock:
             if self._stop.is_set():
                 return
@@ -96,7 +96,7 @@ class HangWatch:
         shell.events.unregister("post_run_cell", self.post_run_cell)
 
 
-class _Report:
+class Report:
     """Findings (and pending calls) as text and HTML."""
 
     def __init__(self, findings: list[dict], calls: list[dict], resolved: bool = False):

@@ -1,4 +1,4 @@
-"""The magics (``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_stacks``, ``%rpc_shutdown``,
+"""The magics (``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_stacks``, ``%rpc_waits``, ``%rpc_shutdown``,
 ``%rref_graph``, ``%autograd_graph``, ``%rpc_timeline``): thin shells over ``Cluster`` and the widgets."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ..deploy import probes
 from ..deploy.status import StatusTable
 from ..diagnostics import stacks as stacks_mod
 from ..errors import JobRefusedError, NoClusterError, UnknownWorkerError
+from . import hangs
 from .display import KernelOutput, start_progress
 
 
@@ -166,6 +167,24 @@ class RpcMagics(Magics):
         except UnknownWorkerError as e:
             raise UsageError(f"%rpc_stacks: {e}") from None
         print(stacks_mod.format_stacks(found))
+
+    @magic_arguments()
+    @argument("--show", choices=("findings", "always"), default=None,
+              help="what a cell that waits on the cluster for 1 s shows by itself: the hangs found "
+                   "(findings, the default), or its pending calls too (always)")
+    @line_magic
+    def rpc_waits(self, line: str = ""):
+        """Show the cluster's pending calls and the hangs found now (``nbrpc.waits()``)."""
+        from . import hang_watch
+
+        args = _parse(self.rpc_waits, line)
+        if args.show is not None:
+            hang_watch().always = args.show == "always"
+            print(f"nbrpc: a waiting cell shows {'its pending calls and ' if args.show == 'always' else ''}"
+                  "the hangs found")
+            return
+        snap = probes.waits(_running())
+        print(hangs.Report(snap["findings"], snap["calls"]) if snap["calls"] else "nbrpc: no call is pending")
 
     @line_magic
     def rpc_shutdown(self, line: str = ""):
