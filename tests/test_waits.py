@@ -293,3 +293,4 @@ def test_pool_deadlock_across_two_workers_is_a_cycle(shell):
     assert "pool_exhausted" in kinds
     cell.join()
     assert cell.error is not None
+

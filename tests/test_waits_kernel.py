@@ -6,6 +6,8 @@ end does); it runs ``%rpc_init`` and starts its own worker kernel.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -44,7 +46,7 @@ def _until_idle(client, msg_id: str, timeout: float) -> list[tuple[float, dict]]
 def test_the_stuck_cell_shows_the_finding_then_a_summary_and_the_error_says_it(kernel):
     km, kc = kernel
     _, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 1 --timeout 6\n"
-                           "import threading\nimport torch.distributed.rpc as rpc", timeout=180)
+                           "import threading\nimport nbrpc\nimport torch.distributed.rpc as rpc", timeout=180)
     assert reply["status"] == "ok", reply
     try:
         msg_id = kc.execute(LOCK_CELL)
@@ -108,5 +110,22 @@ def test_the_stuck_cell_shows_the_finding_then_a_summary_and_the_error_says_it(k
         shown = [m["content"]["data"]["text/plain"] for m in shown_messages
                  if m["msg_type"] in ("display_data", "update_display_data")]
         assert shown and "master -> worker1: step running at cell " in shown[0]
+
+        # A worker that dies while a call waits: the error says what it was doing.
+        _, reply = execute(kc, "%rpc_waits --show findings")
+        pid_messages, _ = execute(kc, "print(nbrpc.current().workers[0].pid)")
+        pid = int(streamed(pid_messages))
+        msg_id = kc.execute("gate = threading.Event()\n"
+                            "def park():\n"
+                            "    gate.wait(30)\n"
+                            "rpc.rpc_sync('worker1', park)")
+        time.sleep(2.5)
+        os.kill(pid, signal.SIGKILL)
+        died = _until_idle(kc, msg_id, 30)
+        error = next(m["content"] for _, m in died if m["msg_type"] == "error")
+        assert error["ename"] == "WorkerDiedError"
+        assert "rpc_sync('worker1', park) failed: worker 'worker1'" in error["evalue"]
+        assert "When it stopped: worker1 runs park (cell " in error["evalue"]
+        assert "blocked at `gate.wait(30)` (cell " in error["evalue"]
     finally:
         execute(kc, "%rpc_shutdown", timeout=60)

@@ -16,6 +16,7 @@ Parts:
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -35,8 +36,10 @@ REQUEST = "nbrpc_probe_request"
 REPLY = "nbrpc_probe_reply"
 # Seconds the driver waits for every member's answer: within 1 s in all.
 PROBE_TIMEOUT = 0.8
-# Seconds a snapshot may serve to explain a call whose chain came apart since.
-RECENT = 3.0
+# Seconds a snapshot may serve to explain a call whose chain came apart since, and
+# how many are kept.
+RECENT = 5.0
+HISTORY = 8
 
 
 def serve(app, name: str) -> None:
@@ -91,7 +94,9 @@ class Probes:
     def __init__(self) -> None:
         self._channels: dict[str, _Channel] = {}
         self._lock = threading.Lock()
-        self.last: waits_mod.Graph | None = None  # the latest snapshot's graph
+        # The latest snapshots' graphs: a timeout or a death is explained by the last
+        # one that saw the chain whole.
+        self.history: collections.deque[waits_mod.Graph] = collections.deque(maxlen=HISTORY)
 
     def _channel(self, worker: Worker) -> _Channel | None:
         channel = self._channels.get(worker.name)
@@ -201,7 +206,7 @@ def waits(cluster: Cluster | None) -> dict:
     """``nbrpc.waits()``: the cluster's pending calls as a wait-for graph with findings."""
     cluster = _require(cluster)
     graph = waits_mod.graph(_members(cluster))
-    cluster.probes.last = graph
+    cluster.probes.history.append(graph)
     return waits_mod.snapshot_of(graph)
 
 
@@ -215,13 +220,17 @@ def explainer(cluster: Cluster):
             return None
         fresh = waits_mod.graph(_members(cluster))
         text, stuck = waits_mod.explain(fresh, key)
-        last = cluster.probes.last
-        gone = fresh.calls.get(key, {}).get("callee") in fresh.gone()
-        if (gone or not stuck) and last is not None and fresh.now - last.now < RECENT:
-            earlier, was_stuck = waits_mod.explain(last, key)
-            if earlier and (was_stuck or gone):
-                return earlier
-        cluster.probes.last = fresh
+        callee = fresh.calls.get(key, {}).get("callee")
+        if stuck and callee not in fresh.gone():
+            return text
+        # The chain came apart a moment ago (the callee's own call timed out), or the
+        # callee is gone: what the latest snapshot with it alive says.
+        for earlier in reversed(cluster.probes.history):
+            if fresh.now - earlier.now > RECENT or callee in earlier.gone():
+                continue
+            said, was_stuck = waits_mod.explain(earlier, key)
+            if said and (was_stuck or callee in fresh.gone()):
+                return said
         return text
 
     return explain

@@ -209,6 +209,8 @@ def findings(graph: Graph) -> list[dict]:
     seen: set = set()
     for path in graph.chains():
         finding = _finding(graph, path)
+        if finding is None:
+            continue
         key = (finding["kind"], tuple((c["callee"], c["function"]) for c in path[1:]) or path[0]["function"])
         if key not in seen:
             seen.add(key)
@@ -217,7 +219,7 @@ def findings(graph: Graph) -> list[dict]:
     return out
 
 
-def _finding(graph: Graph, path: list[dict]) -> dict:
+def _finding(graph: Graph, path: list[dict]) -> dict | None:
     leaf = path[-1]
     why = graph.stuck(leaf)
     members = _members(path)
@@ -238,14 +240,15 @@ def _finding(graph: Graph, path: list[dict]) -> dict:
                            f"{root_caller} itself. Do not hold what the callee needs while waiting "
                            "(release the lock first), or use rpc_async and wait later"}
     if why == "blocked":
+        if not back:
+            # Nothing in the chain can hold what it waits for: a wait for data or work,
+            # which may well end (the calls show it blocked; no finding).
+            return None
         blocked = leaf["blocked_at"]
-        holder = ""
-        if back:
-            holder = (f" A call earlier in the chain runs on {leaf['callee']} and waits on it: "
-                      f"if it holds that {blocked['what']}, neither can go on.")
         return {"kind": "blocked", "members": members, "calls": ids,
-                "message": f"{chain}.{holder} Release the {blocked['what']} before the nested call, "
-                           "or make the nested call not need it"}
+                "message": f"{chain}. A call earlier in the chain runs on {leaf['callee']} and waits on "
+                           f"it: if it holds that {blocked['what']}, neither can go on. Release the "
+                           f"{blocked['what']} before the nested call, or make the nested call not need it"}
     return {"kind": "cycle", "members": members, "calls": ids,
             "message": f"{chain}. The calls wait on each other in a cycle back to {leaf['callee']}. "
                        "Make the waiting function @rpc.functions.async_execution (return a future "
