@@ -129,3 +129,42 @@ def test_the_stuck_cell_shows_the_finding_then_a_summary_and_the_error_says_it(k
         assert "blocked at `gate.wait(30)` (cell " in error["evalue"]
     finally:
         execute(kc, "%rpc_shutdown", timeout=60)
+
+
+POOL_CELL = """\
+futs = [rpc.rpc_async("worker1", a, timeout=12) for _ in range(4)]
+torch.futures.wait_all(futs)
+"""
+
+
+def test_the_pool_deadlock_across_two_workers_is_named_in_the_cell(kernel):
+    # The classic: every RPC thread of worker1 runs a, which waits on b on worker2, which
+    # waits on h on worker1, queued behind the a's. In a kernel of its own: torch may
+    # leave the pair (and the driver's agent) wedged after it.
+    km, kc = kernel
+    _, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 2 --threads 4 --timeout 30\n"
+                           "import torch\nimport torch.distributed.rpc as rpc\n"
+                           "def h():\n"
+                           "    return 5\n"
+                           "def b():\n"
+                           "    return rpc.rpc_sync('worker1', h, timeout=8)\n"
+                           "def a():\n"
+                           "    return rpc.rpc_sync('worker2', b, timeout=10)\n", timeout=180)
+    assert reply["status"] == "ok", reply
+    msg_id = kc.execute(POOL_CELL)
+    messages = _until_idle(kc, msg_id, 60)
+    began = next(t for t, m in messages if m["msg_type"] == "execute_input")
+    shown = [(t, m["content"]["data"]["text/plain"]) for t, m in messages
+             if m["msg_type"] in ("display_data", "update_display_data")]
+    cycle = [(t, text) for t, text in shown if "nbrpc: stuck (cycle)" in text]
+    assert cycle, shown
+    assert cycle[0][0] - began < 3.0, f"the finding showed {cycle[0][0] - began:.1f} s after the cell began"
+    text = cycle[0][1]
+    assert "master waits on a on worker1 (cell " in text
+    assert "worker1 runs a (cell " in text and "which waits on its call to b on worker2 (cell " in text
+    assert "which waits on its call to h on worker1, queued: all 4 of worker1's RPC threads are busy" in text
+    assert "@rpc.functions.async_execution" in text
+    assert ("nbrpc: stuck (pool_exhausted): all 4 RPC threads of worker1 are busy (running a) and 4 calls "
+            "to worker1 (h) wait behind them" in text)
+    assert any(m["msg_type"] == "error" for _, m in messages)
+    assert streamed([m for _, m in messages]).startswith("nbrpc: this cell waited on a hang (cycle, pool_exhausted; ")

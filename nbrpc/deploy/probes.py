@@ -126,9 +126,13 @@ class Probes:
             self._gather(waiting, out, time.monotonic() + timeout)
             for name, (w, _, _) in waiting.items():
                 fate = w.fate()
-                out[name] = ({"state": "gone", "why": fate} if fate else
-                             {"state": "frozen", "why": f"no answer within {timeout:g} s: stopped, or a "
-                                                       "thread holds the GIL"})
+                if fate:
+                    out[name] = {"state": "gone", "why": fate}
+                elif w.stopped():
+                    out[name] = {"state": "frozen", "why": "stopped by a signal (SIGSTOP)"}
+                else:
+                    out[name] = {"state": "frozen", "why": f"no answer within {timeout:g} s: a thread "
+                                                          "holds the GIL, or the process is stopped"}
             return out
 
     @staticmethod
