@@ -167,8 +167,7 @@ class NamedFuture(torch.futures.Future):
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
-        if self._key is not None:
-            PENDING.answered(self._key)
+        PENDING.answered(self._key)
         try:
             value = fut.value()
         except Exception as e:
@@ -220,17 +219,10 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
             if named is e:
                 raise
             raise named from e
-    _pending_remote(rref, to, func, call_id)
+    PENDING.remote_sent(rref, to, func, call_id, torch_compat.creation_future(rref))
     if rref_ledger.is_tracking():
         rref_ledger.created(rref)
     return rref
-
-
-def _pending_remote(rref, to, func, call_id: str | None) -> None:
-    """A ``remote`` is in flight until its owner confirms the RRef (its function ran)."""
-    key = PENDING.calling(to, func, call_id, "remote")
-    PENDING.remote_made(rref, key)
-    torch_compat.creation_future(rref).add_done_callback(lambda _: PENDING.answered(key))
 
 
 def _plain_remote(to, func, args, kwargs, timeout: float, call_id: str | None):
@@ -295,7 +287,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
             recorder.failed(half, KeyboardInterrupt("interrupted"))
         raise KeyboardInterrupt(
             f"to_here() of an RRef owned by {owner!r} was interrupted; only the waiting "
-            f"stopped (the fetch ends in the background){_diagnosis(key)}") from None
+            f"stopped (the fetch ends in the background){PENDING.explained(key)}") from None
     finally:
         PENDING.answered(key)
     if half is not None:
@@ -404,15 +396,9 @@ def _in_background(call: Callable, to):
     return job.result()
 
 
-def _diagnosis(key: str | None) -> str:
-    """What the call ``key`` waited on, as a sentence to add to its error ("" if unknown)."""
-    text = PENDING.explain(key) if key is not None else ""
-    return f". When it stopped: {text}" if text else ""
-
-
 def _stopped(to, label: str, call_id: str | None, key: str | None = None) -> KeyboardInterrupt:
     """The error for an interrupted call, after asking its worker to stop it."""
-    why = _diagnosis(key)  # before the stop changes what the callee does
+    why = PENDING.explained(key)  # before the stop changes what the callee does
     if call_id is None:
         return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped{why}")
     interrupts.send_stop(to, call_id)
@@ -440,7 +426,7 @@ def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None 
         msg = (
             f"{label} failed: worker {name!r} {fate}. Its state is "
             "lost; the other workers keep running. Start a new cluster (%rpc_shutdown, "
-            f"then %rpc_init) to get {name!r} back{_diagnosis(key)}. Torch said: {error}"
+            f"then %rpc_init) to get {name!r} back{PENDING.explained(key)}. Torch said: {error}"
         )
         return WorkerDiedError(msg)
     text = str(error)
@@ -456,7 +442,7 @@ def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None 
         msg = (
             f"{label} got no answer within {seconds:g} s (it may still "
             "be running there). Pass timeout=SECONDS to the call, or start the cluster "
-            f"with a longer default (%rpc_init --timeout SECONDS){_diagnosis(key)}. "
+            f"with a longer default (%rpc_init --timeout SECONDS){PENDING.explained(key)}. "
             f"Torch said: {torch_said}"
         )
         return RpcTimeoutError(msg)

@@ -97,9 +97,12 @@ class Pending:
     def done(self, call_id: str) -> None:
         self.served.pop(call_id, None)
 
-    def remote_made(self, rref, call_id: str | None) -> None:
-        if call_id is not None:
-            self.rrefs[id(rref)] = call_id
+    def remote_sent(self, rref, callee, func, call_id: str | None, created) -> None:
+        """A ``remote`` is in flight until its owner confirms the RRef (``created``, a
+        future, is done: the function ran)."""
+        key = self.calling(callee, func, call_id, "remote")
+        self.rrefs[id(rref)] = key
+        created.add_done_callback(lambda _: self.answered(key))
 
     def remote_call(self, rref) -> str | None:
         """The call id of the ``remote`` that makes ``rref``'s value, while it runs."""
@@ -135,6 +138,11 @@ class Pending:
             if text:
                 return text
         return ""
+
+    def explained(self, key: str | None) -> str:
+        """What call ``key`` waited on, as a sentence to add to its error ("" if unknown)."""
+        text = self.explain(key) if key is not None else ""
+        return f". When it stopped: {text}" if text else ""
 
     def oldest(self, thread: int | None = None) -> float | None:
         """When the oldest call in flight (made by ``thread``, or any) was sent."""
