@@ -244,7 +244,8 @@ def test_a_frozen_member_is_reported_within_a_second(shell, cluster):
                                       "why": "stopped by a signal (SIGSTOP)"}}
         found, took, snap = finding("dead_member")
         assert found is not None, snap
-        assert "worker2 is frozen (stopped by a signal (SIGSTOP))" in found["message"]
+        assert found["message"].startswith(f"{cluster.driver_name} waits on add on worker2 (cell ")
+        assert "), but worker2 is frozen (stopped by a signal (SIGSTOP)): it answers nothing" in found["message"]
         assert [m["state"] for m in snap["members"] if m["name"] == "worker2"] == ["frozen"]
     finally:
         os.kill(worker2.pid, signal.SIGCONT)

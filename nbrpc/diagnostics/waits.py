@@ -231,14 +231,15 @@ def _finding(graph: Graph, path: list[dict]) -> dict | None:
         member = graph.members[leaf["callee"]]
         what = member.get("why") or why
         return {"kind": "dead_member", "members": members, "calls": ids,
-                "message": f"{chain}. {leaf['callee']} is {why} ({what}): it will never answer. "
-                           f"Interrupt the cell; start a new cluster (%rpc_shutdown, then %rpc_init) "
-                           f"to get {leaf['callee']} back"}
+                "message": f"{chain} ({what}): it answers nothing. Interrupt the cell; start a new "
+                           f"cluster (%rpc_shutdown, then %rpc_init) to get {leaf['callee']} back"}
     if back and leaf["callee"] == root_caller and _from_cell(graph, path[0]):
         return {"kind": "waits_on_caller", "members": members, "calls": ids,
                 "message": f"{chain}. {root_caller} waits on a call whose callee waits on "
                            f"{root_caller} itself. Do not hold what the callee needs while waiting "
                            "(release the lock first), or use rpc_async and wait later"}
+    if why == "queued" and not back:
+        return None  # a pool that is merely full: ``pool_exhausted`` says so
     if why == "blocked":
         if not back:
             # Nothing in the chain can hold what it waits for: a wait for data or work,
@@ -264,11 +265,11 @@ def _pools(graph: Graph) -> list[dict]:
         busy = graph.busy(name)
         if not queued or pool is None or busy < pool:
             continue
-        running = sorted({c["function"] for c in graph.calls.values()
-                          if c["callee"] == name and c.get("serving_thread") is not None})
+        busy_calls = [c for c in graph.calls.values() if c["callee"] == name and c.get("serving_thread") is not None]
+        running = sorted({c["function"] for c in busy_calls})
         waiting = sorted({c["function"] for c in queued})
         out.append({
-            "kind": "pool_exhausted", "members": [name], "calls": [c["id"] for c in queued],
+            "kind": "pool_exhausted", "members": [name], "calls": [c["id"] for c in busy_calls + queued],
             "message": f"all {pool} RPC threads of {name} are busy (running {', '.join(running)}) and "
                        f"{len(queued)} call{'s' * (len(queued) > 1)} to {name} "
                        f"({', '.join(waiting)}) wait{'s' * (len(queued) == 1)} behind them. Make the "
@@ -299,7 +300,8 @@ def describe(graph: Graph, path: list[dict], head: bool = True) -> str:
     lead = ""
     if head and _from_cell(graph, first):
         at = f" ({first['site']})" if first.get("site") else ""
-        lead = f"{first['caller']} waits on {first['function']} on {first['callee']}{at}: "
+        joint = ": " if first.get("serving_thread") is not None else ", "
+        lead = f"{first['caller']} waits on {first['function']} on {first['callee']}{at}{joint}"
     parts = []
     for i, call in enumerate(path):
         served = call.get("serving_thread") is not None
@@ -325,7 +327,7 @@ def describe(graph: Graph, path: list[dict], head: bool = True) -> str:
         parts.append(f"queued: {of}{leaf['callee']}'s RPC threads are busy")
     elif why in ("gone", "frozen"):
         parts.append(f"but {leaf['callee']} is {why}")
-    return lead + ", ".join(parts)
+    return (lead + ", ".join(parts)) if parts else lead.rstrip(":, ")
 
 
 def explain(graph: Graph, call_id: str) -> tuple[str | None, bool]:

@@ -19,7 +19,7 @@ from IPython.display import display
 
 from ..deploy import cluster as cluster_mod
 from ..deploy import probes
-from ..recording.pending import PENDING
+from ..recording.pending import PENDING, SINCE
 
 POLL = 0.5
 AFTER = 1.0
@@ -54,6 +54,7 @@ class HangWatch:
             print(f"nbrpc: this cell waited on a hang ({kinds}; {members}): {shown[0]['message']}")
 
     def _watch(self, stop: threading.Event) -> None:
+        began = time.time()
         while not stop.wait(POLL):
             oldest = PENDING.oldest()
             cluster = cluster_mod.current()
@@ -67,10 +68,12 @@ class HangWatch:
                 continue
             if stop.is_set():
                 return
-            self._show(snap)
+            self._show(snap, began)
 
-    def _show(self, snap: dict) -> None:
-        findings = snap["findings"]
+    def _show(self, snap: dict, began: float) -> None:
+        # This cell's calls only: a hang an earlier cell left behind is not this one's.
+        mine = {key for key, entry in PENDING.outgoing.copy().items() if entry[SINCE] >= began}
+        findings = [f for f in snap["findings"] if mine.intersection(f["calls"])]
         if not findings and not (self.always and snap["calls"]):
             if self._handle is not None and self._shown:
                 self._handle.update(Report([], snap["calls"], resolved=True))

@@ -53,7 +53,10 @@ def call_site(depth: int = 2) -> tuple[str, int] | None:
 def function_name(func: Callable | str) -> str:
     if isinstance(func, str):
         return func
-    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    qualname = getattr(func, "__qualname__", None)
+    if qualname is None or qualname.startswith("_"):  # torch.add: "_VariableFunctionsClass.add"
+        return getattr(func, "__name__", None) or qualname or repr(func)
+    return qualname
 
 
 class Pending:
