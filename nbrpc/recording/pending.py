@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import torch
 
+from .._util import Hooks
+
 # Frames in these folders are nbrpc's or torch's own, never a call's site.
 _OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
         os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
@@ -65,7 +67,7 @@ class Pending:
     def __init__(self) -> None:
         # Registered explainers: call key -> what the call waits on, in words, or None
         # (the driver's diagnostics); timeouts and interrupts quote them.
-        self.explainers: list[Callable[[str], str | None]] = []
+        self.explainers = Hooks()
         self.reset()
 
     def reset(self) -> None:
@@ -133,7 +135,7 @@ class Pending:
 
     def explain(self, key: str) -> str:
         """What call ``key`` waits on, in words, from the registered explainers ("" if none)."""
-        for explainer in list(self.explainers):
+        for explainer in self.explainers:
             try:
                 text = explainer(key)
             except Exception:  # a diagnosis must never hide the error it explains
