@@ -81,17 +81,6 @@ def test_jupyter_clients_private_name_adapts_the_protocol():
     assert client.session.adapt_version == 4
 
 
-def test_ipythons_private_name_says_which_cell_a_file_holds():
-    from IPython.testing import globalipapp
-
-    globalipapp.start_ipython()
-    shell = globalipapp.get_ipython()
-    shell.run_cell("def in_a_cell():\n    return 1", store_history=True)
-    filename = shell.user_ns["in_a_cell"].__code__.co_filename
-    assert jupyter_compat.cell_number(filename) == shell.execution_count - 1
-    assert jupyter_compat.cell_number(__file__) is None
-
-
 def test_the_patch_points_exist_in_torch():
     for name in ("PICKLER", "UNPICKLER", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
                  "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL"):

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 import cloudpickle
 
 from .._compat import cloudpickle_compat as cp
-from .._compat import jupyter_compat
 
 # The per-process objects a global may hold, and the recipe for a fresh one like it.
 PER_PROCESS: dict[type, Callable] = {
@@ -138,7 +137,11 @@ def _cache_code(ident: Identity, func: types.FunctionType) -> None:
         code = func.__code__
         payload = REGISTRY.code_payloads.get(code)
         if payload is None:  # shared by every function made from this code (lambdas in a loop)
-            payload = REGISTRY.code_payloads[code] = cloudpickle.dumps((code, _source_of(code)))
+            # cloudpickle sends "<dynamic-code>" as the file name: the cell's own name
+            # goes with it, so stacks and diagnoses on the receiver can name the cell,
+            # and its lines, so tracebacks there show them.
+            payload = REGISTRY.code_payloads[code] = cloudpickle.dumps(
+                (code, code.co_filename, _source_of(code)))
         ident.payload, ident.code = payload, code
         ident.version += 1
 
@@ -146,31 +149,18 @@ def _cache_code(ident: Identity, func: types.FunctionType) -> None:
 SOURCE_LINES_SENT = 2000  # a longer file (a script run as __main__) goes without its source
 
 
-def _source_of(code: types.CodeType) -> tuple[str, list[str]] | None:
-    """Where ``code`` was written, named for a traceback (``Cell In[5]`` for a notebook
-    cell, as IPython names it, else the file), and the lines there: the receiver shows
-    them in the tracebacks of errors the function raises (cloudpickle sends code as
-    ``<dynamic-code>``, with no lines)."""
+def _source_of(code: types.CodeType) -> list[str] | None:
+    """The lines of the cell (or file) ``code`` was written in: the receiver shows them
+    in the tracebacks of errors the function raises there."""
     lines = linecache.getlines(code.co_filename)
-    if not lines or len(lines) > SOURCE_LINES_SENT:
-        return None
-    count = jupyter_compat.cell_number(code.co_filename)
-    return (code.co_filename if count is None else f"Cell In[{count}]"), lines
+    return lines if lines and len(lines) <= SOURCE_LINES_SENT else None
 
 
-def _placed(code: types.CodeType, source: tuple[str, list[str]] | None) -> types.CodeType:
-    """``code`` (and the code inside it) named after where it was written, with those
-    lines in ``linecache`` so that tracebacks here show them."""
-    if source is None:
-        return code
-    label, lines = source
-    linecache.cache[label] = (sum(map(len, lines)), None, lines, label)  # kept: no mtime
-
-    def relabel(c: types.CodeType) -> types.CodeType:
-        consts = tuple(relabel(k) if isinstance(k, types.CodeType) else k for k in c.co_consts)
-        return c.replace(co_filename=label, co_consts=consts)
-
-    return relabel(code)
+def _keep_lines(filename: str, lines: list[str] | None) -> None:
+    """Put a received definition's lines in ``linecache`` under its file name (no mtime:
+    ``checkcache`` keeps them), unless this process has that file itself."""
+    if lines and not os.path.exists(filename):
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
 def fill_ins(func: types.FunctionType) -> dict:
@@ -223,14 +213,21 @@ def _known(origin: str, token: int, version: int = 0):
     return None
 
 
+def _filed(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` (and the code objects in it) under the file name it was made in."""
+    consts = tuple(_filed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
 def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes,
                     fname: str, qualname: str, doc: str | None):
     with REGISTRY.lock:
         found = _known(origin, token, version)
         if found is not None:
             return found
-        code, source = pickle.loads(payload)
-        code = _placed(code, source)
+        code, filename, lines = pickle.loads(payload)
+        code = _filed(code, filename)
+        _keep_lines(filename, lines)
         closure = tuple(cp.make_empty_cell() for _ in code.co_freevars) or None
         func = types.FunctionType(code, namespace(), fname, None, closure)
         func.__qualname__, func.__module__, func.__doc__ = qualname, "__main__", doc
