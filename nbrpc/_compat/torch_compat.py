@@ -48,6 +48,23 @@ current_agent = api._get_current_rpc_agent
 has_agent = api._is_current_rpc_agent_set
 # The default timeout of an agent that joined for an earlier cluster; known to work with torch 2.11 and 2.13.
 set_rpc_timeout = rpc._set_rpc_timeout
+# The node id torch's profiler gives this process's events (init_rpc sets the rank
+# before the agent starts; the default, -1, leaves the profiler's "Node ID" empty);
+# known to work with torch 2.11 and 2.13.
+set_profiler_node_id = rpc._set_profiler_node_id
+# torch's API-usage log entry for init_rpc (a no-op unless a logging hook is set);
+# known to work with torch 2.11 and 2.13.
+INIT_RPC_USAGE = "torch.distributed.init_rpc"
+log_api_usage = torch._C._log_api_usage_once
+
+
+def count_init() -> None:
+    """What ``init_rpc`` does to ``rpc._init_counter`` (the number of its store prefix,
+    ``rpc_prefix_N``), under its lock: a member that joined counts as one init, as in a
+    script; known to work with torch 2.11 and 2.13."""
+    with rpc._init_counter_lock:
+        rpc._init_counter += 1
+
 # Busy threads and owned RRefs of this member (%rpc_status); known to work with torch 2.11 and 2.13.
 debug_info = rpc._get_debug_info
 # This member's RRef counters (owned RRefs in the ledger's report); known to work with torch 2.11 and 2.13.
@@ -194,6 +211,11 @@ def context_creator(context_id: int) -> int:
     ids carry it above their 48-bit counter (``DistAutogradContainer``); known to work
     with torch 2.11 and 2.13."""
     return context_id >> 48
+
+
+# Whether a profiler records on this thread (it records each call's events on the
+# thread that makes it); known to work with torch 2.11 and 2.13.
+profiler_enabled = torch.autograd._profiler_enabled
 
 
 def current_context_id() -> int:

@@ -261,7 +261,10 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     owner = rref.owner_name()
     half = recorder.outgoing("to_here", owner, rref=rref) if recorder.recording else None
     try:
-        if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
+        # A profiler, like an autograd context, is this thread's: fetched on a helper
+        # thread, the to_here event would be missing from the profile.
+        if (threading.current_thread() is threading.main_thread() and not _in_autograd_context()
+                and not torch_compat.profiler_enabled()):
             value = _in_background(lambda: _fetch(rref, timeout, half), owner)
         else:
             value = _fetch(rref, timeout, half)
