@@ -83,7 +83,8 @@ def test_jupyter_clients_private_name_adapts_the_protocol():
 
 def test_the_patch_points_exist_in_torch():
     for name in ("PICKLER", "UNPICKLER", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
-                 "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL"):
+                 "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL",
+                 "AGENT_INIT", "AGENT_GROUP_MEMBERSHIP"):
         for owner, attribute in getattr(torch_compat, name):
             assert hasattr(owner, attribute), (name, owner, attribute)
     from torch.distributed.optim import optimizer
@@ -95,7 +96,7 @@ INSTALL_AND_UNINSTALL = """
 import json
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
-from torch._C._distributed_rpc import PyRRef
+from torch._C._distributed_rpc import PyRRef, TensorPipeAgent
 from torch.distributed.rpc import api, internal
 
 from nbrpc._compat import torch_compat
@@ -105,7 +106,8 @@ from nbrpc.wire import serialization
 def now():
     return [api._to_worker_info, api.rpc_sync, rpc.rpc_sync, api.rpc_async, api.remote, rpc.remote,
             internal._pickler, internal._unpickler, internal._handle_exception,
-            PyRRef.__init__, PyRRef.to_here, dist_autograd.backward]
+            PyRRef.__init__, PyRRef.to_here, dist_autograd.backward, TensorPipeAgent.__init__,
+            TensorPipeAgent._update_group_membership]
 
 torch_before = now()
 patches.install(track=True)

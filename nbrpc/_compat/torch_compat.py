@@ -84,6 +84,12 @@ STORE_MEMBERS_KEY = "names/_ALL_WORKER_INFOS"
 TRANSPORTS_OPTION = "_transports"
 
 
+# TensorPipeAgent's constructor and _update_group_membership, kept before nbrpc follows
+# the agent's devices through them (calls.agent_devices); known to work with torch 2.11 and 2.13.
+agent_init = TensorPipeAgent.__init__
+agent_update_group_membership = TensorPipeAgent._update_group_membership
+
+
 def update_group_membership(agent, info, devices: list, maps: dict, joined: bool) -> None:
     """``TensorPipeAgent._update_group_membership``: forget a member that died, set this
     member's devices and reply maps; known to work with torch 2.11 and 2.13."""
@@ -278,6 +284,8 @@ RREF_INIT = ((PyRRef, "__init__"),)
 RREF_TO_HERE = ((PyRRef, "to_here"),)
 COLLECT_ALL = ((torch._C, "_collect_all"),)
 BACKWARD = ((dist_autograd, "backward"),)
+AGENT_INIT = ((TensorPipeAgent, "__init__"),)
+AGENT_GROUP_MEMBERSHIP = ((TensorPipeAgent, "_update_group_membership"),)
 
 _originals: dict[tuple, object] = {}
 # Everything that stood or stands at a patch point, torch's and nbrpc's alike:

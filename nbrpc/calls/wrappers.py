@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..recording import recorder, rref_ledger
 from ..wire import remote_errors
-from . import interrupts, output
+from . import agent_devices, interrupts, output
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
@@ -148,12 +148,16 @@ class NamedFuture(torch.futures.Future):
     on the main thread, can be interrupted, which stops the call on its worker too.
 
     Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all``
-    (see ``collect_all``) keep torch's own errors.
+    (see ``collect_all``) keep torch's own errors. It has the devices of torch's
+    future (the agent's, see ``agent_devices``), so it keeps torch's CUDA semantics:
+    it completes inside torch's future's callback, on streams that waited for the
+    value, and records its own events there; ``wait``, ``value`` and its callbacks
+    sync with them, and what ``then`` makes has the same devices.
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
                  half: list | None = None):
-        super().__init__()
+        super().__init__(devices=agent_devices.current())
         self._call = (to, label, timeout, call_id)
         self._half = half
         self.call = fut  # torch's own future of the call
