@@ -69,14 +69,19 @@ def profiled(peer):
     """torch's profilers around calls to peer: name, node id and shapes of each RPC event."""
     x, y = torch.ones(2, 3), torch.ones(2, 3)
 
-    def calls():
+    def calls(remote_events=False):
         rpc.rpc_sync(peer, torch.add, args=(x, y))
         rpc.rpc_async(peer, torch.mul, args=(x, y)).wait()
-        rpc.remote(peer, torch.sub, args=(x, y)).to_here()
+        rref = rpc.remote(peer, torch.sub, args=(x, y))
+        rref.to_here()
+        if remote_events:
+            # the remote's events come with the owner's confirmation, which may follow
+            # to_here's reply (torch's own tests wait for it so)
+            rref._get_profiling_future().wait()
 
     found = {}
     with profiler_legacy.profile(record_shapes=True) as prof:  # the one with remote events
-        calls()
+        calls(remote_events=True)
     found["legacy"] = rpc_events(prof.function_events)
     with torch.autograd.profiler.profile(record_shapes=True) as prof:
         calls()
