@@ -10,11 +10,12 @@ Wrappers, installed in every member by ``group.join``:
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
   could not pickle and in failures of workers whose process has ended. An
   interrupted call is stopped on its worker too (see ``interrupts``).
-- ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
+- ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same, with the
+  devices and CUDA stream semantics of torch's future.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
 - ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
-  thread can be interrupted outside a distributed autograd context (the waiting stops;
+  thread can be interrupted outside a distributed autograd context and a profiler (the waiting stops;
   the function that built the RRef's value is not stopped). Both tell the RRef ledger
   while it tracks.
 """
