@@ -104,7 +104,7 @@ step a-gpu-tests "$CAP_TESTS" "
     exit \$(( audit || gpu ))"
 
 step b-conformance "$CAP_CONFORMANCE" "
-    $PYTHON conformance/run.py --suites $CUDA_SUITES --jobs 10 --xdist 6 --timeout 120
+    $PYTHON conformance/run.py --suites $CUDA_SUITES --jobs 10 --xdist 6 --timeout 120 --deadline $((CAP_CONFORMANCE - 40))
     rc=\$?
     mkdir -p '$OUT/conformance' && cp -r build/conformance/raw build/conformance/nbrpc '$OUT/conformance/'
     exit \$rc"
