@@ -23,6 +23,7 @@ The parts:
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import types
@@ -91,6 +92,11 @@ class ModuleGlobals:
         self._not_held.add(function)
         return None
 
+    def forked(self) -> None:
+        """In a forked child: a new lock (another thread may have held the parent's); the
+        index holds, since the child has the parent's objects at the same ids."""
+        self._lock = threading.Lock()
+
     def reset(self) -> None:
         """Forget everything (the index is rebuilt on the next ``find``)."""
         with self._lock:
@@ -158,5 +164,6 @@ def _registered_by_value() -> set[str]:
 
 # This process's index; a forked child shares the parent's objects at the same ids.
 MODULE_GLOBALS = ModuleGlobals()
+os.register_at_fork(after_in_child=MODULE_GLOBALS.forked)
 find = MODULE_GLOBALS.find
 find_attribute = MODULE_GLOBALS.find_attribute
