@@ -9,11 +9,12 @@ if "torch" not in sys.modules:
     # imported (or %load_ext nbrpc runs) before torch.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+from .deploy import probes as _probes  # noqa: E402
 from .deploy.cluster import Cluster, current  # noqa: E402
 from .deploy.launchers.slurm import SlurmOptions  # noqa: E402
 from .diagnostics.autograd import autograd_snapshot, last_recorded, record_autograd  # noqa: E402
 from .diagnostics.rrefs import rref_snapshot  # noqa: E402
-from .diagnostics.trace import Trace, set_report_writer, trace, trace_snapshot  # noqa: E402
+from .diagnostics.trace import Trace, trace, trace_snapshot  # noqa: E402
 from .errors import (  # noqa: E402
     AutogradContextError,
     ClusterRunningError,
@@ -52,9 +53,11 @@ __all__ = [
     "last_recorded",
     "record_autograd",
     "rref_snapshot",
+    "stacks",
     "start",
     "trace",
     "trace_snapshot",
+    "waits",
 ]
 
 
@@ -71,14 +74,21 @@ def start(n=None, **options) -> Cluster:
     return Cluster(n, **options).start()
 
 
-def _write_report(snapshot, path) -> None:
-    """``Trace.save`` 's HTML page, drawn by the widgets' modules (no ipywidgets)."""
-    from .widgets.report import write_report
+def waits() -> dict:
+    """The running cluster's pending calls as a wait-for graph, with the hangs it names
+    (``findings``); asked over each worker's side channel, so it answers while every RPC
+    thread is blocked. See DESIGN.md, "Waits snapshot"."""
+    return _probes.waits(current())
 
-    write_report(snapshot, path)
 
+def stacks(members=None) -> dict:
+    """The Python stack of every thread of every member (or of ``members``, names):
+    member -> ``{"state", "pid", "threads": [{"id", "name", "serving", "frames"}]}``;
+    a notebook frame carries its ``cell`` ("cell 3, line 6") and source line."""
+    if isinstance(members, str):
+        members = [m.strip() for m in members.split(",") if m.strip()]
+    return _probes.stacks(current(), members)
 
-set_report_writer(_write_report)
 
 # The widgets import ipywidgets, which a script driving a cluster must not pay for:
 # ``nbrpc.RRefGraph`` and the others are the classes of ``nbrpc.widgets``, imported

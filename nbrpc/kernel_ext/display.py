@@ -8,6 +8,7 @@ from IPython.display import clear_output, display, publish_display_data
 
 from ..calls import output
 from ..deploy.cluster import text_progress
+from ..deploy.launchers.base import Started
 
 
 def in_notebook() -> bool:
@@ -36,7 +37,7 @@ def start_progress():
         bar.value = done
         bar.description = f"{done}/{total} joined"
         label.value = message
-        if done == total and "up in" in message:
+        if isinstance(message, Started):
             for widget in (label, bar, box):
                 widget.close()
             print(f"nbrpc: {message}")
@@ -81,8 +82,15 @@ class CellOutput:
         with self._lock:
             self._running = True
             held, self._held = self._held, []
-            for batch in held:
-                self._shown.show(*batch)
+            late = set()
+            for worker, pieces, final in held:
+                if final and worker not in late:
+                    # The end of a call whose cell had ended (its caller gave up, or never
+                    # waited): not this cell's output.
+                    late.add(worker)
+                    self._shown.output.stream(worker, "stderr", f"[{worker}] (late: what a call wrote "
+                                                                "after the cell that made it had ended)\n")
+                self._shown.show(worker, pieces, final)
 
     def post_run_cell(self, result=None) -> None:
         with self._lock:
@@ -92,9 +100,9 @@ class CellOutput:
     def register(self, shell) -> None:
         shell.events.register("pre_run_cell", self.pre_run_cell)
         shell.events.register("post_run_cell", self.post_run_cell)
-        output.set_sink(self.deliver)
+        output.SINKS.add(self.deliver)
 
     def unregister(self, shell) -> None:
         shell.events.unregister("pre_run_cell", self.pre_run_cell)
         shell.events.unregister("post_run_cell", self.post_run_cell)
-        output.set_sink(None)
+        output.SINKS.discard(self.deliver)
