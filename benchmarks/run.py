@@ -12,9 +12,11 @@ measures, so a burst of load from elsewhere hits them alike.
 Then, each a script of its own that prints its table: start-up cold and warm next to
 ``import torch`` with PSS per worker (``startup.py``), a notebook-defined function
 against by-value pickling (``definitions.py``), a call that prints against one that
-does not (``output.py``), the scale table (``scale.py``: 1 to 32 local workers), the wall time of tutorials 01, 02
-and 04, and the driver across 20 cluster cycles (``cycles.py``). The call table also goes
-to ``build/bench.json``. It exits 1 when a target row fails, naming each at the end.
+does not (``output.py``), the bookkeeping of pending calls that ``nbrpc.waits()``
+reads against a small call (``pending.py``, target at most 1%), the scale table
+(``scale.py``: 1 to 32 local workers), the wall time of tutorials 01, 02 and 04, and the
+driver across 20 cluster cycles (``cycles.py``). The call table also goes to
+``build/bench.json``. It exits 1 when a target row fails, naming each at the end.
 """
 
 import contextlib
@@ -80,6 +82,8 @@ def main() -> int:
     failed += _script("definitions.py", "--calls", "2000")
     progress("a worker's output in the calling cell, per small call")
     failed += _script("output.py", "--calls", "2000")
+    progress("the always-on bookkeeping of pending calls, per small call")
+    failed += _script("pending.py", "--calls", "2000")
     progress("the scale table: 1, 4, 16 and 32 local workers")
     failed += _script("scale.py")
     progress("tutorials' wall time")

@@ -13,14 +13,10 @@ The parts:
 - **Sending** (``reduce_function``, ``reduce_class``): the function's code is pickled
   once and cached with its digest; defaults, closure, and the current values of the
   globals it uses ("fill-ins") travel with every call, as cloudpickle's would.
-- **Code by digest** (``Receivers``): the calls layer says where a call goes
-  (``receivers.begin``); a receiver that answered a call that carried a code in full
-  holds it (``acknowledged``), so later calls to it send the code's digest instead, a
-  few dozen bytes; a top-level function it holds goes by identity alone, with the
-  notebook definitions it uses (``_by_identity``, ``_pinned``). A code changed (a cell
-  run again) has a new digest and goes in full once more. Until the first answer every
-  call carries the code (calls in flight may arrive in any order); a reply, or a call
-  whose destination is not known, always does.
+- **By digest, by identity** (``receivers``): once the call's destination answered a
+  call that carried a code in full, later calls send its digest; a top-level function
+  it holds goes by identity, with the notebook definitions it uses (``_by_identity``).
+  A changed code goes in full again; so do replies and calls before the first answer.
 - **Receiving** (``_function_shell``/``_bind_function``, ``_class_shell``/``_bind_class``):
   a definition coming home is the process's own object. Otherwise it is built once per
   origin, token and version, with the process's namespace (``__main__``) as its globals;
@@ -35,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import linecache
 import os
 import pickle
 import sys
@@ -181,16 +178,33 @@ def _cache_code(ident: Identity, func: types.FunctionType) -> None:
         code = func.__code__
         cached = REGISTRY.code_payloads.get(code)
         if cached is None:  # shared by every function made from this code (lambdas in a loop)
-            payload = cloudpickle.dumps(code)
-            cached = REGISTRY.code_payloads[code] = (payload, _digest(payload))
+            # cloudpickle sends "<dynamic-code>" as the file name: the cell's own name
+            # goes with it, so stacks and diagnoses on the receiver can name the cell,
+            # and its lines, so tracebacks there show them.
+            payload = cloudpickle.dumps((code, code.co_filename, _source_of(code)))
+            digest = hashlib.blake2b(payload, digest_size=DIGEST_SIZE).digest()
+            cached = REGISTRY.code_payloads[code] = (payload, digest)
         ident.payload, ident.digest = cached
         ident.global_names = tuple(cp.code_globals(code))
         ident.code = code
         ident.version += 1
 
 
-def _digest(payload: bytes) -> bytes:
-    return hashlib.blake2b(payload, digest_size=DIGEST_SIZE).digest()
+SOURCE_LINES_SENT = 2000  # a longer file (a script run as __main__) goes without its source
+
+
+def _source_of(code: types.CodeType) -> list[str] | None:
+    """The lines of the cell (or file) ``code`` was written in: the receiver shows them
+    in the tracebacks of errors the function raises there."""
+    lines = linecache.getlines(code.co_filename)
+    return lines if lines and len(lines) <= SOURCE_LINES_SENT else None
+
+
+def _keep_lines(filename: str, lines: list[str] | None) -> None:
+    """Put a received definition's lines in ``linecache`` under its file name (no mtime:
+    ``checkcache`` keeps them), unless this process has that file itself."""
+    if lines and not os.path.exists(filename):
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
 def fill_ins(func: types.FunctionType) -> dict:
@@ -246,16 +260,28 @@ def _known(origin: str, token: int, version: int = 0):
     return None
 
 
+def _filed(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` (and the code objects in it) under the file name it was made in."""
+    consts = tuple(_filed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _load_code(payload: bytes) -> types.CodeType:
+    """The code a full send carries, under its cell's file name, its lines kept."""
+    code, filename, lines = pickle.loads(payload)
+    _keep_lines(filename, lines)
+    return _filed(code, filename)
+
+
 def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes,
                     fname: str, qualname: str, doc: str | None, digest: bytes = b""):
     with REGISTRY.lock:
         found = _known(origin, token, version)
         if found is not None:
             if digest not in REGISTRY.codes:  # the sender will name it by digest from now on
-                REGISTRY.codes[digest] = pickle.loads(payload)
+                REGISTRY.codes[digest] = _load_code(payload)
             return _pin(found, origin, token, version, name)
-        code = pickle.loads(payload)
-        REGISTRY.codes[digest] = code
+        code = REGISTRY.codes[digest] = _load_code(payload)
         built = _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
         return _pin(built, origin, token, version, name)
 
@@ -269,11 +295,9 @@ def _function_shell_by_digest(origin: str, token: int, version: int, name: str |
             return _pin(found, origin, token, version, name)
         code = REGISTRY.codes.get(digest)
         if code is None:
-            raise pickle.UnpicklingError(
-                f"the code of {qualname} (digest {digest.hex()}) was never sent to this "
-                "process; its sender believed it was. Start a new cluster (%rpc_shutdown, "
-                "then %rpc_init) if this repeats")
-        payload = REGISTRY.code_payloads.get(code, (b"", b""))[0] or cloudpickle.dumps(code)
+            raise _never_sent(f"the code of {qualname} (digest {digest.hex()})")
+        payload = (REGISTRY.code_payloads.get(code, (b"", b""))[0]
+                   or cloudpickle.dumps((code, code.co_filename, None)))
         built = _build_function(origin, token, version, name, code, payload, digest, fname, qualname, doc)
         return _pin(built, origin, token, version, name)
 
@@ -282,11 +306,13 @@ def _pinned_function(key: tuple):
     """A top-level function this process was sent in full before (see ``_by_identity``)."""
     found = REGISTRY.pinned.get(key)
     if found is None:
-        raise pickle.UnpicklingError(
-            f"a notebook function (origin {key[0]}, token {key[1]}) was never sent to this "
-            "process; its sender believed it was. Start a new cluster (%rpc_shutdown, then "
-            "%rpc_init) if this repeats")
+        raise _never_sent(f"a notebook function (origin {key[0]}, token {key[1]})")
     return found
+
+
+def _never_sent(what: str) -> pickle.UnpicklingError:
+    return pickle.UnpicklingError(f"{what} was never sent to this process; its sender believed it was. "
+                                  "Start a new cluster (%rpc_shutdown, then %rpc_init) if this repeats")
 
 
 def _touch(func: types.FunctionType, uses: tuple) -> None:
