@@ -165,10 +165,8 @@ def reduce_function(func: types.FunctionType) -> tuple:
 
 
 def _by_identity(func: types.FunctionType, key: tuple, ident: Identity) -> tuple:
-    """A top-level function the receiver holds: its identity, and the notebook
-    definitions among its globals. The receiver's function is built and bound already
-    (it ignores the rest of the state), but a definition it uses may be newer here (a
-    cell run again): unpickling it there stores it under its name, as a full send does."""
+    """A top-level function the receiver holds: its identity, and the notebook definitions
+    it uses (a newer one, from a cell run again, is stored under its name there)."""
     uses = tuple(v for v in _fills(func, ident.global_names).values() if is_notebook_definition(v))
     return (_pinned_function, (key,), uses or None, None, None, _touch)
 
