@@ -66,7 +66,8 @@ DEAD = {
 LOCK = {
     "members": [member("master"), member("worker1", busy=2)],
     "calls": [call("m:1", "master", "worker1", "outer", "waiting", ["w1:1"]),
-              call("w1:1", "worker1", "worker1", "inner", "running", since=1.5,
+              # its member's clock is behind: since alone would put it first
+              call("w1:1", "worker1", "worker1", "inner", "running", since=0.5,
                    blocked_at={"what": "lock", "code": "with lock:", "cell": "cell 3, line 3",
                                "file": "/x/ipykernel_1/123.py", "line": 3})],
     "findings": [{"kind": "blocked", "members": ["master", "worker1"], "calls": ["m:1", "w1:1"],
@@ -144,6 +145,10 @@ def test_a_cycle_draws_a_lane_per_member_an_arrow_per_call_all_red():
 def test_pool_exhausted_marks_the_member_busy_and_only_the_calls_it_names():
     root = parse(waits_svg.waits_svg(POOL))
     assert texts(lanes(root)["worker1"])[1] == "2/2 threads busy"
+    # members keep their colours, but none is red: red says stuck
+    assert all(g.find(f"{NS}rect").get("fill") != waits_svg.ALARM and
+               g.find(f"{NS}rect").get("fill") not in ("#e15759", "#ff9da7")
+               for g in lanes(parse(waits_svg.waits_svg(CYCLE))).values())
     assert texts(lanes(root)["master"])[1] == "0/4 threads busy"
     arrows = calls(root)
     assert [a.get("data-alarm") for a in arrows.values()] == ["true", "true", "true", "false"]
@@ -175,6 +180,9 @@ def test_a_call_back_into_its_own_member_loops_and_says_where_it_is_blocked():
     assert " C" in d  # a loop, not a line across
     assert texts(inner) == ["inner \u00b7 running", "blocked on a lock"]
     assert texts(calls(root)["m:1"]) == ["outer \u00b7 waiting", "from cell 4, line 2"]
+    # a chain reads downwards: the call that waits above the call it waits on
+    assert list(calls(root)) == ["m:1", "w1:1"]
+    assert [a.call["id"] for a in waits_layout.waits_layout(LOCK).arrows] == ["m:1", "w1:1"]
     details = waits_svg.waits_details(LOCK)
     assert dict(details["w1:1"]["rows"])["blocked"] == "on a lock at `with lock:` (cell 3, line 3)"
     assert details["m:1"]["title"] == "outer on worker1"

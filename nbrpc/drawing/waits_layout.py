@@ -3,7 +3,7 @@
 Parts:
 
 - ``WaitsLayout``: the lanes (one column per member, the driver's first, in the
-  snapshot's order), one ``Arrow`` per pending call (a row each, oldest first, from the
+  snapshot's order), one ``Arrow`` per pending call (a row each, in chain order, from the
   caller's lane to the callee's; a call back into its own member is a ``loop``), the
   "waits on" links between a served call and the calls its thread made, and the
   findings' lines under the rows.
@@ -81,6 +81,30 @@ def alarmed(snapshot: dict) -> set[str]:
     return {cid for f in snapshot.get("findings", []) for cid in f.get("calls", [])}
 
 
+def chain_order(calls: list[dict]) -> list[dict]:
+    """Calls in the order their chains read: each call nothing waits on (oldest first),
+    then the calls it waits on, depth first; members' clocks differ, so ``since`` alone
+    can put a nested call above the call that made it."""
+    by_id = {c["id"]: c for c in calls}
+    waited = {w for c in calls for w in c.get("waits_on") or []}
+    out: list[dict] = []
+    seen: set[str] = set()
+
+    def visit(call: dict) -> None:
+        stack = [call]
+        while stack:
+            c = stack.pop()
+            if c["id"] in seen:
+                continue
+            seen.add(c["id"])
+            out.append(c)
+            stack.extend(by_id[w] for w in reversed(c.get("waits_on") or []) if w in by_id)
+
+    for call in [c for c in calls if c["id"] not in waited] + calls:  # then cycles with no head
+        visit(call)
+    return out
+
+
 def waits_layout(snapshot: dict) -> WaitsLayout:
     """Lanes, arrows, links and findings' lines of a waits snapshot (``nbrpc.waits()``)."""
     out = WaitsLayout()
@@ -91,7 +115,7 @@ def waits_layout(snapshot: dict) -> WaitsLayout:
     red = alarmed(snapshot)
     y = MARGIN + HEADER_H + ROW_H * 0.7
     by_id: dict[str, Arrow] = {}
-    for call in snapshot.get("calls", []):
+    for call in chain_order(snapshot.get("calls", [])):
         src, dst = out.lanes[call["caller"]], out.lanes[call["callee"]]
         arrow = Arrow(call, y, src.center, dst.center, src.member == dst.member, call["id"] in red)
         out.arrows.append(arrow)

@@ -18,9 +18,11 @@ links from a served call to the calls it waits on, ``nbrpc-finding`` (with
 from __future__ import annotations
 
 from . import waits_layout as wl
-from .svg import FONT, INK, MUTED, _arrow, clip, colour, esc, num, title
+from .svg import FONT, INK, MUTED, PALETTE, _arrow, clip, esc, num, title
 
 ALARM = "#c62828"  # 5.6:1 on white
+# Members' colours as in the other views, less the reds: red says stuck here.
+LANE_COLOURS = tuple(c for c in PALETTE if c not in ("#e15759", "#ff9da7"))
 # The role classes, as the other drawings use them, with JupyterLab's variables; a CSS
 # rule beats a presentation attribute, so where the variables exist they win.
 THEME_CSS = (
@@ -60,7 +62,7 @@ def waits_svg(snapshot: dict, *, titles: bool = True) -> str:
 
 
 def _lane(lane: wl.Lane, bottom: float) -> str:
-    fill = colour(lane.index)
+    fill = LANE_COLOURS[lane.index % len(LANE_COLOURS)]
     dead = lane.state != "running"
     pool = f"{lane.busy}/{lane.threads} threads busy" if lane.threads else f"{lane.busy} busy"
     sub = lane.state if dead else pool
