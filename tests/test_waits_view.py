@@ -217,6 +217,30 @@ def test_the_drawing_is_deterministic_themed_and_escaped():
     assert waits_svg.waits_summary(CYCLE) == "3 pending calls; stuck: cycle"
 
 
+def contrast(a: str, b: str) -> float:
+    """WCAG contrast ratio of two ``#rrggbb`` colours."""
+    def luminance(c: str) -> float:
+        r, g, b = (v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+                   for v in (int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def tint(colour: str, opacity: float) -> str:
+    return "#" + "".join(f"{round(int(colour[i:i + 2], 16) * opacity + 255 * (1 - opacity)):02x}"
+                         for i in (1, 3, 5))
+
+
+def test_every_label_has_a_theme_role_and_a_readable_fallback():
+    for snapshot in (CYCLE, POOL, DEAD, LOCK, EMPTY):
+        for text in parse(waits_svg.waits_svg(snapshot)).iter(f"{NS}text"):
+            roles = set((text.get("class") or "").split())
+            assert roles & {"nbrpc-ink", "nbrpc-muted", "nbrpc-alarm"}, text.attrib
+            grounds = ["#ffffff"] + [tint(c, o) for c in waits_svg.LANE_COLOURS for o in (0.05, 0.2)]
+            assert min(contrast(text.get("fill"), g) for g in grounds) >= 4.5, text.attrib
+
+
 # -- the widget and its static fallback ----------------------------------------------------
 
 

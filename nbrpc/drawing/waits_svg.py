@@ -18,9 +18,12 @@ links from a served call to the calls it waits on, ``nbrpc-finding`` (with
 from __future__ import annotations
 
 from . import waits_layout as wl
-from .svg import FONT, INK, MUTED, PALETTE, _arrow, clip, esc, num, title
+from .svg import FONT, INK, PALETTE, _arrow, clip, esc, num, title
 
-ALARM = "#c62828"  # 5.6:1 on white
+# Fallback inks (no theme variables: GitHub, nbviewer): each reads at 4.5:1 or more on
+# white and on every lane's tint.
+MUTED = "#595959"
+ALARM = "#b71c1c"
 # Members' colours as in the other views, less the reds: red says stuck here.
 LANE_COLOURS = tuple(c for c in PALETTE if c not in ("#e15759", "#ff9da7"))
 # The role classes, as the other drawings use them, with JupyterLab's variables; a CSS
@@ -29,9 +32,9 @@ THEME_CSS = (
     ".nbrpc-svg .nbrpc-ink{fill:var(--jp-ui-font-color1,#333)}"
     ".nbrpc-svg .nbrpc-muted{fill:var(--jp-ui-font-color1,#595959)}"
     ".nbrpc-svg .nbrpc-line{stroke:var(--jp-ui-font-color2,#595959)}"
-    ".nbrpc-svg text.nbrpc-alarm,.nbrpc-svg polygon.nbrpc-alarm{fill:var(--jp-error-color1,#c62828)}"
+    ".nbrpc-svg text.nbrpc-alarm,.nbrpc-svg polygon.nbrpc-alarm{fill:var(--jp-error-color1,#b71c1c)}"
     ".nbrpc-svg path.nbrpc-alarm,.nbrpc-svg line.nbrpc-alarm,.nbrpc-svg rect.nbrpc-alarm"
-    "{stroke:var(--jp-error-color1,#c62828)}"
+    "{stroke:var(--jp-error-color1,#b71c1c)}"
 )
 
 
