@@ -7,6 +7,7 @@ __all__ = [
     "DeviceMapError",
     "JobRefusedError",
     "JoinRefusedError",
+    "LimitError",
     "NoClusterError",
     "RemoteError",
     "RpcTimeoutError",
@@ -61,6 +62,10 @@ class JoinRefusedError(PermissionError):
 
 class JobRefusedError(ValueError):
     """The batch system refused the workers' job (``sbatch``'s own message)."""
+
+
+class LimitError(ValueError):
+    """A cluster asked for more than a limit the server's administrator set (``limits``)."""
 
 
 class AutogradContextError(LookupError):

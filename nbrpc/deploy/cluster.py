@@ -33,13 +33,16 @@ from ..errors import (
 from ..group import devices
 from ..group import membership as group
 from ..recording import recorder, rref_ledger
-from . import execution, launchers, template
+from . import execution, launchers, limits, template
 from .launchers.base import Progress, Worker
 from .settings import WorkerSettings
 
 __all__ = ["Cluster", "current", "start"]
 
 _current: Cluster | None = None
+
+DEFAULT_THREADS = 16
+DEFAULT_TIMEOUT = 60.0
 
 
 def current() -> Cluster | None:
@@ -70,9 +73,12 @@ class Cluster:
         The RPC name of this process (default: the name it took for an earlier
         cluster, which it keeps until it exits, else ``master``).
     threads
-        TensorPipe worker threads per member (``num_worker_threads``).
+        TensorPipe worker threads per member (``num_worker_threads``; default 16, or
+        the server's ``threads`` limit, see ``limits``).
     timeout
-        Default RPC timeout in seconds (``rpc_timeout``).
+        Default RPC timeout in seconds (``rpc_timeout``; default 60, at most the
+        server's ``max_timeout``). Local workers count toward the server's
+        ``max_workers`` per user; over a limit, ``LimitError`` says which and who set it.
     startup_timeout
         Seconds to wait for every worker to join before giving up.
     env
@@ -122,8 +128,8 @@ class Cluster:
         *,
         names: Iterable[str] | None = None,
         driver_name: str | None = None,
-        threads: int = 16,
-        timeout: float = 60.0,
+        threads: int | None = None,
+        timeout: float | None = None,
         startup_timeout: float = 60.0,
         env: dict[str, str] | None = None,
         progress: Progress | None = text_progress,
@@ -142,8 +148,13 @@ class Cluster:
         self.launcher = launchers.choose(n, names, driver_name, self.warm_start, bool(gpus), **where)
         for label, value in (("threads", threads), ("timeout", timeout),
                              ("startup_timeout", startup_timeout)):
-            if not value > 0:
+            if value is not None and not value > 0:
                 raise ValueError(f"{label} must be a positive number, got {value!r}")
+        self.limits = limits.load()
+        threads = threads if threads is not None else self.limits.threads or DEFAULT_THREADS
+        timeout = self.limits.resolve_timeout(timeout, DEFAULT_TIMEOUT)
+        if isinstance(self.launcher, launchers.LocalLauncher):
+            self.limits.check_workers(len(self.launcher.planned()), limits.local_workers())
         if transport is not None and transport not in group.TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(map(repr, group.TRANSPORTS))}, "
                              f"got {transport!r}")

@@ -29,6 +29,11 @@ TOKEN_ENV = "NBRPC_TOKEN"
 # (fewer page faults on fresh receive buffers). torch reads this once, at start.
 FAST_ALLOC_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
 WARM_START_ENV = "NBRPC_WARM_START"
+# Set by a server's administrator (a hub's ``Spawner.environment``): the limits file, and
+# each limit, over the file's (see ``limits``).
+LIMITS_FILE_ENV = "NBRPC_LIMITS"
+LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THREADS",
+              "max_timeout": "NBRPC_MAX_TIMEOUT"}
 # Room the template process keeps in its environment for a worker's (see ``template``).
 TEMPLATE_ROOM_ENV = "NBRPC_TEMPLATE_ROOM"
 

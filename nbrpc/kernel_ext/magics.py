@@ -67,8 +67,10 @@ class RpcMagics(Magics):
     @argument("--names", default=None, help="comma-separated worker names, e.g. ps,trainer1,trainer2")
     @argument("--driver-name", default=None,
               help="RPC name of this kernel (rank 0); default: the name it already has, else master")
-    @argument("--threads", type=int, default=None, help="TensorPipe worker threads per member (default 16)")
-    @argument("--timeout", type=float, default=None, help="default RPC timeout in seconds (default 60)")
+    @argument("--threads", type=int, default=None,
+              help="TensorPipe worker threads per member (default 16, or the server's default)")
+    @argument("--timeout", type=float, default=None,
+              help="default RPC timeout in seconds (default 60, at most the server's limit)")
     @argument("--startup-timeout", type=float, default=None,
               help="seconds to wait for workers to join (default 60)")
     @argument("--transport", choices=("uv", "shm"), default=None,
