@@ -249,15 +249,17 @@ class Driver:
     def __init__(self, source: str, folder, pids: Pids, user=None):
         """``user``: run as that local user (``users.LocalUser``), in its home, not ``folder``."""
         folder = user.home if user is not None else folder
-        script = folder / "driver.py"
+        label = "driver" if not (folder / "driver.py").exists() else f"driver-{time.time_ns()}"
+        script = folder / f"{label}.py"
         script.write_text(textwrap.dedent(source))
-        self.stderr_path = folder / "driver.err"
+        self.stderr_path = folder / f"{label}.err"
         as_user = {} if user is None else user.popen_options()
         if user is not None:
             os.chown(script, user.uid, user.gid)
         with open(self.stderr_path, "wb") as err:
+            python = [*as_user.pop("prefix", []), as_user.pop("executable", sys.executable)]
             self.proc = subprocess.Popen(
-                [as_user.pop("executable", sys.executable), str(script)], stdout=subprocess.PIPE, stderr=err,
+                [*python, str(script)], stdout=subprocess.PIPE, stderr=err,
                 cwd=folder, start_new_session=True, text=True, **as_user,
             )
         pids.add(self.proc.pid)
@@ -358,12 +360,22 @@ def drivers(tmp_path, pids):
 @pytest.fixture
 def student():
     """A real second local user (``users.LocalUser``) with a fresh home."""
+    yield from _local_user("nbrpc-student1")
+
+
+@pytest.fixture
+def classmate():
+    """Another real local user, beside ``student``."""
+    yield from _local_user("nbrpc-student2")
+
+
+def _local_user(name: str):
     from users import LocalUser, unavailable
 
     why = unavailable()
     if why:
         pytest.skip(why)
-    user = LocalUser.make("nbrpc-student1")
+    user = LocalUser.make(name)
     yield user
     user.remove_home()
 

@@ -49,6 +49,8 @@ class LocalUser:
     home: Path
     # What the server this user's processes run under passes them (a hub's Spawner.environment).
     extra_env: dict[str, str] = field(default_factory=dict)
+    # A network namespace (``ip netns`` name) its processes run in: a server of their own.
+    netns: str | None = None
 
     @classmethod
     def make(cls, name: str) -> LocalUser:
@@ -70,8 +72,14 @@ class LocalUser:
                 "NBRPC_TEST_RUN": os.environ.get("NBRPC_TEST_RUN", ""), **self.extra_env}
 
     def popen_options(self) -> dict:
-        return {"executable": SYSTEM_PYTHON, "user": self.uid, "group": self.gid, "extra_groups": [],
-                "env": self.environment()}
+        """Popen's options to run as this user; ``prefix`` goes before the interpreter's command."""
+        if self.netns is None:
+            return {"executable": SYSTEM_PYTHON, "prefix": [], "user": self.uid, "group": self.gid,
+                    "extra_groups": [], "env": self.environment()}
+        # Into the namespace as root, then down to the user (setpriv and nsenter exec: one pid).
+        prefix = ["nsenter", f"--net=/run/netns/{self.netns}", "--", "setpriv", f"--reuid={self.uid}",
+                  f"--regid={self.gid}", "--clear-groups", "--"]
+        return {"executable": SYSTEM_PYTHON, "prefix": prefix, "env": self.environment()}
 
     def remove_home(self) -> None:
         shutil.rmtree(self.home, ignore_errors=True)

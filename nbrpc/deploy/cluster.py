@@ -33,7 +33,7 @@ from ..errors import (
 from ..group import devices
 from ..group import membership as group
 from ..recording import recorder, rref_ledger
-from . import execution, launchers, limits, template
+from . import execution, launchers, limits, private_network, template
 from .launchers.base import Progress, Worker
 from .settings import WorkerSettings
 
@@ -185,8 +185,7 @@ class Cluster:
             )
         began = time.monotonic()
         self.launcher.prepare()
-        driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                    self.launcher.interface, self._driver_placement(), self.transport)
+        driver = self._join_as_driver()
         self._driver, self._store = driver, driver.store
         patches.install(self.track)  # tracking is each cluster's choice
         rref_ledger.reset()
@@ -206,6 +205,21 @@ class Cluster:
         self.progress(len(self._workers), len(self._workers),
                       f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}")
         return self
+
+    def _join_as_driver(self) -> group.DriverGroup:
+        """Join RPC (the first time in this process) or reuse the membership; a first local
+        cluster joins in the private network where this process can have one."""
+        def join() -> group.DriverGroup:
+            return group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
+                                      self.launcher.interface, self._driver_placement(), self.transport)
+
+        network = private_network.NETWORK
+        if group.driver_name() is not None:
+            return join()
+        inside = self.launcher.interface == "lo" and network.available()
+        driver = network.run(join) if inside else join()
+        network.driver_inside = inside
+        return driver
 
     def shutdown(self) -> None:
         """End RPC in every member and every worker process (safe to call twice)."""

@@ -67,7 +67,8 @@ class Limits:
         already = f", and you run {running} already (in other notebooks or kernels)" if running else ""
         then = (f"Ask for at most {room} (%rpc_init -n {room})" if room else
                 "Shut a cluster down in another notebook first (%rpc_shutdown)")
-        msg = (f"{asked} local worker{'s' * (asked != 1)} asked for, but this server allows at most {self.max_workers} per user"
+        msg = (f"{asked} local worker{'s' * (asked != 1)} asked for, but this server allows at most "
+               f"{self.max_workers} per user"
                f"{already} (the limit max_workers, {self.who('max_workers')}). {then}, or ask the "
                "server's administrator (your teacher on a class's hub) to raise the limit.")
         raise LimitError(msg)

@@ -30,7 +30,7 @@ from ..._compat import jupyter_compat
 from ..._util import LOOPBACK, kill_pids, pid_alive, pid_stopped
 from ...errors import WorkerStartError
 from ...group import membership as group
-from .. import scratch, template
+from .. import private_network, scratch, template
 from ..settings import FAST_ALLOC_ENV
 from .base import Admission, Worker, close_clients, connect, mark_stopped, write_unbound_connection_file
 
@@ -204,9 +204,12 @@ def launch(worker: LocalWorker, env: dict[str, str], workdir: str, warm_start: b
                 worker._popen, worker.pid = forked, forked.pid
                 scratch.add_owner(folder, worker.pid)
                 return
-        worker._popen = launch_kernel(
-            [sys.executable, "-m", "nbrpc.deploy.worker", *argv], stdout=log, stderr=log, env=full_env, cwd=workdir
-        )
+        def start() -> subprocess.Popen:
+            return launch_kernel([sys.executable, "-m", "nbrpc.deploy.worker", *argv],
+                                 stdout=log, stderr=log, env=full_env, cwd=workdir)
+
+        network = private_network.NETWORK  # a process starts in its starting thread's network
+        worker._popen = network.run(start) if network.for_local_workers() else start()
     worker.pid = worker._popen.pid
     scratch.add_owner(folder, worker.pid)
 
