@@ -12,12 +12,14 @@ calls and a next cluster alike, and the classmate could not see or enter it.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import uuid
 
 import pytest
-from conftest import DRIVER_START
+from conftest import DRIVER_START, execute, streamed
 
 import nbrpc.deploy.private_network as private_network_module
 from nbrpc.deploy import kernel
@@ -130,10 +132,98 @@ def test_a_classmates_port_scan_leaves_the_nbrpc_kernels_cluster_working(server,
     assert "stopped accepting connections" in broken["again"]
 
 
-def test_the_nbrpc_kernel_spec_runs_ipykernel_in_its_own_user_namespace():
-    spec = kernel.spec()
-    assert spec["argv"][1:] == [kernel.__file__, "-f", "{connection_file}"]
-    assert spec["display_name"] == "Python 3 (nbrpc)"
+@pytest.fixture
+def nbrpc_kernel(tmp_path, pids):
+    """Factory: a real kernel of the nbrpc kernel spec (installed under ``tmp_path``) and its client."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    folder = kernel.install(prefix=str(tmp_path / "prefix"))
+    specs = KernelSpecManager(kernel_dirs=[os.path.dirname(folder)])
+    started = []
+
+    def start():
+        km = KernelManager(kernel_name=kernel.NAME, kernel_spec_manager=specs)
+        km.start_kernel(cwd=str(tmp_path))
+        pids.add(km.provisioner.pid)
+        kc = km.client()
+        kc.start_channels()
+        started.append((km, kc))
+        kc.wait_for_ready(timeout=120)
+        return kc
+
+    yield start
+    for km, kc in started:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def _run(kc, code: str) -> str:
+    messages, reply = execute(kc, code, timeout=180)
+    assert reply["status"] == "ok", f"{reply.get('ename')}: {reply.get('evalue')}"
+    return streamed(messages)
+
+
+def _error(kc, code: str) -> str:
+    _, reply = execute(kc, code, timeout=180)
+    assert reply["status"] == "error"
+    return f"{reply['ename']}: {reply['evalue']}"
+
+
+NAMESPACES = """
+import json, os, nbrpc
+print(json.dumps({"kernel": os.readlink("/proc/self/ns/net"),
+                  "workers": [os.readlink(f"/proc/{w.pid}/ns/net") for w in nbrpc.current().workers],
+                  "uid_map": open("/proc/self/uid_map").read().split()}))
+"""
+
+
+def test_the_nbrpc_kernel_keeps_its_own_network_and_gives_its_cluster_a_private_one(nbrpc_kernel):
+    kc = nbrpc_kernel()
+    _run(kc, "%load_ext nbrpc")
+    _run(kc, "%rpc_init -n 2")
+    seen = json.loads(_run(kc, NAMESPACES))
+    host = os.readlink("/proc/self/ns/net")
+    assert seen["kernel"] == host  # Jupyter's messages, the user's downloads
+    assert len(set(seen["workers"])) == 1 and seen["workers"][0] != host
+    assert seen["uid_map"] == [str(os.getuid()), str(os.getuid()), "1"]  # the user, as itself
+    assert _run(kc, "import torch.distributed.rpc as rpc\nprint(rpc.rpc_sync('worker2', pow, args=(3, 4)))") \
+        .strip() == "81"
+    _run(kc, "%rpc_shutdown")
+    _run(kc, "%rpc_init -n 1")
+    assert _run(kc, "print(rpc.rpc_sync('worker1', pow, args=(2, 5)))").strip() == "32"
+    _run(kc, "%rpc_shutdown")
+    # Workers from elsewhere cannot reach the private network: said before anything starts.
+    said = _error(kc, "nbrpc.start(attach=0, bind='127.0.0.1', progress=None)")
+    assert said.startswith("ClusterRunningError: this kernel's RPC lives in its private network")
+
+
+ATTACH = """
+import nbrpc
+cluster = nbrpc.Cluster(attach=0, bind="127.0.0.1", progress=None).start()
+print(cluster.join_command)
+"""
+
+
+def test_an_nbrpc_kernel_whose_first_workers_attach_keeps_them_on_the_machines_network(nbrpc_kernel, pids):
+    kc = nbrpc_kernel()
+    command = _run(kc, ATTACH).strip().splitlines()[-1].split()
+    assert command[:3] == ["nbrpc", "worker", "--join"]
+    worker = subprocess.Popen([sys.executable, "-m", "nbrpc.cli", *command[1:], "--name", "outside"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids.add(worker.pid)
+    _run(kc, "import time\nwhile not cluster.workers or cluster.workers[0].state != 'running': time.sleep(0.1)")
+    assert _run(kc, "import torch.distributed.rpc as rpc\nprint(rpc.rpc_sync('outside', pow, args=(2, 3)))") \
+        .strip() == "8"
+    _run(kc, "cluster.shutdown()")
+    assert worker.wait(timeout=30) == 0
+    # A local cluster after it shares the machine's network with the driver.
+    _run(kc, "%load_ext nbrpc")
+    _run(kc, "%rpc_init -n 1")
+    seen = json.loads(_run(kc, NAMESPACES))
+    assert seen["workers"] == [seen["kernel"]]
+    assert _run(kc, "print(rpc.rpc_sync('worker1', pow, args=(2, 5)))").strip() == "32"
+    _run(kc, "%rpc_shutdown")
 
 
 def _which(command: str) -> bool:

@@ -214,12 +214,18 @@ class Cluster:
                                       self.launcher.interface, self._driver_placement(), self.transport)
 
         network = private_network.NETWORK
-        if group.driver_name() is not None:
-            return join()
-        inside = self.launcher.interface == "lo" and network.available()
-        driver = network.run(join) if inside else join()
-        network.driver_inside = inside
-        return driver
+        local = isinstance(self.launcher, launchers.LocalLauncher)
+        if group.driver_name() is None:
+            inside = local and network.available()
+            driver = network.run(join) if inside else join()
+            network.driver_inside = inside
+            return driver
+        if network.driver_inside and not local:
+            raise ClusterRunningError(
+                "this kernel's RPC lives in its private network (its first cluster was local, out of "
+                "other users' reach), where workers from elsewhere (attach, SSH, Slurm) cannot reach "
+                "it: restart the kernel and start this cluster first")
+        return join()
 
     def shutdown(self) -> None:
         """End RPC in every member and every worker process (safe to call twice)."""
