@@ -1,6 +1,7 @@
 """The ``nbrpc`` command: ``nbrpc run NOTEBOOK`` executes a notebook headless;
 ``nbrpc worker --join HOST:PORT --token TOKEN`` joins a driver's cluster as a worker;
-``nbrpc sweep`` removes this user's nbrpc folders that no running process uses."""
+``nbrpc sweep`` removes this user's nbrpc folders that no running process uses;
+``nbrpc kernelspec`` installs the nbrpc kernel (local clusters in a private network)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,13 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--token", default=os.environ.get(TOKEN_ENV, ""),
                         help="the cluster's token ('-': read it from stdin; default: $NBRPC_TOKEN)")
     worker.add_argument("--name", default=None, help="this worker's RPC name (default: one the driver picks)")
+    spec = commands.add_parser(
+        "kernelspec", help="install the nbrpc kernel spec, 'Python 3 (nbrpc)': its local clusters get a "
+                           "private network no other user of the machine can reach")
+    where = spec.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="for this user only")
+    where.add_argument("--sys-prefix", action="store_true", help="in this environment (sys.prefix)")
+    where.add_argument("--prefix", default=None, help="under this prefix (default: system-wide)")
     commands.add_parser(
         "sweep", help="remove this user's nbrpc folders (kernel connection files, sockets, logs) "
                       "that no running process uses, as the next cluster's start does")
@@ -85,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "worker":
         return join_as_worker(args.join, args.token, args.name)
+    if args.command == "kernelspec":
+        from .deploy import kernel
+
+        prefix = sys.prefix if args.sys_prefix else args.prefix
+        print(f"nbrpc: installed the kernel spec {kernel.NAME!r} in {kernel.install(args.user, prefix)}")
+        return 0
     if args.command == "sweep":
         from .deploy import scratch
 

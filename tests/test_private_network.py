@@ -178,10 +178,22 @@ print(json.dumps({"kernel": os.readlink("/proc/self/ns/net"),
 """
 
 
+def test_nbrpc_kernelspec_installs_it(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "nbrpc.cli", "kernelspec", "--prefix", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    installed = tmp_path / "share" / "jupyter" / "kernels" / "nbrpc" / "kernel.json"
+    assert done.stdout.strip() == f"nbrpc: installed the kernel spec 'nbrpc' in {installed.parent}"
+    spec = json.loads(installed.read_text())
+    assert spec["argv"] == [sys.executable, kernel.__file__, "-f", "{connection_file}"]
+    assert spec["display_name"] == "Python 3 (nbrpc)"
+
+
 def test_the_nbrpc_kernel_keeps_its_own_network_and_gives_its_cluster_a_private_one(nbrpc_kernel):
     kc = nbrpc_kernel()
     _run(kc, "%load_ext nbrpc")
-    _run(kc, "%rpc_init -n 2")
+    said = _run(kc, "%rpc_init -n 2")
+    assert "master + worker1, worker2 up in" in said and "c10d" not in said  # no lookup noise
     seen = json.loads(_run(kc, NAMESPACES))
     host = os.readlink("/proc/self/ns/net")
     assert seen["kernel"] == host  # Jupyter's messages, the user's downloads

@@ -55,6 +55,14 @@ def start(n: int | None = None, **options) -> Cluster:
     return Cluster(n, **options).start()
 
 
+def _without_name_lookup_noise(join):
+    """Join with C-level stderr muted: in a network namespace with no route out, torch's
+    store client logs that it cannot look its own address's name up (DNS is out of reach),
+    a warning with nothing to act on that would land in the cell. Failures still raise."""
+    with muted_stderr():
+        return join()
+
+
 def text_progress(done: int, total: int, message: str) -> None:
     """Default start-up progress for scripts and terminals."""
     print(f"nbrpc: {message} ({done}/{total})", file=sys.stderr, flush=True)
@@ -217,7 +225,7 @@ class Cluster:
         local = isinstance(self.launcher, launchers.LocalLauncher)
         if group.driver_name() is None:
             inside = local and network.available()
-            driver = network.run(join) if inside else join()
+            driver = network.run(lambda: _without_name_lookup_noise(join)) if inside else join()
             network.driver_inside = inside
             return driver
         if network.driver_inside and not local:
