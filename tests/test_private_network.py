@@ -178,6 +178,12 @@ print(json.dumps({"kernel": os.readlink("/proc/self/ns/net"),
 """
 
 
+def test_the_kernel_names_its_variable_as_the_settings_do():
+    from nbrpc.deploy import settings
+
+    assert kernel.NO_PRIVATE_NETWORK_ENV == settings.NO_PRIVATE_NETWORK_ENV
+
+
 def test_nbrpc_kernelspec_installs_it(tmp_path):
     done = subprocess.run([sys.executable, "-m", "nbrpc.cli", "kernelspec", "--prefix", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)

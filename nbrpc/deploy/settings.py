@@ -32,6 +32,9 @@ WARM_START_ENV = "NBRPC_WARM_START"
 # Set by a server's administrator (a hub's ``Spawner.environment``): the limits file, and
 # each limit, over the file's (see ``limits``).
 LIMITS_FILE_ENV = "NBRPC_LIMITS"
+# Set by the nbrpc kernel when it could not have a private network (the reason); the
+# kernel keeps its own copy of the name (``kernel``: it runs before this package loads).
+NO_PRIVATE_NETWORK_ENV = "NBRPC_NO_PRIVATE_NETWORK"
 LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THREADS",
               "max_timeout": "NBRPC_MAX_TIMEOUT"}
 # Room the template process keeps in its environment for a worker's (see ``template``).
