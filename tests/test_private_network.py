@@ -24,8 +24,6 @@ from conftest import DRIVER_START, execute, streamed
 import nbrpc.deploy.private_network as private_network_module
 from nbrpc.deploy import kernel
 
-pytestmark = pytest.mark.netns
-
 DRIVER = """
 import importlib.util, json, os, time
 if {private}:
@@ -103,6 +101,7 @@ def server(pids):
         subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
+@pytest.mark.netns
 def test_a_classmates_port_scan_leaves_the_nbrpc_kernels_cluster_working(server, student, classmate, drivers):
     student.netns = classmate.netns = server
     module = private_network_module.__file__

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from .._compat import torch_compat
-from ..recording import recorder as tracing
+from ..recording import recorder
 from . import output
 
 _lock = threading.Lock()
@@ -56,7 +56,7 @@ def can_stop(func: Callable) -> bool:
 class Stoppable:
     """``func`` sent with a call id, so that ``stop(call_id)`` can reach its thread."""
 
-    # (call id, whether a reply is pickled) of a recorded call: see ``tracing``.
+    # (call id, whether a reply is pickled) of a recorded call: see ``recorder``.
     trace: tuple | None = None
 
     def __init__(self, func: Callable, call_id: str, trace: tuple | None = None):
@@ -79,7 +79,7 @@ class Stoppable:
         try:
             if self.trace is None:
                 return self._run(args, kwargs)
-            half = tracing.started(self.trace, self.func, args)
+            half = recorder.started(self.trace, self.func, args)
             error = None
             try:
                 return self._run(args, kwargs)
@@ -87,7 +87,7 @@ class Stoppable:
                 error = e
                 raise
             finally:
-                tracing.finished(half, self.trace, error)
+                recorder.finished(half, self.trace, error)
         except Exception as e:
             # torch would print the error to stderr after this returns, when the call's
             # output has gone: its print and reply made here are part of the call.

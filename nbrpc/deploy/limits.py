@@ -34,7 +34,7 @@ from .settings import LIMITS_ENV as KEYS
 from .settings import LIMITS_FILE_ENV as FILE_ENV
 
 FILE = "/etc/nbrpc/limits.toml"
-WORKER_COMMAND = "nbrpc.deploy.worker"
+WORKER_COMMAND = "nbrpc.member.worker"
 
 
 @dataclass(frozen=True)
