@@ -7,14 +7,12 @@ limit is refused before anything starts, with the limit and who set it named.
 from __future__ import annotations
 
 import pytest
-import torch.distributed.rpc as rpc
 from conftest import DRIVER_START, worker_pids
 from IPython.core.error import UsageError
 
 import nbrpc
 from nbrpc.deploy import limits
 from nbrpc.errors import LimitError
-from nbrpc.group import membership as group
 
 FILE = """
 max_workers = 3
@@ -91,20 +89,28 @@ def test_rpc_init_over_a_limit_says_which_and_who_sets_it_and_starts_nothing(ip,
     assert worker_pids() == before
 
 
-def test_the_servers_default_threads_and_longest_timeout_reach_every_member(ip, limited, monkeypatch):
+SERVER_DEFAULTS = """
+import json
+import torch.distributed.rpc as rpc
+import nbrpc
+
+cluster = nbrpc.start(1, progress=None)
+print(json.dumps({"seen": [cluster.threads, cluster.timeout, rpc.get_rpc_timeout(),
+                           int(rpc._get_debug_info()["agent.thread_pool_size"]),
+                           rpc.rpc_sync("worker1", rpc.get_rpc_timeout),
+                           int(rpc.rpc_sync("worker1", rpc._get_debug_info)["agent.thread_pool_size"])]}),
+      flush=True)
+cluster.shutdown()
+"""
+
+
+def test_the_servers_default_threads_and_longest_timeout_reach_every_member(drivers, limited, monkeypatch):
+    """In a process of its own, as a new kernel: a process keeps its first join's threads."""
     monkeypatch.setenv("NBRPC_MAX_TIMEOUT", "45")  # the hub's variable over the file's 120
     monkeypatch.setenv("NBRPC_MAX_WORKERS", "100000")  # this machine's other workers are ours too
-    if group.driver_name() is not None:
-        pytest.skip("this process joined RPC earlier, with its own thread count")
-    cluster = nbrpc.start(1, progress=None)
-    try:
-        assert (cluster.threads, cluster.timeout) == (4, 45)
-        assert rpc.get_rpc_timeout() == 45
-        assert int(rpc._get_debug_info()["agent.thread_pool_size"]) == 4
-        assert rpc.rpc_sync("worker1", rpc.get_rpc_timeout) == 45
-        assert int(rpc.rpc_sync("worker1", rpc._get_debug_info)["agent.thread_pool_size"]) == 4
-    finally:
-        cluster.shutdown()
+    driver = drivers(SERVER_DEFAULTS)
+    assert driver.expect("seen", DRIVER_START)["seen"] == [4, 45, 45, 4, 45, 4]
+    assert driver.proc.wait(timeout=60) == 0
 
 
 STUDENT_DRIVER = """

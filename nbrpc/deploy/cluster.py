@@ -48,14 +48,6 @@ def current() -> Cluster | None:
     return _current
 
 
-def _without_name_lookup_noise(join):
-    """Join with C-level stderr muted: in a network namespace with no route out, torch's
-    store client logs that it cannot look its own address's name up (DNS is out of reach),
-    a warning with nothing to act on that would land in the cell. Failures still raise."""
-    with muted_stderr():
-        return join()
-
-
 def text_progress(done: int, total: int, message: str) -> None:
     """Default start-up progress for scripts and terminals."""
     print(f"nbrpc: {message} ({done}/{total})", file=sys.stderr, flush=True)
@@ -148,11 +140,7 @@ class Cluster:
         driver_name = driver_name if driver_name is not None else membership.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
         self.limits = limits.load()
-        if threads is None:
-            threads = self.limits.threads or DEFAULTS.threads
-        if timeout is not None:
-            ClusterOptions(timeout=timeout)  # checked before it meets the limit
-        timeout = self.limits.resolve_timeout(timeout, DEFAULTS.timeout)
+        threads, timeout = self.limits.apply(threads, timeout, DEFAULTS.threads, DEFAULTS.timeout)
         own = ClusterOptions(threads, timeout, startup_timeout, transport)
         self.launcher = launchers.choose(launchers.Request(n, names, driver_name, self.warm_start, bool(gpus)),
                                          **where)
@@ -211,19 +199,8 @@ class Cluster:
                                            self.launcher.interface, self._driver_placement(), self.transport,
                                            track=self.track, trace=self.trace)
 
-        network = private_network.NETWORK
-        local = isinstance(self.launcher, launchers.LocalLauncher)
-        if membership.driver_name() is None:
-            inside = local and network.available()
-            driver = network.run(lambda: _without_name_lookup_noise(join)) if inside else join()
-            network.driver_inside = inside
-            return driver
-        if network.driver_inside and not local:
-            raise ClusterRunningError(
-                "this kernel's RPC lives in its private network (its first cluster was local, out of "
-                "other users' reach), where workers from elsewhere (attach, SSH, Slurm) cannot reach "
-                "it: restart the kernel and start this cluster first")
-        return join()
+        return private_network.NETWORK.join_as_driver(
+            join, first=membership.driver_name() is None, local=isinstance(self.launcher, launchers.LocalLauncher))
 
     def shutdown(self) -> None:
         """End RPC in every member and every worker process (safe to call twice)."""

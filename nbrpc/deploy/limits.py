@@ -73,6 +73,17 @@ class Limits:
                "server's administrator (your teacher on a class's hub) to raise the limit.")
         raise LimitError(msg)
 
+    def apply(self, threads: int | None, timeout: float | None, default_threads: int,
+              default_timeout: float) -> tuple:
+        """A cluster's threads and RPC timeout: the ones asked for, else the server's or the
+        defaults, the timeout within ``max_timeout`` (a value of the wrong kind passes through,
+        for the cluster's own check to name)."""
+        if threads is None:
+            threads = self.threads or default_threads
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
+            return threads, timeout
+        return threads, self.resolve_timeout(timeout, default_timeout)
+
     def resolve_timeout(self, timeout: float | None, default: float) -> float:
         """The cluster's RPC timeout: the one asked for, else ``default``, within ``max_timeout``."""
         if self.max_timeout is None:

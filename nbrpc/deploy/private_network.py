@@ -99,6 +99,24 @@ class PrivateNetwork:
         or will be for a first local cluster."""
         return self.driver_inside is not False and self.available()
 
+    def join_as_driver(self, join: Callable[[], T], first: bool, local: bool) -> T:
+        """``join()`` (the driver's join): inside for a first local cluster where this process
+        can be; a later cluster goes where the first went, and workers from elsewhere cannot
+        reach a private one."""
+        if first:
+            inside = local and self.available()
+            driver = self.run(lambda: _without_name_lookup_noise(join)) if inside else join()
+            self.driver_inside = inside
+            return driver
+        if self.driver_inside and not local:
+            from ..errors import ClusterRunningError  # here: the kernel loads this file alone, by path
+
+            raise ClusterRunningError(
+                "this kernel's RPC lives in its private network (its first cluster was local, out of "
+                "other users' reach), where workers from elsewhere (attach, SSH, Slurm) cannot reach "
+                "it: restart the kernel and start this cluster first")
+        return join()
+
     def run(self, fn: Callable[[], T]) -> T:
         """``fn()`` in a thread inside the namespace (made now if need be); its result or error."""
         outcome: dict = {}
@@ -130,6 +148,16 @@ class PrivateNetwork:
         if libc.setns(self._fd, CLONE_NEWNET) != 0:
             raise OSError(ctypes.get_errno(), f"setns into the cluster's private network: "
                                               f"{os.strerror(ctypes.get_errno())}")
+
+
+def _without_name_lookup_noise(join: Callable[[], T]) -> T:
+    """Join with C-level stderr muted: in a network namespace with no route out, torch's
+    store client logs that it cannot look its own address's name up (DNS is out of reach),
+    a warning with nothing to act on that would land in the cell. Failures still raise."""
+    from .._util import muted_stderr  # here: the kernel loads this file alone, by path
+
+    with muted_stderr():
+        return join()
 
 
 def _loopback_up() -> None:
