@@ -12,6 +12,7 @@ and stopping a server from the hub ends its kernel and workers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import pwd
@@ -49,6 +50,7 @@ c.JupyterHub.db_url = "sqlite:///{folder}/hub.sqlite"
 c.JupyterHub.cookie_secret_file = "{folder}/cookie_secret"
 c.JupyterHub.pid_file = "{folder}/hub.pid"
 c.ConfigurableHTTPProxy.pid_file = "{folder}/proxy.pid"
+c.JupyterHub.cleanup_servers = False  # a restarted hub finds the students' servers running
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = {password!r}
 c.Authenticator.allowed_users = set({students!r})
@@ -89,13 +91,21 @@ class Hub:
             port=self.port, hub_port=_free_port(), proxy_api_port=_free_port(), folder=folder,
             password="class", students=list(STUDENTS), python=SYSTEM_PYTHON, server_start=int(SERVER_START),
             environment=environment, token=self.token))
-        self.log = open(folder / "hub.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=folder,
+        self.config, self.pids = config, pids
+        self.log = open(folder / "hub.log", "ab")
+        self._start()
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(self.config)], cwd=self.folder,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        pids.add(self.proc.pid)
-        self.pids = pids
+        self.pids.add(self.proc.pid)
         wait_until(lambda: self._answers(), timeout=HUB_START, interval=0.5) or pytest.fail(
             f"the hub did not answer within {HUB_START:g} s:\n{self.tail()}")
+
+    def restart(self) -> None:
+        """Stop the hub (and the proxy it started), then start it again."""
+        self._stop()
+        self._start()
 
     def tail(self) -> str:
         return (self.folder / "hub.log").read_text(errors="replace")[-4000:]
@@ -134,13 +144,16 @@ class Hub:
                 if p.info["username"] == name and "jupyterhub.singleuser" in " ".join(p.info["cmdline"] or ())][0]
 
     def close(self) -> None:
+        self._stop()
+        self.log.close()
+
+    def _stop(self) -> None:
         self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
-        self.log.close()
 
 
 def _site_packages() -> str:
@@ -234,12 +247,12 @@ CELLS = [
 
 def test_three_students_each_run_a_cluster_through_the_hub_as_themselves(hub, pids):
     tokens = {name: hub.start_server(name) for name in STUDENTS}
-    seen = {}
+    seen, urls = {}, {}
     for name in STUDENTS:
         pids.add_tree(hub.server_pid(name))
         status, made = hub.api("POST", f"/user/{name}/api/kernels", {"name": "nbrpc"}, token=tokens[name])
         assert status == 201, made
-        url = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{made['id']}/channels"
+        url = urls[name] = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{made['id']}/channels"
         results = asyncio.run(_run_cells(url, tokens[name], CELLS))
         assert [r["status"] for r in results] == ["ok", "ok", "ok"], results
         assert "master + worker1, worker2 up in" in results[1]["out"]
@@ -266,6 +279,23 @@ def test_three_students_each_run_a_cluster_through_the_hub_as_themselves(hub, pi
     stopped = time.monotonic()
     assert not wait_gone([seen[a]["kernel"], *seen[a]["workers"]], timeout=10)
     assert time.monotonic() - stopped < 10
-    # The others' clusters go on.
+    # The others' clusters go on, and the hub is not in their path: restarted, it finds their
+    # servers, and their clusters answer through its new proxy.
     for name in STUDENTS[1:]:
         assert all(psutil.pid_exists(p) for p in seen[name]["workers"])
+    hub.restart()
+    for name in STUDENTS[1:]:
+        assert all(psutil.pid_exists(p) for p in [seen[name]["kernel"], *seen[name]["workers"]])
+        call = "print(sum(rpc.rpc_sync(n, pow, args=(2, 3)) for n in ('worker1', 'worker2')))"
+        answered = wait_until(functools.partial(_answer, urls[name], tokens[name], call), timeout=60, interval=1.0)
+        assert answered == [{"out": "16\n", "status": "ok"}]
+
+
+def _answer(url: str, token: str, code: str):
+    """The cell's result once the proxy routes to the server again; None until then."""
+    from tornado.httpclient import HTTPClientError
+
+    try:
+        return asyncio.run(_run_cells(url, token, [code], timeout=60))
+    except (HTTPClientError, OSError):  # the route is not back yet (404, refused)
+        return None
