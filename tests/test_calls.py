@@ -141,7 +141,10 @@ def test_interrupted_rpc_sync_stops_the_call_on_the_worker(cluster, stop_button)
     with pytest.raises(KeyboardInterrupt) as info:
         rpc.rpc_sync("worker1", _loop, args=(60, "stopped"))
     assert time.monotonic() - began < 30
-    assert str(info.value) == "rpc_sync('worker1', _loop) was interrupted, and stopped on 'worker1' too"
+    # It says what the call was doing on its worker when it was stopped.
+    sleeping = _loop.__code__.co_firstlineno + 4  # its time.sleep(0.05)
+    assert str(info.value) == ("rpc_sync('worker1', _loop) was interrupted, and stopped on 'worker1' too. "
+                               f"When it stopped: worker1 runs _loop (test_calls.py, line {sleeping})")
 
     # The concurrent call runs on to its end; only the interrupted one stopped.
     assert beside.wait() == "beside"

@@ -27,6 +27,7 @@ import torch
 
 from .._compat import torch_compat
 from ..recording import recorder
+from ..recording.pending import PENDING
 from . import output
 
 _lock = threading.Lock()
@@ -76,6 +77,7 @@ class Stoppable:
     def __call__(self, *args, **kwargs):
         torch_compat.keep_thread_state()
         output.begin()
+        PENDING.serving(self.call_id, self.func)
         try:
             if self.trace is None:
                 return self._run(args, kwargs)
@@ -93,6 +95,7 @@ class Stoppable:
             # output has gone: its print and reply made here are part of the call.
             return torch_compat.remote_exception(e)
         finally:
+            PENDING.done(self.call_id)
             output.end()
 
     def _run(self, args, kwargs):

@@ -41,6 +41,7 @@ from ..errors import (
     WorkerDiedError,
 )
 from ..recording import recorder, rref_ledger
+from ..recording.pending import PENDING
 from ..wire import remote_errors
 from . import interrupts, output
 
@@ -102,17 +103,20 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     record = _record("rpc_sync", to, func)
     fut, call_id = _send(lambda f: torch_compat.invoke_rpc(to, f, RPCExecMode.SYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
+    key = PENDING.calling(to, func, call_id, "rpc_sync")
     try:
         _wait(fut, to)
         value = fut.wait()
     except RuntimeError as e:
-        _raise_named(e, to, _label("rpc_sync", to, func), timeout, record.answered)
+        _raise_named(e, to, _label("rpc_sync", to, func), timeout, record.answered, key)
     except KeyboardInterrupt as e:
         record.failed(e)
-        raise _stopped(to, _label("rpc_sync", to, func), call_id) from None
+        raise _stopped(to, _label("rpc_sync", to, func), call_id, key) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         record.answered(e)
         raise
+    finally:
+        PENDING.answered(key)
     record.answered()
     return value
 
@@ -123,7 +127,8 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     record = _record("rpc_async", to, func)
     fut, call_id = _send(lambda f: torch_compat.invoke_rpc(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
-    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, record)
+    key = PENDING.calling(to, func, call_id, "rpc_async")
+    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, record, key)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
     return named
@@ -138,15 +143,17 @@ class NamedFuture(torch.futures.Future):
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
-                 record: _Record | _Unrecorded = None):
+                 record: _Record | _Unrecorded = None, key: str | None = None):
         super().__init__()
         self._call = (to, label, timeout, call_id)
         self._record = record or UNRECORDED
+        self._key = key  # in PENDING while in flight
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
+        PENDING.answered(self._key)
         try:
             value = fut.value()
         except Exception as e:
@@ -163,9 +170,9 @@ class NamedFuture(torch.futures.Future):
             _wait(self, to)
             return super().wait()
         except RuntimeError as e:
-            _raise_named(e, to, label, timeout)
+            _raise_named(e, to, label, timeout, key=self._key)
         except KeyboardInterrupt:
-            raise _stopped(to, label, call_id) from None
+            raise _stopped(to, label, call_id, self._key) from None
 
 
 def collect_all(futures):
@@ -187,10 +194,11 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     a recorded ``remote``'s reply is the owner's ack of the RRef."""
     record = _record("remote", to, func)
     try:
-        rref, _ = _send(lambda f: _torch_remote(to, f, args, kwargs, timeout), func, args, record, replies=False)
+        rref, call_id = _send(lambda f: _torch_remote(to, f, args, kwargs, timeout), func, args, record, replies=False)
     except RuntimeError as e:
         _raise_named(e, to, _label("remote", to, func), timeout, record.named)
     record.made_rref(rref)
+    PENDING.remote_sent(rref, to, func, call_id, torch_compat.creation_future(rref))
     if rref_ledger.is_tracking():
         rref_ledger.created(rref)
     return rref
@@ -202,18 +210,21 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
     record = _record("to_here", owner, rref=rref)
+    key = PENDING.calling(owner, "to_here", None, "to_here", PENDING.remote_call(rref))
     try:
         if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
             value = _in_background(lambda: _fetch(rref, timeout, record), owner)
         else:
             value = _fetch(rref, timeout, record)
     except RuntimeError as e:
-        _raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered)
+        _raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered, key)
     except KeyboardInterrupt:
         record.failed(KeyboardInterrupt("interrupted"))
         raise KeyboardInterrupt(
             f"to_here() of an RRef owned by {owner!r} was interrupted; only the waiting "
-            "stopped (the fetch ends in the background)") from None
+            f"stopped (the fetch ends in the background){PENDING.explained(key)}") from None
+    finally:
+        PENDING.answered(key)
     record.answered()
     if rref_ledger.is_tracking():
         rref_ledger.fetched(rref, value)
@@ -264,10 +275,10 @@ def _send(send: Callable, func, args, record: _Record | _Unrecorded, replies: bo
         record.sent(func, args)
 
 
-def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None) -> NoReturn:
+def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None, key=None) -> NoReturn:
     """Raise ``error`` as nbrpc names it (``_named``; itself when nothing more is known),
     chained to torch's; ``note(named)`` tells the call's record first."""
-    named = _named(error, to, label, timeout)
+    named = _named(error, to, label, timeout, key)
     if note is not None:
         note(named)
     if named is error:
@@ -387,16 +398,17 @@ def _in_background(call: Callable, to):
     return job.result()
 
 
-def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:
+def _stopped(to, label: str, call_id: str | None, key: str | None = None) -> KeyboardInterrupt:
     """The error for an interrupted call, after asking its worker to stop it."""
+    why = PENDING.explained(key)  # before the stop changes what the callee does
     if call_id is None:
-        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped")
+        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped{why}")
     interrupts.send_stop(to, call_id)
     name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too")
+    return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too{why}")
 
 
-def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
+def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None = None) -> Exception:
     """Return a clearer error for a dead worker or a timeout, the remote exception
     itself where it was of a class torch could not keep, else ``error`` itself;
     ``label`` names the call (``rpc_sync('worker1', f)``)."""
@@ -416,7 +428,7 @@ def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
         msg = (
             f"{label} failed: worker {name!r} {fate}. Its state is "
             "lost; the other workers keep running. Start a new cluster (%rpc_shutdown, "
-            f"then %rpc_init) to get {name!r} back. Torch said: {error}"
+            f"then %rpc_init) to get {name!r} back{PENDING.explained(key)}. Torch said: {error}"
         )
         return WorkerDiedError(msg)
     text = str(error)
@@ -432,7 +444,7 @@ def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
         msg = (
             f"{label} got no answer within {seconds:g} s (it may still "
             "be running there). Pass timeout=SECONDS to the call, or start the cluster "
-            f"with a longer default (%rpc_init --timeout SECONDS). Torch said: {torch_said}"
+            f"with a longer default (%rpc_init --timeout SECONDS){PENDING.explained(key)}. Torch said: {torch_said}"
         )
         return RpcTimeoutError(msg)
     return error

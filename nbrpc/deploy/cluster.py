@@ -10,6 +10,7 @@ every worker process. One cluster runs per process at a time (``current()``).
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import socket
 import sys
@@ -33,7 +34,8 @@ from ..errors import (
 )
 from ..group import devices, membership
 from ..group.membership import DEFAULT_TRANSPORT
-from . import execution, launchers, limits, private_network, template
+from ..recording.pending import PENDING
+from . import execution, launchers, limits, private_network, probes, template
 from .launchers.base import Progress, Started, Worker
 from .options import DEFAULTS, ClusterOptions
 from .settings import WorkerSettings
@@ -66,12 +68,10 @@ class Cluster:
         The RPC name of this process (default: the name it took for an earlier
         cluster, which it keeps until it exits, else ``master``).
     threads
-        TensorPipe worker threads per member (``num_worker_threads``; default 16, or
-        the server's ``threads`` limit, see ``limits``).
+        TensorPipe worker threads per member (``num_worker_threads``; default 16, or the server's).
     timeout
-        Default RPC timeout in seconds (``rpc_timeout``; default 60, at most the
-        server's ``max_timeout``). Local workers count toward the server's
-        ``max_workers`` per user; over a limit, ``LimitError`` says which and who set it.
+        Default RPC timeout in seconds (``rpc_timeout``; default 60, at most the server's
+        limit). Over a limit of the server's (``limits``), ``LimitError`` names it.
     startup_timeout
         Seconds to wait for every worker to join before giving up.
     env
@@ -139,7 +139,7 @@ class Cluster:
         self._kept_name = driver_name is None and membership.driver_name() is not None
         driver_name = driver_name if driver_name is not None else membership.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
-        self.limits = limits.load()
+        self.limits = limits.load()  # the server's: default threads, longest timeout, most workers
         threads, timeout = self.limits.apply(threads, timeout, DEFAULTS.threads, DEFAULTS.timeout)
         own = ClusterOptions(threads, timeout, startup_timeout, transport)
         self.launcher = launchers.choose(launchers.Request(n, names, driver_name, self.warm_start, bool(gpus)),
@@ -155,6 +155,8 @@ class Cluster:
         self.progress = progress or (lambda done, total, message: None)
         self._workers = self.launcher.planned()
         self._admitting = threading.Lock()
+        self.probes = probes.Probes()  # the side channel nbrpc.waits() and stacks() ask
+        self._explain = probes.explainer(self)
         self.placements = _placements(driver_name, self.launcher.placement_names(), gpus, device_maps,
                                       self.launcher.own_gpus)
         self.gpus = bool(gpus)
@@ -173,12 +175,16 @@ class Cluster:
             )
         began = time.monotonic()
         self.launcher.prepare()
-        driver = self._join_as_driver()
+        driver = private_network.NETWORK.join_as_driver(functools.partial(
+            membership.driver_group, self.driver_name, self.threads, self.timeout, self.startup_timeout,
+            self.launcher.interface, self._driver_placement(), self.transport, track=self.track, trace=self.trace),
+            first=membership.driver_name() is None, local=isinstance(self.launcher, launchers.LocalLauncher))
         self._driver, self._store = driver, driver.store
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         wrappers.WORKER_FATES.add(self._fate)
         trace.CLUSTER_TRACES.add(self._traces)
+        PENDING.explainers.add(self._explain)
         try:
             self.launcher.start(self, driver, began + self.startup_timeout)
             self.install_devices()
@@ -190,17 +196,6 @@ class Cluster:
         self.progress(len(self._workers), len(self._workers),
                       Started(f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}"))
         return self
-
-    def _join_as_driver(self) -> membership.DriverGroup:
-        """Join RPC (the first time in this process) or reuse the membership; a first local
-        cluster joins in the private network where this process can have one."""
-        def join() -> membership.DriverGroup:
-            return membership.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                           self.launcher.interface, self._driver_placement(), self.transport,
-                                           track=self.track, trace=self.trace)
-
-        return private_network.NETWORK.join_as_driver(
-            join, first=membership.driver_name() is None, local=isinstance(self.launcher, launchers.LocalLauncher))
 
     def shutdown(self) -> None:
         """End RPC in every member and every worker process (safe to call twice)."""
@@ -227,6 +222,8 @@ class Cluster:
             self.state = "stopped"
             wrappers.WORKER_FATES.discard(self._fate)
             trace.CLUSTER_TRACES.discard(self._traces)
+            PENDING.explainers.discard(self._explain)
+            self.probes.close()
             if _current is self:
                 _current = None
 
@@ -274,7 +271,13 @@ class Cluster:
                     f"worker {w.name!r} {fate}; run on the others, or restart the cluster "
                     "(%rpc_shutdown, then %rpc_init)"
                 )
-        execution.run(code, chosen, output or PrintOutput())
+        # In flight while the cells run: a stuck one is diagnosed as a stuck call is.
+        keys = [PENDING.calling(w.name, "the %%rpc_on cell", None, "rpc_on", site=False) for w in chosen]
+        try:
+            execution.run(code, chosen, output or PrintOutput())
+        finally:
+            for key in keys:
+                PENDING.answered(key)
 
     def select(self, targets: str | Iterable[str]) -> list[Worker]:
         """Workers named by ``"all"``, ``"a,b"`` or a list of names."""
