@@ -185,3 +185,29 @@ def _wait_for_ended(entry: tuple, timeout: float = 10.0) -> list:
 
     wait_until(has_entry, timeout, interval=0.1)
     return ended
+
+
+def test_agent_devices_follow_torchs_rules_for_joins_and_leaves():
+    import torch
+
+    from nbrpc.calls import agent_devices
+
+    cuda = [torch.device("cuda", i) for i in range(3)]
+    devices = agent_devices.AgentDevices()
+    devices.constructed(["cuda:1", "cuda:0", "cuda:1"])  # a static group's agent
+    assert devices.current() == [cuda[1], cuda[0]]
+    devices.updated([cuda[2], cuda[0]], True)  # a join adds what the agent lacks
+    assert devices.current() == [cuda[1], cuda[0], cuda[2]]
+    devices.updated([cuda[0]], False)  # a leave keeps only what it is given
+    assert devices.current() == [cuda[0]]
+
+
+def test_a_cpu_members_futures_have_no_devices(cluster):
+    import torch.distributed.rpc as rpc
+
+    from nbrpc.calls import agent_devices, wrappers
+
+    fut = rpc.rpc_async("worker1", len, args=([1, 2],))
+    assert isinstance(fut, wrappers.NamedFuture) and fut.wait() == 2
+    assert agent_devices.current() == []
+    assert rpc.rpc_sync("worker1", agent_devices.current) == []

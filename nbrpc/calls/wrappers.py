@@ -10,13 +10,12 @@ Wrappers, installed in every member by ``group.join``:
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
   could not pickle and in failures of workers whose process has ended. An
   interrupted call is stopped on its worker too (see ``interrupts``).
-- ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
+- ``rpc.rpc_async``: returns a ``NamedFuture`` (torch's devices), whose ``wait`` does the same.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
 - ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
-  thread can be interrupted outside a distributed autograd context (the waiting stops;
-  the function that built the RRef's value is not stopped). Both tell the RRef ledger
-  while it tracks.
+  thread can be interrupted outside an autograd context and a profiler (the waiting stops;
+  the function that built the value is not stopped). Both tell the RRef ledger if it tracks.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from ..errors import (
 from ..recording import recorder, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import interrupts, output
+from . import agent_devices, interrupts, output
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
@@ -138,13 +137,13 @@ class NamedFuture(torch.futures.Future):
     """What ``rpc_async`` returns: ``wait()`` names failures as ``rpc_sync`` does and,
     on the main thread, can be interrupted, which stops the call on its worker too.
 
-    Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all``
-    (see ``collect_all``) keep torch's own errors.
+    Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all`` (see
+    ``collect_all``) keep torch's errors; it has torch's future's devices (``agent_devices``).
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
                  record: _Record | _Unrecorded = None, key: str | None = None):
-        super().__init__()
+        super().__init__(devices=agent_devices.current())
         self._call = (to, label, timeout, call_id)
         self._record = record or UNRECORDED
         self._key = key  # in PENDING while in flight
@@ -212,7 +211,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     record = _record("to_here", owner, rref=rref)
     key = PENDING.calling(owner, "to_here", None, "to_here", PENDING.remote_call(rref))
     try:
-        if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
+        if threading.current_thread() is threading.main_thread() and not _this_threads():
             value = _in_background(lambda: _fetch(rref, timeout, record), owner)
         else:
             value = _fetch(rref, timeout, record)
@@ -231,15 +230,15 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     return value
 
 
-def _in_autograd_context() -> bool:
-    """True inside ``dist_autograd.context()`` on this thread. torch's ``to_here`` records
-    its reply in this thread's context (a send and a recv function), which a helper
-    thread does not have: fetched there, the value came back a leaf, its backward never
-    reached the owner, and ``dist_autograd.backward`` waited for good."""
+def _this_threads() -> bool:
+    """True inside ``dist_autograd.context()`` or a profiler on this thread. torch's
+    ``to_here`` records its reply in this thread's context (a send and a recv function)
+    and its event in this thread's profile: fetched on a helper thread, the value came
+    back a leaf (``dist_autograd.backward`` waited for good) and the profile lacked it."""
     try:
         torch_compat.current_context_id()
     except RuntimeError:
-        return False
+        return torch_compat.profiler_enabled()
     return True
 
 
