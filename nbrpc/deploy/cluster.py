@@ -35,7 +35,6 @@ from ..errors import (
 from ..group import devices, membership
 from ..group.membership import DEFAULT_TRANSPORT
 from ..recording.pending import PENDING
-from ..wire.receivers import receivers
 from . import execution, launchers, limits, private_network, probes, template
 from .launchers.base import Progress, Started, Worker
 from .options import DEFAULTS, ClusterOptions
@@ -181,7 +180,6 @@ class Cluster:
             self.launcher.interface, self._driver_placement(), self.transport, track=self.track, trace=self.trace),
             first=membership.driver_name() is None, local=isinstance(self.launcher, launchers.LocalLauncher))
         self._driver, self._store = driver, driver.store
-        receivers.forget()  # an earlier cluster's worker of the same name holds nothing
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         wrappers.WORKER_FATES.add(self._fate)
@@ -221,7 +219,6 @@ class Cluster:
                     self._forget_workers()
         finally:
             self._store = None
-            receivers.forget()
             self.state = "stopped"
             wrappers.WORKER_FATES.discard(self._fate)
             trace.CLUSTER_TRACES.discard(self._traces)
@@ -393,12 +390,8 @@ class Cluster:
         )
 
     def _leave_gracefully(self) -> None:
-        """Every member deletes its RRefs at once (``membership.release_rrefs``) and lets
-        its calls in flight end (``worker.leave_together``); the launcher then ends the
-        workers and the driver forgets them (``_forget_workers``), all at once rather
-        than one graceful leave after another (each telling every remaining member,
-        under torch's membership lock: 1.5 s for 32 workers on 2 cores, growing with
-        the square of their number)."""
+        """Every member deletes its RRefs and lets its calls end at once (``release_rrefs``,
+        ``worker.leave_together``), not one torch graceful leave after another (O(n^2))."""
         ready = [w for w in self._workers if w.client is not None]
         code = "import nbrpc.member.worker; nbrpc.member.worker.leave_together()"
         pending = {w.client.execute(code, silent=True): w for w in ready}

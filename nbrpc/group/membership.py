@@ -30,6 +30,7 @@ from ..calls import patches
 from ..errors import ClusterRunningError
 from ..recording import recorder, rref_ledger
 from ..wire import serialization
+from ..wire.receivers import receivers
 from . import devices
 
 # TensorPipe's transport unless a cluster asks for another: TCP, idle at no CPU.
@@ -64,7 +65,9 @@ class DriverGroup:
 
     def forget(self, workers: dict[str, int]) -> None:
         """Remove workers (name -> rank) that ended without leaving: what their own
-        graceful leave would have done, so the names can join again."""
+        graceful leave would have done, so the names can join again; and what they held
+        of this process's notebook code (``receivers``)."""
+        receivers.forget()
         members = dist.PrefixStore(self.prefix, self.store)
         for name in workers.keys() & set(member_names()):
             drop_member(name)
@@ -142,6 +145,7 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         patches.install(track)
         after_agent(trace)
     torch_compat.set_rpc_timeout(timeout)
+    receivers.forget()  # an earlier cluster's worker of the same name holds nothing
     return GROUP.driver
 
 
