@@ -9,6 +9,7 @@ __all__ = [
     "DeviceMapError",
     "JobRefusedError",
     "JoinRefusedError",
+    "LimitError",
     "NoClusterError",
     "NotRecordingError",
     "RemoteError",
@@ -91,6 +92,10 @@ class JoinRefusedError(PermissionError):
 
 class JobRefusedError(ValueError):
     """The batch system refused the workers' job (``sbatch``'s own message)."""
+
+
+class LimitError(_OneLine, ValueError):
+    """A cluster asked for more than a limit the server's administrator set (``limits``)."""
 
 
 class AutogradContextError(_OneLine, LookupError):

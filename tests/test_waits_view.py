@@ -18,7 +18,7 @@ from conftest import as_main, run, wait_gone, wait_until
 from IPython.core.error import UsageError
 
 import nbrpc
-from nbrpc.drawing import waits_layout, waits_svg
+from nbrpc.drawing import svg, waits_layout, waits_svg
 from nbrpc.widgets.waits_graph import WaitsGraph, waits_static
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -210,10 +210,10 @@ def test_the_drawing_is_deterministic_themed_and_escaped():
     drawing = waits_svg.waits_svg(CYCLE)
     for role in ("nbrpc-ink", "nbrpc-muted", "nbrpc-line", "nbrpc-alarm"):
         assert f'class="{role}' in drawing or f" {role}\"" in drawing
-        assert f".{role}" in waits_svg.THEME_CSS
-    assert "var(--jp-error-color1" in waits_svg.THEME_CSS
+        assert f".{role}" in svg.THEME_CSS
+    assert "var(--jp-error-color1" in svg.THEME_CSS
     html = waits_svg.static_html(CYCLE)
-    assert drawing in html and waits_svg.THEME_CSS in html
+    assert drawing in html and svg.THEME_CSS in html
     assert waits_svg.waits_summary(CYCLE) == "3 pending calls; stuck: cycle"
 
 

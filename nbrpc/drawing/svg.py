@@ -45,6 +45,10 @@ THEME_CSS = (
     ".nbrpc-svg .nbrpc-cut{stroke:var(--jp-layout-color0,#fff)}"
     ".nbrpc-svg .nbrpc-veil{fill:var(--jp-layout-color0,#fff)}"
     ".nbrpc-svg .nbrpc-tick{fill:var(--jp-ui-font-color2,#595959)}"
+    # stuck calls and their findings in the wait-for graph
+    ".nbrpc-svg text.nbrpc-alarm,.nbrpc-svg polygon.nbrpc-alarm{fill:var(--jp-error-color1,#b71c1c)}"
+    ".nbrpc-svg path.nbrpc-alarm,.nbrpc-svg line.nbrpc-alarm,.nbrpc-svg rect.nbrpc-alarm"
+    "{stroke:var(--jp-error-color1,#b71c1c)}"
 )
 
 

@@ -2,12 +2,12 @@
 
 Parts: ``waits_svg(snapshot)`` (the drawing), ``waits_details(snapshot)`` (hover
 details by call id, as ``describe.py`` makes them for the other graphs),
-``waits_summary(snapshot)`` (one line of text) and ``THEME_CSS``.
+and ``waits_summary(snapshot)`` (one line of text).
 
 As ``svg.py``'s drawings: deterministic, colours as presentation attributes (GitHub
 and nbviewer draw them), and each themed item carries a role class (``nbrpc-ink``,
 ``nbrpc-muted``, ``nbrpc-line``, and ``nbrpc-alarm`` for what the findings name) that
-``THEME_CSS`` maps to JupyterLab's CSS variables, so the drawing follows the light,
+``svg.THEME_CSS`` maps to JupyterLab's CSS variables, so the drawing follows the light,
 dark and high-contrast themes where they exist. Items the front end uses carry
 ``data-id`` (a call's id, the key of its details), ``data-workers`` (the filter) and
 ``data-lane``; class ``nbrpc-call`` on each call's arrow, ``nbrpc-waits-on`` on the
@@ -18,7 +18,7 @@ links from a served call to the calls it waits on, ``nbrpc-finding`` (with
 from __future__ import annotations
 
 from . import waits_layout as wl
-from .svg import FONT, INK, PALETTE, _arrow, clip, esc, num, title
+from .svg import FONT, INK, PALETTE, _arrow, clip, esc, num, theme_style, title
 
 # Fallback inks (no theme variables: GitHub, nbviewer): each reads at 4.5:1 or more on
 # white and on every lane's tint.
@@ -26,16 +26,6 @@ MUTED = "#595959"
 ALARM = "#b71c1c"
 # Members' colours as in the other views, less the reds: red says stuck here.
 LANE_COLOURS = tuple(c for c in PALETTE if c not in ("#e15759", "#ff9da7"))
-# The role classes, as the other drawings use them, with JupyterLab's variables; a CSS
-# rule beats a presentation attribute, so where the variables exist they win.
-THEME_CSS = (
-    ".nbrpc-svg .nbrpc-ink{fill:var(--jp-ui-font-color1,#333)}"
-    ".nbrpc-svg .nbrpc-muted{fill:var(--jp-ui-font-color1,#595959)}"
-    ".nbrpc-svg .nbrpc-line{stroke:var(--jp-ui-font-color2,#595959)}"
-    ".nbrpc-svg text.nbrpc-alarm,.nbrpc-svg polygon.nbrpc-alarm{fill:var(--jp-error-color1,#b71c1c)}"
-    ".nbrpc-svg path.nbrpc-alarm,.nbrpc-svg line.nbrpc-alarm,.nbrpc-svg rect.nbrpc-alarm"
-    "{stroke:var(--jp-error-color1,#b71c1c)}"
-)
 
 
 def waits_svg(snapshot: dict, *, titles: bool = True) -> str:
@@ -173,7 +163,7 @@ def static_html(snapshot: dict) -> str:
     """The ``text/html`` fallback: the drawing, themed where JupyterLab's variables are,
     fitted to the output's width, and the summary under it."""
     return (f'<div class="nbrpc-graph-static nbrpc-fit" style="max-width:100%;overflow:auto">'
-            f"<style>{THEME_CSS}.nbrpc-fit svg.nbrpc-svg{{max-width:100%;height:auto}}</style>"
+            f"{theme_style()}"
             f"{waits_svg(snapshot)}"
             f'<div style="font-size:11px;color:var(--jp-ui-font-color1,{MUTED})">'
             f"{esc(waits_summary(snapshot))}</div></div>")

@@ -9,7 +9,7 @@ from ..deploy.cluster import current
 from ..drawing import waits_svg
 from ..errors import NoClusterError
 from ._live import LiveView
-from .base import HERE, GraphWidget, StaticView
+from .base import GraphWidget, StaticView
 
 
 class WaitsGraph(LiveView, GraphWidget):
@@ -36,7 +36,6 @@ class WaitsGraph(LiveView, GraphWidget):
         Show this ``nbrpc.waits()``-shaped dict instead of asking the cluster (never live).
     """
 
-    _css = (HERE / "graph.css").read_text(encoding="utf-8") + waits_svg.THEME_CSS
     interval = traitlets.Float(1.0, help="seconds between refreshes while live")
     THREAD = "nbrpc-waits-graph"
 
