@@ -9,7 +9,9 @@ Wrappers, installed in every member by ``group.join``:
   button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
   could not pickle and in failures of workers whose process has ended. An
-  interrupted call is stopped on its worker too (see ``interrupts``).
+  interrupted call, and one that timed out, is stopped on its worker too, nested
+  calls included (see ``interrupts``); a call that a served call makes waits the
+  same way, so that a stop of the served call wakes it.
 - ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
@@ -109,11 +111,14 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     worker too) and with named failures."""
     half = recorder.outgoing("rpc_sync", to) if recorder.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
+    served = interrupts.served_here() if call_id is not None else None
+    if served is not None:
+        interrupts.calling(served, to, call_id)
     try:
-        _wait(fut, to)
+        _wait(fut, to, served)
         value = fut.wait()
     except RuntimeError as e:
-        named = _named(e, to, _label("rpc_sync", to, func), timeout)
+        named = _named(e, to, _label("rpc_sync", to, func), timeout, _stop_on_timeout(e, to, call_id))
         if half is not None:
             recorder.answered(half, named)
         if named is e:
@@ -127,6 +132,9 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
         if half is not None:
             recorder.answered(half, e)
         raise
+    finally:
+        if served is not None:
+            interrupts.called(served, call_id)
     if half is not None:
         recorder.answered(half)
     return value
@@ -137,7 +145,8 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
     half = recorder.outgoing("rpc_async", to) if recorder.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
-    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half)
+    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half,
+                        interrupts.served_here() if call_id is not None else None)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
     return named
@@ -152,18 +161,26 @@ class NamedFuture(torch.futures.Future):
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
-                 half: list | None = None):
+                 half: list | None = None, served: interrupts.Served | None = None):
         super().__init__()
         self._call = (to, label, timeout, call_id)
         self._half = half
+        self._served = served  # the call this one was made by, on this member
+        self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
         self.call = fut  # torch's own future of the call
+        if served is not None:
+            interrupts.calling(served, to, call_id)
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
+        if self._served is not None:
+            interrupts.called(self._served, self._call[3])
         try:
             value = fut.value()
         except Exception as e:
+            if _timed_out(e) and self._call[3] is not None:
+                self._stopping = interrupts.send_stop(self._call[0], self._call[3])
             if self._half is not None:
                 recorder.answered(self._half, remote_errors.original(e) or e)
             self.set_exception(e)
@@ -175,10 +192,11 @@ class NamedFuture(torch.futures.Future):
     def wait(self):
         to, label, timeout, call_id = self._call
         try:
-            _wait(self, to)
+            _wait(self, to, interrupts.served_here())
             return super().wait()
         except RuntimeError as e:
-            named = _named(e, to, label, timeout)
+            stopping = self._stopping
+            named = _named(e, to, label, timeout, None if stopping is None else interrupts.stop_outcome(stopping))
             if named is e:
                 raise
             raise named from e
@@ -340,25 +358,40 @@ def _label(how: str, to, func) -> str:
     return f"{how}({name!r}, {getattr(func, '__qualname__', repr(func))})"
 
 
-def _wait(fut, to) -> None:
-    """On the main thread, wait for ``fut`` (torch's or concurrent's) in a way Ctrl-C can
+def _wait(fut, to, served: interrupts.Served | None = None) -> None:
+    """On the main thread, and on a thread serving a call (``served``), wait for ``fut``
+    (torch's or concurrent's) in a way Ctrl-C, or a stop of the served call, can
     interrupt; elsewhere, leave the waiting to the caller.
 
     A lock released by the future's done-callback: acquiring a lock with a timeout is
     interruptible and costs no CPU while it waits, where polling ``done()`` took a core
-    from the threads that answer the call.
+    from the threads that answer the call. A stop of ``served`` releases it too.
     """
-    if threading.current_thread() is threading.main_thread() and not fut.done():
-        done = _thread.allocate_lock()
-        done.acquire()
-        fut.add_done_callback(_releasing(done))
+    if fut.done() or (served is None and threading.current_thread() is not threading.main_thread()):
+        return
+    done = _thread.allocate_lock()
+    done.acquire()
+    fut.add_done_callback(_releasing(done))
+    if served is None:
         _await(done, to)
+        return
+    if not interrupts.waiting(served, done):
+        raise KeyboardInterrupt
+    try:
+        _await(done, to)
+    finally:
+        stopped = not interrupts.waiting(served, None)
+    if stopped:
+        raise KeyboardInterrupt
 
 
 def _releasing(done) -> Callable:
     def release(_) -> None:
         torch_compat.keep_thread_state()  # a torch thread: its next callback runs sooner
-        done.release()
+        try:
+            done.release()
+        except RuntimeError:  # a stop of the waiting call released it first
+            pass
 
     return release
 
@@ -385,18 +418,54 @@ def _in_background(call: Callable, to):
 
 
 def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:
-    """The error for an interrupted call, after asking its worker to stop it."""
+    """The error for an interrupted call, after asking its worker to stop it: it says
+    what the worker answered, never more."""
     if call_id is None:
         return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped")
-    interrupts.send_stop(to, call_id)
+    stopping = interrupts.send_stop(to, call_id)
     name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too")
+    if interrupts.served_here() is not None:
+        # A nested call, stopped with the call that made it: whoever stopped that one
+        # waits for this stop's answer; waiting here too could hold a lock it needs.
+        return KeyboardInterrupt(f"{label} was interrupted; {name!r} was asked to stop it")
+    outcome = interrupts.stop_outcome(stopping)
+    if outcome == interrupts.STOPPED:
+        return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too")
+    return KeyboardInterrupt(f"{label} was interrupted; {_outcome_text(outcome, name)}")
 
 
-def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
+def _outcome_text(outcome: str | None, name: str) -> str:
+    """What became of a call ``name`` was asked to stop, in words."""
+    if outcome == interrupts.STOPPED:
+        return f"nbrpc stopped it on {name!r}"
+    if outcome == interrupts.NOT_RUNNING:
+        return f"it was not running on {name!r} (it had ended, or will not begin)"
+    if outcome == interrupts.STILL_RUNNING:
+        return (f"{name!r} was asked to stop it but it still runs there: a long C call (one "
+                "big time.sleep, a lock's acquire without a timeout) stops only when it returns")
+    return f"{name!r} did not answer the request to stop it, so it may still be running there"
+
+
+def _timed_out(error: Exception) -> bool:
+    return isinstance(error, RuntimeError) and "RPC ran for more than set timeout" in str(error)
+
+
+def _stop_on_timeout(error: Exception, to, call_id: str | None) -> str | None:
+    """After torch gave up on call ``call_id`` (its timeout), stop it on ``to``; what
+    became of it (see ``interrupts.stop``), or None."""
+    if call_id is None or not _timed_out(error):
+        return None
+    stopping = interrupts.send_stop(to, call_id)
+    if interrupts.served_here() is not None:
+        return None  # a nested call: see _stopped
+    return interrupts.stop_outcome(stopping)
+
+
+def _named(error: RuntimeError, to, label: str, timeout: float, stop: str | None = None) -> Exception:
     """Return a clearer error for a dead worker or a timeout, the remote exception
     itself where it was of a class torch could not keep, else ``error`` itself;
-    ``label`` names the call (``rpc_sync('worker1', f)``)."""
+    ``label`` names the call (``rpc_sync('worker1', f)``), ``stop`` what became of a
+    timed-out call nbrpc asked its worker to stop (see ``interrupts.stop``)."""
     original = remote_errors.original(error)
     if original is not None:
         return original
@@ -425,10 +494,11 @@ def _named(error: RuntimeError, to, label: str, timeout: float) -> Exception:
         return SerializationError(msg)
     if "RPC ran for more than set timeout" in text:
         seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
+        still = _outcome_text(stop, name) if stop else "it may still be running there"
         torch_said = text.split("\n\nAt:", 1)[0].strip()
         msg = (
-            f"{label} got no answer within {seconds:g} s (it may still "
-            "be running there). Pass timeout=SECONDS to the call, or start the cluster "
+            f"{label} got no answer within {seconds:g} s ({still}). "
+            "Pass timeout=SECONDS to the call, or start the cluster "
             f"with a longer default (%rpc_init --timeout SECONDS). Torch said: {torch_said}"
         )
         return RpcTimeoutError(msg)
