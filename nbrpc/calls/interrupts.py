@@ -192,10 +192,14 @@ def _forget(served: Served, outer: Served | None) -> None:
 # -- the calls a served call makes ------------------------------------------------------
 
 
-def calling(served: Served, to, call_id: str) -> None:
-    """``served`` made call ``call_id`` to ``to``: a stop of ``served`` stops it too."""
-    with _served.lock:
-        served.calling[call_id] = to
+def calling_from_here(to, call_id: str | None) -> Served | None:
+    """This thread made call ``call_id`` (None: one that cannot be stopped) to ``to``:
+    if it serves a call, a stop of that call stops this one too; that call, or None."""
+    served = served_here() if call_id is not None else None
+    if served is not None:
+        with _served.lock:
+            served.calling[call_id] = to
+    return served
 
 
 def called(served: Served, call_id: str) -> None:

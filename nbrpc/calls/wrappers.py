@@ -42,7 +42,7 @@ from ..errors import (
 )
 from ..recording import recorder, rref_ledger
 from ..wire import remote_errors
-from . import interrupts, output
+from . import interrupts, output, stopping
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
@@ -111,14 +111,12 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     worker too) and with named failures."""
     half = recorder.outgoing("rpc_sync", to) if recorder.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
-    served = interrupts.served_here() if call_id is not None else None
-    if served is not None:
-        interrupts.calling(served, to, call_id)
+    served = interrupts.calling_from_here(to, call_id)
     try:
         _wait(fut, to, served)
         value = fut.wait()
     except RuntimeError as e:
-        named = _named(e, to, _label("rpc_sync", to, func), timeout, _stop_on_timeout(e, to, call_id))
+        named = _named(e, to, _label("rpc_sync", to, func), timeout, stopping.stop_on_timeout(e, to, call_id))
         if half is not None:
             recorder.answered(half, named)
         if named is e:
@@ -127,7 +125,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     except KeyboardInterrupt as e:
         if half is not None:
             recorder.failed(half, e)
-        raise _stopped(to, _label("rpc_sync", to, func), call_id) from None
+        raise stopping.stopped(to, _label("rpc_sync", to, func), call_id) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         if half is not None:
             recorder.answered(half, e)
@@ -146,7 +144,7 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     half = recorder.outgoing("rpc_async", to) if recorder.recording else None
     fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
     named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half,
-                        interrupts.served_here() if call_id is not None else None)
+                        interrupts.calling_from_here(to, call_id))
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
     return named
@@ -168,8 +166,6 @@ class NamedFuture(torch.futures.Future):
         self._served = served  # the call this one was made by, on this member
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
         self.call = fut  # torch's own future of the call
-        if served is not None:
-            interrupts.calling(served, to, call_id)
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
@@ -179,7 +175,7 @@ class NamedFuture(torch.futures.Future):
         try:
             value = fut.value()
         except Exception as e:
-            if _timed_out(e) and self._call[3] is not None:
+            if stopping.timed_out(e) and self._call[3] is not None:
                 self._stopping = interrupts.send_stop(self._call[0], self._call[3])
             if self._half is not None:
                 recorder.answered(self._half, remote_errors.original(e) or e)
@@ -195,13 +191,12 @@ class NamedFuture(torch.futures.Future):
             _wait(self, to, interrupts.served_here())
             return super().wait()
         except RuntimeError as e:
-            stopping = self._stopping
-            named = _named(e, to, label, timeout, None if stopping is None else interrupts.stop_outcome(stopping))
+            named = _named(e, to, label, timeout, stopping.outcome(self._stopping))
             if named is e:
                 raise
             raise named from e
         except KeyboardInterrupt:
-            raise _stopped(to, label, call_id) from None
+            raise stopping.stopped(to, label, call_id) from None
 
 
 def collect_all(futures):
@@ -374,15 +369,8 @@ def _wait(fut, to, served: interrupts.Served | None = None) -> None:
     fut.add_done_callback(_releasing(done))
     if served is None:
         _await(done, to)
-        return
-    if not interrupts.waiting(served, done):
-        raise KeyboardInterrupt
-    try:
-        _await(done, to)
-    finally:
-        stopped = not interrupts.waiting(served, None)
-    if stopped:
-        raise KeyboardInterrupt
+    else:
+        stopping.wait_served(served, done, lambda: _await(done, to))
 
 
 def _releasing(done) -> Callable:
@@ -415,50 +403,6 @@ def _in_background(call: Callable, to):
     job = _helpers.submit(call)
     _wait(job, to)
     return job.result()
-
-
-def _stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:
-    """The error for an interrupted call, after asking its worker to stop it: it says
-    what the worker answered, never more."""
-    if call_id is None:
-        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped")
-    stopping = interrupts.send_stop(to, call_id)
-    name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    if interrupts.served_here() is not None:
-        # A nested call, stopped with the call that made it: whoever stopped that one
-        # waits for this stop's answer; waiting here too could hold a lock it needs.
-        return KeyboardInterrupt(f"{label} was interrupted; {name!r} was asked to stop it")
-    outcome = interrupts.stop_outcome(stopping)
-    if outcome == interrupts.STOPPED:
-        return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too")
-    return KeyboardInterrupt(f"{label} was interrupted; {_outcome_text(outcome, name)}")
-
-
-def _outcome_text(outcome: str | None, name: str) -> str:
-    """What became of a call ``name`` was asked to stop, in words."""
-    if outcome == interrupts.STOPPED:
-        return f"nbrpc stopped it on {name!r}"
-    if outcome == interrupts.NOT_RUNNING:
-        return f"it was not running on {name!r} (it had ended, or will not begin)"
-    if outcome == interrupts.STILL_RUNNING:
-        return (f"{name!r} was asked to stop it but it still runs there: a long C call (one "
-                "big time.sleep, a lock's acquire without a timeout) stops only when it returns")
-    return f"{name!r} did not answer the request to stop it, so it may still be running there"
-
-
-def _timed_out(error: Exception) -> bool:
-    return isinstance(error, RuntimeError) and "RPC ran for more than set timeout" in str(error)
-
-
-def _stop_on_timeout(error: Exception, to, call_id: str | None) -> str | None:
-    """After torch gave up on call ``call_id`` (its timeout), stop it on ``to``; what
-    became of it (see ``interrupts.stop``), or None."""
-    if call_id is None or not _timed_out(error):
-        return None
-    stopping = interrupts.send_stop(to, call_id)
-    if interrupts.served_here() is not None:
-        return None  # a nested call: see _stopped
-    return interrupts.stop_outcome(stopping)
 
 
 def _named(error: RuntimeError, to, label: str, timeout: float, stop: str | None = None) -> Exception:
@@ -494,7 +438,7 @@ def _named(error: RuntimeError, to, label: str, timeout: float, stop: str | None
         return SerializationError(msg)
     if "RPC ran for more than set timeout" in text:
         seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
-        still = _outcome_text(stop, name) if stop else "it may still be running there"
+        still = stopping.outcome_text(stop, name) if stop else "it may still be running there"
         torch_said = text.split("\n\nAt:", 1)[0].strip()
         msg = (
             f"{label} got no answer within {seconds:g} s ({still}). "
