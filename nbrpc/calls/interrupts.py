@@ -43,8 +43,10 @@ from . import output, serving
 STOPPED = "stopped"  # the call ended after the stop
 STILL_RUNNING = "still running"  # it had not ended ``STOP_GRACE`` s after the stop
 NOT_RUNNING = "not running"  # it had ended already, or had not begun (it will not run)
-# How long ``stop`` waits for a stopped call to end before it answers (seconds).
+# How long ``stop`` waits for a stopped call to end before it answers (seconds): after
+# the stop button, and after a timeout (whose error should not wait much longer).
 STOP_GRACE = 2.0
+TIMEOUT_STOP_GRACE = 0.5
 # Calls stopped before they started here (their stop overtook them): at most this many kept.
 EARLY_LIMIT = 10_000
 
@@ -247,43 +249,43 @@ def _release(lock) -> None:
         pass
 
 
-def _stop(call_id: str) -> str:
+def _stop(call_id: str, grace: float) -> str:
     served, nested = _stop_here(call_id)
     if served is None:
         return NOT_RUNNING
-    answers = [send_stop(to, nested_id) for nested_id, to in nested]
+    answers = [send_stop(to, nested_id, grace) for nested_id, to in nested]
     for answer in answers:  # the nested calls end first: the waiting one wakes
         try:
             answer.wait()
         except RuntimeError:
             pass
-    return STOPPED if served.ended.wait(STOP_GRACE) else STILL_RUNNING
+    return STOPPED if served.ended.wait(grace) else STILL_RUNNING
 
 
-def stop(call_id: str) -> torch.futures.Future:
+def stop(call_id: str, grace: float = STOP_GRACE) -> torch.futures.Future:
     """Stop call ``call_id`` on this member (run over RPC); a Future of what became of it
-    (``STOPPED``, ``STILL_RUNNING``, ``NOT_RUNNING``). An ``@async_execution`` function,
-    so the waiting happens on a serving thread."""
+    within ``grace`` s (``STOPPED``, ``STILL_RUNNING``, ``NOT_RUNNING``). An
+    ``@async_execution`` function, so the waiting happens on a serving thread."""
     torch_compat.keep_thread_state()
-    return serving.hand_off(_stop, (call_id,), {})
+    return serving.hand_off(_stop, (call_id, grace), {})
 
 
 stop._wrapped_async_rpc_function = stop  # what @rpc.functions.async_execution marks
 
 
-def send_stop(to, call_id: str) -> torch.futures.Future:
+def send_stop(to, call_id: str, grace: float = STOP_GRACE) -> torch.futures.Future:
     """Ask member ``to`` to stop call ``call_id``: a Future of its answer (``stop``); its
     error if ``to`` is gone or does not answer."""
     try:
-        return torch_compat.invoke_rpc(to, stop, torch_compat.RPCExecMode.ASYNC, (call_id,), None,
-                                       STOP_GRACE + 8.0)
+        return torch_compat.invoke_rpc(to, stop, torch_compat.RPCExecMode.ASYNC, (call_id, grace), None,
+                                       grace + 8.0)
     except (RuntimeError, ValueError) as e:  # the worker is gone (or unknown)
         fut = torch.futures.Future()
         fut.set_exception(e)
         return fut
 
 
-def stop_outcome(fut: torch.futures.Future, timeout: float = STOP_GRACE + 3.0) -> str | None:
+def stop_outcome(fut: torch.futures.Future, timeout: float = STOP_GRACE + 1.0) -> str | None:
     """The answer ``send_stop`` got, waiting at most ``timeout`` s; None without one."""
     deadline = time.monotonic() + timeout
     while not fut.done() and time.monotonic() < deadline:

@@ -54,10 +54,10 @@ def stop_on_timeout(error: Exception, to, call_id: str | None) -> str | None:
     became of it (see ``interrupts.stop``), or None."""
     if call_id is None or not timed_out(error):
         return None
-    stopping = interrupts.send_stop(to, call_id)
+    stopping = interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
     if interrupts.served_here() is not None:
         return None  # a nested call: see stopped
-    return interrupts.stop_outcome(stopping)
+    return interrupts.stop_outcome(stopping, interrupts.TIMEOUT_STOP_GRACE + 1.0)
 
 
 def outcome(stop) -> str | None:

@@ -176,7 +176,7 @@ class NamedFuture(torch.futures.Future):
             value = fut.value()
         except Exception as e:
             if stopping.timed_out(e) and self._call[3] is not None:
-                self._stopping = interrupts.send_stop(self._call[0], self._call[3])
+                self._stopping = interrupts.send_stop(self._call[0], self._call[3], interrupts.TIMEOUT_STOP_GRACE)
             if self._half is not None:
                 recorder.answered(self._half, remote_errors.original(e) or e)
             self.set_exception(e)
