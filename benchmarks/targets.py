@@ -15,3 +15,11 @@ def chatty(value):
     """Print one line, then return ``value``: a call whose output goes to the driver."""
     print("step", value)
     return value
+
+
+def set_inline_limit(limit):
+    """How many calls torch's RPC threads may run themselves in this nbrpc member
+    (``calls.serving``; 0: hand every call off, None: the default)."""
+    from nbrpc.calls import serving
+
+    serving.pool.inline_limit = limit

@@ -78,7 +78,7 @@ class Served:
         self.raised = False  # an asynchronous KeyboardInterrupt was set in its thread
         self.calling: dict[str, object] = {}  # call id -> destination, of its own calls
         self.waiting = None  # the lock its thread waits on for one of them
-        self.ended = threading.Event()
+        self.ended: threading.Event | None = None  # made by a stop that waits for the end
 
 
 class _Registry:
@@ -109,14 +109,14 @@ class Stoppable:
     # (call id, whether a reply is pickled) of a recorded call: see ``tracing``.
     trace: tuple | None = None
 
-    def __init__(self, func: Callable, call_id: str, trace: tuple | None = None, inline: bool = False):
+    def __init__(self, func: Callable, call_id: str, trace: tuple | None = None, plain: bool = False):
         self.func, self.call_id = func, call_id
         # torch's RPC profiler names the call by the function it is given.
         self.__qualname__ = _what(func)
         if trace is not None:
             self.trace = trace
-        self.inline = inline  # run on torch's RPC thread, as torch would (benchmarks)
-        if not inline:
+        self.plain = plain  # a plain function to torch, which runs it on its RPC thread (benchmarks)
+        if not plain:
             # torch sends it as an @rpc.functions.async_execution function: the callee's
             # RPC thread gets a Future back at once (see ``serving``).
             self._wrapped_async_rpc_function = True
@@ -124,7 +124,7 @@ class Stoppable:
     def __reduce__(self):
         # The function, the id and a recorded call's trace only: the smallest message,
         # and the least to unpickle.
-        if self.inline:
+        if self.plain:
             return Stoppable, (self.func, self.call_id, self.trace, True)
         if self.trace is None:
             return Stoppable, (self.func, self.call_id)
@@ -132,9 +132,9 @@ class Stoppable:
 
     def __call__(self, *args, **kwargs):
         torch_compat.keep_thread_state()
-        if self.inline:
+        if self.plain:
             return self.serve(*args, **kwargs)
-        return serving.hand_off(self.serve, args, kwargs)
+        return serving.serve(self.serve, args, kwargs)
 
     def serve(self, *args, **kwargs):
         """Run the call on this thread; its value, or the ``RemoteException`` torch sends."""
@@ -188,7 +188,8 @@ def _forget(served: Served, outer: Served | None) -> None:
         if served.raised:
             # A stop that came as the function returned must not hit the thread's next call.
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(served.thread), None)
-    served.ended.set()
+        if served.ended is not None:
+            served.ended.set()
 
 
 # -- the calls a served call makes ------------------------------------------------------
@@ -232,6 +233,7 @@ def _stop_here(call_id: str) -> tuple[Served | None, list]:
         if served.stopped:
             return served, []
         served.stopped = True
+        served.ended = threading.Event()
         nested = list(served.calling.items())
         if served.waiting is not None:
             _release(served.waiting)  # it raises KeyboardInterrupt as it wakes

@@ -1,14 +1,16 @@
-"""Serve the Python function of each call on threads of nbrpc's own, which grow in
-number, so that a function that blocks (a nested ``rpc_sync``, a lock, a queue) never
-holds one of torch's RPC threads.
+"""Serve the Python functions of calls so that functions that block (a nested
+``rpc_sync``, a lock, a queue) can never take all of torch's RPC threads.
 
 torch serves every request on a fixed pool of threads (``num_worker_threads``, 16 by
 default) and runs the function on the thread that took the request; the replies to a
 member's own calls need the same pool. Functions that wait on other calls can so
 take every thread, and nothing answers again: the classic RPC pool deadlock. nbrpc
 sends a Python function as an ``@rpc.functions.async_execution`` one
-(``interrupts.Stoppable``): torch's thread hands it here and goes back to its pool at
-once; the reply leaves when the function returns.
+(``interrupts.Stoppable``), and the member runs it on the torch thread that took it
+while few of them do (a thread switch costs a small call several percent), and else
+hands it to a thread of its own, which grow in number: torch's thread goes back to
+its pool at once, and the reply leaves when the function returns. torch's pool so
+always keeps ``reserve(threads)`` threads for hand-offs and replies.
 
 Parts:
 
@@ -19,9 +21,9 @@ Parts:
 - ``Pool``: idle threads each waiting on a lock of its own; a hand-off wakes one
   (one futex wake) or starts a new one when none is idle. A thread idle for
   ``IDLE_EXIT`` seconds ends, so an idle member keeps few threads.
-- ``hand_off(run, args, kwargs)``: from torch's thread, a Future the serving thread
-  completes with ``run(*args, **kwargs)`` (which must not raise: it returns what torch
-  sends back, a ``RemoteException`` included).
+- ``serve(run, args, kwargs)``: from torch's thread, a Future of
+  ``run(*args, **kwargs)`` (which must not raise: it returns what torch sends back, a
+  ``RemoteException`` included), run here or handed off (``hand_off``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ from .._compat import torch_compat
 
 # How long a serving thread waits for work before it ends (seconds).
 IDLE_EXIT = 30.0
+
+
+def reserve(threads: int) -> int:
+    """How many of torch's ``threads`` never run a call's function."""
+    return max(2, threads // 4)
 
 
 class ThreadState:
@@ -68,10 +75,10 @@ def _current_streams() -> tuple:
     return tuple(torch.cuda.current_stream(d) for d in range(torch.cuda.device_count()))
 
 
-def _devices(state: ThreadState) -> list | None:
+def _devices(state: ThreadState) -> list:
     # A future that carries CUDA tensors names their devices (torch records events on
     # the current streams as it completes, as it does for its own replies).
-    return [s.device for s in state.streams] or None
+    return [s.device for s in state.streams]
 
 
 class _Server:
@@ -93,6 +100,8 @@ class Pool:
         self._idle: list[_Server] = []
         self.threads = 0  # serving threads alive
         self.busy = 0  # of which run a call now
+        self.inline = 0  # calls running on torch's threads
+        self.inline_limit: int | None = None  # at most this many (known once serving)
 
     def submit(self, job: Callable[[], None]) -> None:
         with self._lock:
@@ -124,21 +133,45 @@ class Pool:
                 self.busy -= 1
                 self._idle.append(server)
 
+    def find_inline_limit(self) -> int:
+        size = int(torch_compat.current_agent().get_debug_info()["agent.thread_pool_size"])
+        self.inline_limit = max(0, size - reserve(size))
+        return self.inline_limit
+
     def reset(self) -> None:
         """After a fork: the parent's threads are not in the child."""
-        self._lock = threading.Lock()
-        self._idle, self.threads, self.busy = [], 0, 0
+        self.__init__()
 
 
 pool = Pool()
 os.register_at_fork(after_in_child=pool.reset)
 
 
+def serve(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
+    """``run(*args, **kwargs)``'s Future: run on this torch thread while fewer than the
+    limit do, else on a serving thread (``hand_off``)."""
+    limit = pool.inline_limit
+    with pool._lock:
+        inline = pool.inline < (pool.find_inline_limit() if limit is None else limit)
+        if inline:
+            pool.inline += 1
+    if not inline:
+        return hand_off(run, args, kwargs)
+    try:
+        value = run(*args, **kwargs)
+    finally:
+        with pool._lock:
+            pool.inline -= 1
+    fut = torch_compat.new_future(_devices(ThreadState()) if torch.cuda.is_initialized() else [])
+    fut.set_result(value)
+    return fut
+
+
 def hand_off(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
     """Run ``run(*args, **kwargs)`` on a serving thread, with this thread's torch state;
     the returned Future gets its value (``run`` must not raise)."""
     state = ThreadState()
-    fut = torch.futures.Future(devices=_devices(state))
+    fut = torch_compat.new_future(_devices(state))
 
     def job() -> None:
         state.enter()
