@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -45,6 +46,33 @@ def test_the_names_nbrpc_spells_out_are_torchs(cluster):
     listed = members.get(torch_compat.STORE_MEMBERS_KEY).decode()
     assert {entry.rsplit("-", 1)[0] for entry in listed.split(",") if entry} >= {"master", "worker1", "worker2"}
     assert members.get(torch_compat.STORE_LOCK_KEY) == b""
+
+
+def test_the_autograd_context_of_a_thread_is_read_and_set_as_torch_does(cluster):
+    """``thread_context_id`` and ``set_thread_context_id`` (C++ functions through ctypes)
+    agree with torch's own view of a thread's context; ``new_future`` is torch's future."""
+    import torch.distributed.autograd as dist_autograd
+
+    assert torch_compat.thread_context_id() == -1
+    with dist_autograd.context() as context_id:
+        assert torch_compat.thread_context_id() == context_id
+        seen = []
+
+        def elsewhere():
+            seen.append(torch_compat.thread_context_id())
+            torch_compat.set_thread_context_id(context_id)
+            seen.append(dist_autograd._current_context()._context_id())
+            torch_compat.set_thread_context_id(-1)
+            seen.append(torch_compat.thread_context_id())
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert seen == [-1, context_id, -1]
+    assert torch_compat.thread_context_id() == -1
+    fut = torch_compat.new_future([])
+    fut.set_result(3)
+    assert isinstance(fut, torch._C.Future) and fut.wait() == 3
 
 
 def test_cloudpickles_private_names_do_what_definitions_needs():
