@@ -1,4 +1,4 @@
-# make demo | make test | make bench | make lint | make lab | make conformance — each sets up .venv on first use.
+# make demo | make test | make test-fast | make bench | make lint | make lab | make conformance — each sets up .venv on first use.
 PYTHON ?= python3
 # The torch build to install; a machine with a GPU may choose another, e.g.
 # make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
 
-.PHONY: demo test bench lint lab conformance clean
+.PHONY: demo test test-fast bench lint lab conformance clean
 
 $(READY): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(READY)
 
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance
+
+# The fast tier: no notebooks, browser, network namespaces, GPU or slow tests (minutes, not an hour).
+test-fast: $(READY)
+	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu"
 
 bench: $(READY)
 	$(PY) benchmarks/run.py

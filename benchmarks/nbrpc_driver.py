@@ -93,7 +93,7 @@ def _recording_on_and_off(count: int) -> dict[str, list[float]]:
             samples["on" if on else "off"] += timing.sync_latencies("worker1", RECORDING_STRIDE)
             on = not on
     finally:
-        if recorder.recording:
+        if recorder.RECORDER.recording:
             ask_members(recorder.enable, (False,))
     return samples
 

@@ -81,12 +81,13 @@ def main() -> None:
         with lock:
             shown.extend(p[2].count("\n") for p in pieces if p[0] == "stream")
 
-    output.set_sink(count)
+    output.SINKS.add(count)
     cluster = nbrpc.start(1, progress=None)
     try:
         rows = measure(args.calls)
     finally:
         cluster.shutdown()
+        output.SINKS.discard(count)
     around = mark_and_check_us()
     print(render(rows, around, sum(shown)))
     if args.json:

@@ -13,7 +13,7 @@ from .deploy.cluster import Cluster, current  # noqa: E402
 from .deploy.launchers.slurm import SlurmOptions  # noqa: E402
 from .diagnostics.autograd import autograd_snapshot, last_recorded, record_autograd  # noqa: E402
 from .diagnostics.rrefs import rref_snapshot  # noqa: E402
-from .diagnostics.trace import Trace, set_report_writer, trace, trace_snapshot  # noqa: E402
+from .diagnostics.trace import Trace, trace, trace_snapshot  # noqa: E402
 from .errors import (  # noqa: E402
     AutogradContextError,
     ClusterRunningError,
@@ -70,15 +70,6 @@ def start(n=None, **options) -> Cluster:
         options["progress"] = start_progress()
     return Cluster(n, **options).start()
 
-
-def _write_report(snapshot, path) -> None:
-    """``Trace.save`` 's HTML page, drawn by the widgets' modules (no ipywidgets)."""
-    from .widgets.report import write_report
-
-    write_report(snapshot, path)
-
-
-set_report_writer(_write_report)
 
 # The widgets import ipywidgets, which a script driving a cluster must not pay for:
 # ``nbrpc.RRefGraph`` and the others are the classes of ``nbrpc.widgets``, imported

@@ -10,6 +10,7 @@ import select
 import signal
 import socket
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -208,3 +209,35 @@ def raise_fd_limit(wanted: int = FD_LIMIT) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         soft = target
     return soft
+
+
+class Hooks:
+    """Callables an upper layer registers with a lower one, which calls them: the lower
+    layer keeps no slot for the upper one to fill. The newest comes first."""
+
+    def __init__(self):
+        self._hooks: list[Callable] = []
+
+    def add(self, hook: Callable) -> Callable:
+        """Register ``hook`` (once); returns it (``discard`` takes it back)."""
+        self.discard(hook)
+        self._hooks.insert(0, hook)
+        return hook
+
+    def discard(self, hook: Callable) -> None:
+        if hook in self._hooks:
+            self._hooks.remove(hook)
+
+    def __bool__(self) -> bool:
+        return bool(self._hooks)
+
+    def __iter__(self):
+        return iter(list(self._hooks))
+
+    def first(self, *args):
+        """The first answer other than None of the hooks, newest first (None: none)."""
+        for hook in list(self._hooks):
+            found = hook(*args)
+            if found is not None:
+                return found
+        return None

@@ -47,8 +47,8 @@ def run_notebook(path: str, output: str, timeout: int = 600) -> float:
 
 def join_as_worker(address: str, token: str, name: str | None) -> int:
     """Run as a worker of the driver at ``address`` until it ends the cluster."""
-    from .deploy.worker import join_driver
     from .errors import JoinRefusedError
+    from .member.worker import join_driver
 
     if token == "-":
         token = sys.stdin.readline().strip()

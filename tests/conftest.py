@@ -48,7 +48,7 @@ def find_processes(command: str, environ: str | None = None) -> set[int]:
 
 def worker_pids() -> set[int]:
     """Pids of every live nbrpc worker kernel started by this test run."""
-    return find_processes("nbrpc.deploy.worker", f"{RUN_MARK}={os.environ[RUN_MARK]}")
+    return find_processes("nbrpc.member.worker", f"{RUN_MARK}={os.environ[RUN_MARK]}")
 
 
 def kernel_pids() -> set[int]:

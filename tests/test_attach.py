@@ -17,7 +17,7 @@ import pytest
 
 import nbrpc
 from nbrpc import cli
-from nbrpc.deploy.launchers import addresses, rendezvous, ssh
+from nbrpc.deploy.launchers import addresses, options, rendezvous
 from nbrpc.deploy.launchers.rendezvous import Link, Rendezvous, receive, request_join, send
 from nbrpc.errors import JoinRefusedError
 
@@ -157,11 +157,11 @@ def test_join_to_nowhere_says_what_to_check():
 
 
 def test_hosts_are_expanded():
-    assert ssh.parse_hosts("hostA,hostB:2") == ["hostA", "hostB", "hostB"]
-    assert ssh.parse_hosts(["a:1", "b"]) == ["a", "b"]
+    assert options.parse_hosts("hostA,hostB:2") == ["hostA", "hostB", "hostB"]
+    assert options.parse_hosts(["a:1", "b"]) == ["a", "b"]
     for bad in ("", "a:0", ":2"):
         with pytest.raises(ValueError):
-            ssh.parse_hosts(bad)
+            options.parse_hosts(bad)
 
 
 def test_bind_must_be_one_address_of_this_machine():

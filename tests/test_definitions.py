@@ -218,7 +218,7 @@ def test_an_unchanged_function_is_pickled_once(shell):
     cached = shell.user_ns["cached"]
     for _ in range(3):
         assert run(shell, 'rpc.rpc_sync("worker1", cached, args=(1,))') == 2
-    identity = definitions._identities[cached]
+    identity = definitions.REGISTRY.identities[cached]
     assert identity.version == 1
     cached.__code__ = (lambda x: x + 2).__code__
     assert run(shell, 'rpc.rpc_sync("worker1", cached, args=(1,))') == 3
@@ -236,7 +236,7 @@ def kept_definitions():
     import gc
     from nbrpc.wire import definitions
     gc.collect()
-    return len(definitions._received)
+    return len(definitions.REGISTRY.received)
 rpc.rpc_sync("worker1", kept_definitions)
 """)
     assert kept < 50  # the top-level ones of this module, not one per lambda

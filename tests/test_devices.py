@@ -14,8 +14,7 @@ from conftest import worker_pids
 
 import nbrpc
 from nbrpc.errors import DeviceMapError
-from nbrpc.group import devices
-from nbrpc.group import membership as group
+from nbrpc.group import devices, membership
 from nbrpc.group.devices import Placement
 
 MEMBERS = ["master", "worker1", "worker2"]
@@ -246,13 +245,13 @@ def test_a_first_gpus_cluster_lets_later_ones_grow():
 
 def test_backend_options_carry_devices_and_maps():
     plan = devices.plan(MEMBERS, 2, gpus=True)
-    options = group.backend_options(4, 30.0, plan["worker1"])
+    options = membership.backend_options(4, 30.0, plan["worker1"])
     cuda = lambda i: torch.device("cuda", i)  # noqa: E731
     assert options.devices == [cuda(1)]
     assert options.device_maps == {"master": {cuda(1): cuda(0)}, "worker2": {cuda(1): cuda(0)}}
-    cpu = group.backend_options(4, 30.0, devices.CPU)
+    cpu = membership.backend_options(4, 30.0, devices.CPU)
     assert cpu.devices == [] and cpu.device_maps == {}
-    assert group.backend_options(4, 30.0).devices == []
+    assert membership.backend_options(4, 30.0).devices == []
 
 
 def test_worker_settings_round_trip():
@@ -282,12 +281,12 @@ needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machi
 @needs_no_cuda
 @pytest.mark.parametrize("options", [dict(gpus=True), dict(device_maps={"worker1": {0: 1}})])
 def test_cluster_refuses_gpu_options_without_cuda(options):
-    before, joined, running = worker_pids(), group._driver, nbrpc.current()
+    before, joined, running = worker_pids(), membership.GROUP.driver, nbrpc.current()
     with pytest.raises(DeviceMapError, match="needs CUDA"):
         nbrpc.Cluster(2, progress=None, **options)
     with pytest.raises(DeviceMapError, match="needs CUDA"):
         nbrpc.start(2, progress=None, **options)
-    assert worker_pids() == before and group._driver is joined and nbrpc.current() is running
+    assert worker_pids() == before and membership.GROUP.driver is joined and nbrpc.current() is running
 
 
 def test_cluster_refuses_an_unknown_worker_first():
@@ -311,8 +310,8 @@ def test_install_keeps_membership_and_calls_working(cluster):
     replies = {"master": {1: 0}, "worker2": {1: 0}}
     rpc.rpc_sync("worker1", devices.install, args=([], replies))
     devices.install([], {"worker1": {0: 1}})
-    assert sorted(group.member_names()) == ["master", "worker1", "worker2"]
-    assert sorted(rpc.rpc_sync("worker1", group.member_names)) == ["master", "worker1", "worker2"]
+    assert sorted(membership.member_names()) == ["master", "worker1", "worker2"]
+    assert sorted(rpc.rpc_sync("worker1", membership.member_names)) == ["master", "worker1", "worker2"]
     x = torch.arange(4.0)
     assert torch.equal(rpc.rpc_sync("worker1", torch.add, args=(x, 1)), x + 1)
     assert torch.equal(rpc.rpc_sync("worker2", torch.mul, args=(x, 2)), x * 2)

@@ -20,7 +20,7 @@ from IPython.core.error import UsageError
 
 import nbrpc
 from nbrpc._util import listening_socket
-from nbrpc.group import membership as group
+from nbrpc.group import membership
 
 
 def worker_children() -> set[int]:
@@ -28,7 +28,7 @@ def worker_children() -> set[int]:
     found = set()
     for child in psutil.Process().children():
         try:
-            if "nbrpc.deploy.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if "nbrpc.member.worker" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
                 found.add(child.pid)
         except psutil.Error:  # ended, or a zombie, meanwhile
             pass
@@ -285,7 +285,7 @@ def test_port_in_use_names_the_port():
         taken.listen(1)
         port = taken.getsockname()[1]
         for attempt in (lambda: listening_socket("127.0.0.1", port),
-                        lambda: group.host_store("127.0.0.1", port, 5)):
+                        lambda: membership.host_store("127.0.0.1", port, 5)):
             began = time.monotonic()
             with pytest.raises(OSError) as info:
                 attempt()

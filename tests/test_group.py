@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import nbrpc
-from nbrpc.group import membership as group
+from nbrpc.group import membership
 
 SHM_DRIVER = """
 import json, os
@@ -56,7 +56,7 @@ def test_uv_is_the_default_and_no_member_polls(cluster):
     for pid in pids:
         with open(f"/proc/{pid}/environ", "rb") as f:
             assert b"NBRPC_TRANSPORT=uv" in f.read().split(b"\0")
-    assert cluster.transport == group.driver_transport() == "uv"
+    assert cluster.transport == membership.driver_transport() == "uv"
 
 
 def test_bad_transport_names_the_choices():

@@ -26,12 +26,14 @@ LAYERS = [
     ("wire", {"wire"}),
     ("calls", {"calls"}),
     ("group", {"group"}),
+    ("drawing", {"drawing"}),
     ("diagnostics", {"diagnostics"}),
     ("deploy", {"deploy"}),
+    ("member", {"member"}),
     ("front ends", {"kernel_ext", "widgets", "lab", "cli", "__init__"}),
 ]
 PACKAGE = Path(nbrpc.__file__).parent
-RUNTIME = ("_compat", "recording", "wire", "calls", "group", "diagnostics", "deploy", "lab")
+RUNTIME = ("_compat", "recording", "wire", "calls", "group", "drawing", "diagnostics", "deploy", "member", "lab")
 
 IMPORT_EVERYTHING = f"""
 import importlib, json, pkgutil, sys
@@ -69,11 +71,13 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {"calls.wrappers", "deploy.cluster", "errors", "deploy.execution", "group.membership",
-                "wire.serialization", "deploy.worker", "deploy.launchers.local", "deploy.launchers.attach",
+                "wire.serialization", "member.worker", "member.template_process", "deploy.launchers.local",
+                "deploy.launchers.attach",
                 "deploy.launchers.ssh", "deploy.launchers.rendezvous", "deploy.launchers.addresses",
                 "diagnostics.rrefs", "recording.rref_ledger", "_compat.torch_compat", "deploy.settings",
                 "diagnostics.autograd", "diagnostics.trace", "lab.rpc_basics", "wire.definitions",
-                "wire.remote_errors", "schemas", "deploy.status"}
+                "wire.remote_errors", "schemas", "drawing.status", "drawing.report", "drawing.timeline_svg",
+                "deploy.launchers.options", "deploy.options"}
     assert expected <= set(report["runtime"]), expected - set(report["runtime"])
     assert report["headless"] == []
     # nbrpc.RRefGraph is the widget class, and only asking for it imports ipywidgets

@@ -65,13 +65,13 @@ print(json.dumps({"shutdown_took": time.monotonic() - began,
 DRIVER_LISTENER_POKED = """
 import json, os, socket, time
 import nbrpc
-from nbrpc.group import membership as group
+from nbrpc.group import membership
 from nbrpc._util import listening_ports
 
 cluster = nbrpc.start(2, progress=None)
 print(json.dumps({"pids": [w.pid for w in cluster.workers]}), flush=True)
 cluster.shutdown()
-for port in sorted(group._driver.listeners):  # a port scan: connect, close at once
+for port in sorted(membership.GROUP.driver.listeners):  # a port scan: connect, close at once
     try:
         socket.create_connection(("127.0.0.1", port)).close()
     except ConnectionRefusedError:  # closed by the scan's earlier connections
@@ -501,7 +501,7 @@ def test_frozen_worker_at_shutdown_leaves_the_group_usable(clusters, pids):
     os.kill(w2, signal.SIGSTOP)
     # worker1's graceful leave takes torch's membership lock, then blocks on the
     # frozen worker2: it is killed holding the lock.
-    cluster.worker("worker1").client.execute("import nbrpc.deploy.worker; nbrpc.deploy.worker.leave()", silent=True)
+    cluster.worker("worker1").client.execute("import nbrpc.member.worker; nbrpc.member.worker.leave()", silent=True)
     members = torch.distributed.PrefixStore(cluster._driver.prefix, cluster._driver.store)
     token = nbrpc.group.membership.TOKEN
     assert wait_until(lambda: members.check([token]) and members.get(token), 30), \

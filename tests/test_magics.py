@@ -21,7 +21,7 @@ from nbclient import NotebookClient
 
 import nbrpc
 from nbrpc._util import pid_alive
-from nbrpc.group import membership as group
+from nbrpc.group import membership
 from nbrpc.kernel_ext.magics import RpcMagics
 
 
@@ -247,7 +247,7 @@ def test_rpc_shutdown_ends_workers(ip, started, capsys):
     assert capsys.readouterr().out == "nbrpc: master + worker1, worker2 shut down\n"
     assert nbrpc.current() is None
     # The driver stays in RPC for the life of its process, alone.
-    assert group.member_names() == ["master"]
+    assert membership.member_names() == ["master"]
     assert not wait_gone(pids)
     assert [w.state for w in started.workers] == ["stopped", "stopped"]
     with pytest.raises(nbrpc.NoClusterError):

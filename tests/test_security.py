@@ -17,7 +17,7 @@ import pytest
 import torch.distributed.rpc as rpc
 
 from nbrpc._util import listening_ports
-from nbrpc.group import membership as group
+from nbrpc.group import membership
 from nbrpc.wire import serialization
 
 GUEST = "nbrpc-guest"
@@ -30,7 +30,7 @@ def test_a_member_refuses_rpc_pickles_without_the_clusters_key(cluster, key):
         with pytest.raises(Exception, match="refused an RPC message not signed with this cluster's key"):
             rpc.rpc_sync("worker1", os.getpid, timeout=10)
     finally:
-        serialization.set_key(group._driver.key)
+        serialization.set_key(membership.GROUP.driver.key)
     worker_pid = next(w.pid for w in cluster.workers if w.name == "worker1")
     assert rpc.rpc_sync("worker1", os.getpid) == worker_pid  # and it stays healthy
 

@@ -28,7 +28,7 @@ from conftest import execute_cells, find_processes, wait_gone, wait_until
 
 import nbrpc
 from nbrpc.errors import JobRefusedError
-from nbrpc.group import membership as group
+from nbrpc.group import membership
 
 pytestmark = [pytest.mark.slow]
 
@@ -325,15 +325,15 @@ say(steps=os.popen("squeue -h -s -o '%i %j'").read())
 
 
 def test_no_sbatch_and_refused_options_are_usage_errors(slurm, queue_empty, ip, monkeypatch, tmp_path):
-    def membership():  # this process's group as it is (a driver stays a member once it joined)
-        return group.member_names() if group.is_member() else None
+    def members():  # this process's group as it is (a driver stays a member once it joined)
+        return membership.member_names() if membership.is_member() else None
 
-    before = membership()
+    before = members()
     with pytest.raises(JobRefusedError, match=r"sbatch refused the workers' job: sbatch: error: "
                                               r"invalid partition specified: nope"):
         nbrpc.start(1, bind="127.0.0.1", progress=None, slurm={"partition": "nope"})
     # refused before the driver joined RPC for this cluster: no cluster, the group as it was
-    assert nbrpc.current() is None and membership() == before
+    assert nbrpc.current() is None and members() == before
     from IPython.core.error import UsageError
 
     with pytest.raises(UsageError, match="invalid partition specified: nope"):

@@ -64,7 +64,7 @@ def test_workers_are_forked_from_a_template_without_threads():
             # the driver's terminal reaches neither.
             assert os.getsid(w.pid) == os.getsid(tp.pid) != os.getsid(0)
             with open(f"/proc/{w.pid}/cmdline", "rb") as f:
-                assert b"nbrpc.deploy.worker" in f.read()
+                assert b"nbrpc.member.worker" in f.read()
         assert [rpc.rpc_sync(w.name, os.getpid) for w in cluster.workers] == [w.pid for w in cluster.workers]
         assert {rpc.rpc_sync(w.name, os.getcwd) for w in cluster.workers} == {os.getcwd()}
         one, two = (rpc.rpc_sync(w.name, eval, args=(DRAW,)) for w in cluster.workers)
@@ -181,8 +181,8 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _is_worker(pid: int) -> bool:
-    return b"nbrpc.deploy.worker" in _cmdline(pid)
+    return b"nbrpc.member.worker" in _cmdline(pid)
 
 
 def _is_template(pid: int) -> bool:
-    return b"nbrpc.deploy.template" in _cmdline(pid)
+    return b"nbrpc.member.template_process" in _cmdline(pid)

@@ -20,9 +20,9 @@ import pytest
 from _snapshots import TRACE, trace_synthetic
 
 import nbrpc
-from nbrpc.diagnostics import records
-from nbrpc.widgets import timeline_layout as tl
-from nbrpc.widgets import timeline_svg as ts
+from nbrpc.drawing import summary
+from nbrpc.drawing import timeline_layout as tl
+from nbrpc.drawing import timeline_svg as ts
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -145,7 +145,7 @@ def test_above_the_threshold_lanes_show_busy_shares():
 
 
 def test_call_stats_per_function_and_callee():
-    rows = {(r["name"], r["callee"]): r for r in records.summarize(TRACE)}
+    rows = {(r["name"], r["callee"]): r for r in summary.summarize(TRACE)}
     stage1 = rows[("stage1", "w1")]
     assert stage1["count"] == 2
     # a call's time is from sent to reply: 60 and 90 ms
@@ -155,7 +155,7 @@ def test_call_stats_per_function_and_callee():
     assert rows[("boom", "w1")]["errors"] == 1
     lost = rows[("lost", "w2")]
     assert lost["median"] is None and lost["queue"] is None and lost["total"] == 0
-    assert [r["name"] for r in records.summarize(TRACE)][-1] == "lost"
+    assert [r["name"] for r in summary.summarize(TRACE)][-1] == "lost"
     text = ts.summary_text(TRACE)
     assert text.splitlines()[0] == ("RPC timeline: 7 calls on 3 members over 250.0 ms; "
                                     "busy: w1 90.0 ms, w2 80.0 ms")
@@ -199,7 +199,7 @@ def test_ticks_and_labels():
 def test_colours_are_fixed_per_function_name():
     assert tl.colour("stage1") != tl.colour("stage2")
     assert tl.colour("stage1").startswith("#") and len(tl.colour("stage1")) == 7
-    code = "from nbrpc.widgets.timeline_layout import colour; print(colour('Shard.forward'))"
+    code = "from nbrpc.drawing.timeline_layout import colour; print(colour('Shard.forward'))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == tl.colour("Shard.forward")  # not Python's salted hash
     assert len({tl.colour(f"f{k}") for k in range(40)}) > 10
@@ -252,7 +252,7 @@ def test_details_of_a_call():
 def test_write_report_is_one_page_with_nothing_to_fetch(tmp_path):
     path = tmp_path / "trace.html"
     code = (f"import sys, json\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            f"from _snapshots import TRACE\nfrom nbrpc.widgets.report import write_report\n"
+            f"from _snapshots import TRACE\nfrom nbrpc.drawing.report import write_report\n"
             f"write_report(TRACE, {str(path)!r})\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('IPython', 'ipywidgets', 'anywidget'))))")

@@ -21,7 +21,9 @@ from torch.distributed.optim import DistributedOptimizer
 import nbrpc
 from nbrpc.calls.fanout import ask_members
 from nbrpc.diagnostics import records, trace
+from nbrpc.drawing import summary
 from nbrpc.recording import clocks, recorder
+from nbrpc.recording.ring import CAPACITY, Ring
 
 # Workers cannot import this file: its functions travel by value, like a notebook's.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -112,12 +114,12 @@ def test_a_block_end_waits_a_little_for_replies_on_their_way(monkeypatch):
     """torch answers a ``to_here`` before the ``remote`` that made its value: a block's
     end waits for such replies, at most ``limit``, and never for gradients' halves
     (which get none) or calls from before the block."""
-    monkeypatch.setattr(recorder, "_ring", recorder.Ring(10))
+    monkeypatch.setattr(recorder.RECORDER, "ring", recorder.Ring(10))
 
     def half(kind, sent):
         h = [None] * (recorder.ID + 1)  # a caller half's slots
         h[recorder.T], h[recorder.SIDE], h[recorder.KIND] = sent, "caller", kind
-        recorder._ring.add(h)
+        recorder.RECORDER.ring.add(h)
         return h
 
     remote, _, _ = half("remote", 5.0), half("autograd", 5.0), half("rpc_async", 1.0)
@@ -183,7 +185,7 @@ def test_summary_rows():
                              caller("master:1", 2.0, 2.1, request=(4000, 600)),
                              caller("master:2", 3.0, 3.2, callee=W2, name="g")]),
                member(W1, 1, [callee("master:0", 1.1, 1.2, reply=(4, 10))])]
-    rows = records.summarize(records.merge(reports, {}, 0.0, 10.0))
+    rows = summary.summarize(records.merge(reports, {}, 0.0, 10.0))
     assert [(r["name"], r["callee"], r["count"]) for r in rows] == [("f", W1, 2), ("g", W2, 1)]
     f = rows[0]
     assert f["total"] == pytest.approx(0.6) and f["median"] == pytest.approx(0.3)
@@ -234,6 +236,17 @@ def scaled(weights, x):
 
 def shape(calls_made):
     return [(c["kind"], c["caller"], c["callee"], c["name"]) for c in calls_made]
+
+
+def test_status_calls_stay_out_of_the_traced_timeline(traced):
+    """%rpc_status asks every worker over RPC: nbrpc's own calls, not the user's to see."""
+    began = clocks.now()
+    rows = traced.status()  # what %rpc_status shows
+    assert [r["name"] for r in rows] == [M, W1, W2]
+    assert all(isinstance(r["busy"], int) for r in rows[1:])
+    rpc.rpc_sync(W1, add_one, args=(1,))
+    recent = nbrpc.trace_snapshot(last=clocks.now() - began + 0.01)
+    assert shape(recent["calls"]) == [("rpc_sync", M, W1, "add_one")]
 
 
 def test_a_known_sequence_gives_exactly_its_records(traced):
@@ -403,6 +416,11 @@ def test_backward_and_optimizer_step(traced):
                           torch.full((4,), 1 - 0.1 * 2))
 
 
+def _keep_halves(capacity: int) -> None:
+    """Keep ``capacity`` halves in this member (emptying its ring)."""
+    recorder.RECORDER.ring = Ring(capacity)
+
+
 def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
     rpc.rpc_sync(W1, add_one, args=(torch.zeros(2),))
     time.sleep(0.2)
@@ -413,7 +431,7 @@ def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
     assert len(nbrpc.trace_snapshot()["calls"]) > 10
 
     # Rings of 50 halves: 200 calls keep the last 50 on each side, the rest counted.
-    ask_members(recorder.set_capacity, (50,))
+    ask_members(_keep_halves, (50,))
     try:
         with nbrpc.trace() as t:
             for _ in range(200):
@@ -424,7 +442,7 @@ def test_trace_snapshot_of_a_traced_cluster_and_its_ring(traced):
         assert [c["began"] is not None for c in snap["calls"]] == [True] * 50
         assert all(len(r["halves"]) <= 50 for r in trace.gather(None, {}))
     finally:
-        ask_members(recorder.set_capacity, (recorder.CAPACITY,))
+        ask_members(_keep_halves, (CAPACITY,))
 
 
 def test_chrome_trace_of_real_calls(traced, tmp_path):
@@ -472,14 +490,17 @@ def test_perfetto_opens_the_trace(traced, tmp_path):
     assert flows == 6
 
 
-def test_html_report_is_written_and_without_a_writer_says_so(traced, tmp_path, monkeypatch):
+def test_html_report_is_written_with_no_writer_to_set_and_a_bad_suffix_says_what_to_do(traced, tmp_path):
+    """The report page is drawn by ``nbrpc.drawing`` directly: no writer is set by the
+    package first (a script that imports only the diagnostics writes one too)."""
     with nbrpc.trace() as t:
         rpc.rpc_sync(W1, add_one, args=(1,))
     page = t.save(tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "add_one" in page and "<svg" in page
-    monkeypatch.setattr(trace, "_report_writer", None)
-    with pytest.raises(RuntimeError, match="no HTML report writer"):
-        t.save(tmp_path / "again.html")
+    assert not hasattr(trace, "set_report_writer")
+    with pytest.raises(ValueError, match=r"give a path ending in \.json .* or \.html"):
+        t.save(tmp_path / "trace.txt")
+    assert not (tmp_path / "trace.txt").exists()
 
 
 def test_clock_offset_is_estimated_and_corrected(traced):

@@ -1,6 +1,6 @@
 """The widgets: layouts and SVG from fixed snapshots, then the widgets on a real cluster.
 
-The fixtures follow DESIGN.md's snapshot schemas; the browser test (test_browser.py)
+The fixtures follow the README's snapshot schemas; the browser test (test_browser.py)
 checks what a person sees.
 """
 
@@ -21,7 +21,8 @@ from _snapshots import AUTOGRAD, RREF, synthetic
 from conftest import wait_until
 
 import nbrpc
-from nbrpc.widgets import AutogradGraph, RRefGraph, describe, layout, svg
+from nbrpc.drawing import describe, layout, svg
+from nbrpc.widgets import AutogradGraph, RRefGraph
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -112,7 +113,7 @@ def test_rref_svg_is_deterministic_and_well_formed():
     drawing = svg.rref_svg(RREF)
     # the same picture in another process, whose string hashes are salted differently
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from _snapshots import RREF; "
-            "from nbrpc.widgets import svg; sys.stdout.write(svg.rref_svg(RREF))")
+            "from nbrpc.drawing import svg; sys.stdout.write(svg.rref_svg(RREF))")
     other = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True,
                            text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "12345"})
     assert other.stdout == drawing

@@ -4,7 +4,7 @@ torch RPC's public API has no driver that joins once while workers come and go, 
 pickles that carry notebook definitions, no waits Ctrl-C can interrupt, no RRef
 ledger; nbrpc reaches into torch's internals for them, here and nowhere else. Each
 name says what nbrpc uses it for and the torch version it is known to work with;
-``tests/test_torch_compat.py`` reads every one (and ``check`` the private methods of
+``tests/test_compat.py`` reads every one (and ``check`` the private methods of
 torch's C++ classes), so a torch upgrade that moves one fails there, in one place.
 
 Parts:

@@ -2,26 +2,19 @@
 
 A recorded backward first asks every member to hook its send and recv functions of the
 context (``recording.gradients``), so that the gradients' messages show as calls; a
-hook set with ``after_backward`` (the autograd recordings) runs once the pass is done.
+hooks registered in ``AFTER_BACKWARD`` (the autograd recordings) runs once the pass is done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .._compat import torch_compat
+from .._util import Hooks
 from ..recording import gradients, recorder
 from .fanout import ask_members
 
 _torch_backward = torch_compat.backward
-# Called with the context id and the roots after each backward here (None: nothing).
-_after: Callable[[int, list], None] | None = None
-
-
-def after_backward(hook: Callable[[int, list], None] | None) -> None:
-    """Run ``hook(context_id, roots)`` after every backward in this process (None: stop)."""
-    global _after
-    _after = hook
+# ``hook(context_id, roots)`` after every backward in this process (the autograd recordings).
+AFTER_BACKWARD = Hooks()
 
 
 def install() -> None:
@@ -31,12 +24,13 @@ def install() -> None:
 
 def backward(context_id: int, roots, retain_graph: bool = False) -> None:
     """``torch.distributed.autograd.backward``, watched by the recordings."""
-    if recorder.recording:  # the hooks that stand for the gradients' messages
+    if recorder.RECORDER.recording:  # the hooks that stand for the gradients' messages
         with recorder.quiet():
             ask_members(gradients.hook_context, (context_id,))
-    if _after is None:
+    if not AFTER_BACKWARD:
         _torch_backward(context_id, roots, retain_graph=retain_graph)
         return
     roots = list(roots)
     _torch_backward(context_id, roots, retain_graph=retain_graph)
-    _after(context_id, roots)
+    for hook in AFTER_BACKWARD:
+        hook(context_id, roots)

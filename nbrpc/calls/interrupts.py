@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from .._compat import torch_compat
-from ..recording import recorder as tracing
+from ..recording import recorder
 from . import output, serving
 
 # What ``stop`` answers.
@@ -106,7 +106,7 @@ def served_here() -> Served | None:
 class Stoppable:
     """``func`` sent with a call id, so that ``stop(call_id)`` can reach its thread."""
 
-    # (call id, whether a reply is pickled) of a recorded call: see ``tracing``.
+    # (call id, whether a reply is pickled) of a recorded call: see ``recorder``.
     trace: tuple | None = None
 
     def __init__(self, func: Callable, call_id: str, trace: tuple | None = None, plain: bool = False):
@@ -142,7 +142,7 @@ class Stoppable:
         try:
             if self.trace is None:
                 return self._run(args, kwargs)
-            half = tracing.started(self.trace, self.func, args)
+            half = recorder.started(self.trace, self.func, args)
             error = None
             try:
                 return self._run(args, kwargs)
@@ -150,7 +150,7 @@ class Stoppable:
                 error = e
                 raise
             finally:
-                tracing.finished(half, self.trace, error)
+                recorder.finished(half, self.trace, error)
         except Exception as e:
             # torch would print the error to stderr after this returns, when the call's
             # output has gone: its print and reply made here are part of the call.

@@ -5,7 +5,7 @@ Parts:
 - ``begin`` / ``end``: ``interrupts.Stoppable`` marks the thread serving a call with
   them; ``end`` sends what waits before the call's reply leaves, so a call's output
   reaches the driver before its caller can go on.
-- ``take(piece)``: a worker's stdout and stderr (``deploy.streams``) offer each write
+- ``take(piece)``: a worker's stdout and stderr (``member.streams``) offer each write
   here. It is taken from a thread serving a call, and from any thread while no cell
   runs on the worker's kernel (``set_kernel_busy``); the kernel publishes the rest
   itself, which is what ``%%rpc_on`` shows.
@@ -14,7 +14,7 @@ Parts:
   time, so each worker's output arrives in order; a flusher thread sends what
   waits every ``FLUSH_INTERVAL`` s (long calls, background threads).
 - ``deliver``: runs on the driver for each batch and hands it to the sink
-  (``set_sink``): tagged text on the driver's stdout and stderr by default; the
+  (``SINKS``): tagged text on the driver's stdout and stderr by default; the
   kernel extension puts it in the running cell, or holds it for the next one.
 - ``LineTagger``: prefixes each complete line (or ``\\r``-ended segment: progress
   bars) with the worker's name, holding a partial line back.
@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 
 from .._compat import torch_compat
+from .._util import Hooks
 
 # How long written output may wait before the flusher sends it (seconds); ipykernel's
 # own stream waits 0.2 s.
@@ -40,101 +41,108 @@ FLUSH_INTERVAL = 0.1
 # How long a worker waits for the driver to take a batch (seconds).
 SEND_TIMEOUT = 10.0
 
-_local = threading.local()
-_lock = threading.Lock()  # guards _outbox
-_send_lock = threading.Lock()  # one batch in flight: a worker's output keeps its order
-_outbox: list[tuple] = []
-_wake = threading.Event()
-_name: str | None = None  # this member's name once it routes output (a worker)
-_kernel_busy = False
-_fallback: Callable[[list[tuple]], None] | None = None
+
+
+class Outbox:
+    """A worker's side: what waits to be sent to the driver, in the order it was
+    written, and whether (and as whom) this member routes its output. One per process."""
+
+    def __init__(self):
+        self.local = threading.local()  # the depth of calls this thread serves
+        self.lock = threading.Lock()  # guards pieces
+        self.send_lock = threading.Lock()  # one batch in flight: a worker's output keeps its order
+        self.pieces: list[tuple] = []
+        self.wake = threading.Event()
+        self.name: str | None = None  # this member's name once it routes output (a worker)
+        self.kernel_busy = False
+        self.fallback: Callable[[list[tuple]], None] | None = None
+
+
+_box = Outbox()
 
 
 def begin() -> None:
     """This thread serves a call from now on (``Stoppable``)."""
-    _local.depth = getattr(_local, "depth", 0) + 1
+    _box.local.depth = getattr(_box.local, "depth", 0) + 1
 
 
 def end() -> None:
     """This thread's call ended: send what waits, before the reply leaves."""
-    _local.depth -= 1
-    if _outbox:
+    _box.local.depth -= 1
+    if _box.pieces:
         send(final=True)
 
 
 def before_call() -> None:
     """This member is about to make a call: what it wrote before shows before what
     the callee writes (a worker calling another)."""
-    if _outbox:
+    if _box.pieces:
         send()
 
 
 def serving() -> bool:
-    return getattr(_local, "depth", 0) > 0
+    return getattr(_box.local, "depth", 0) > 0
 
 
 def set_kernel_busy(busy: bool) -> None:
     """Whether the worker's kernel runs a cell (``%%rpc_on``): writes from threads not
     serving a call then go to that cell through the kernel."""
-    global _kernel_busy
-    _kernel_busy = busy
+    _box.kernel_busy = busy
 
 
 def take(piece: tuple) -> bool:
     """Take ``piece`` for the driver if this member routes output and the writing
     thread serves a call or no cell runs here; False: the kernel publishes it."""
-    if _name is None or (_kernel_busy and not serving()):
+    if _box.name is None or (_box.kernel_busy and not serving()):
         return False
-    with _lock:
-        _outbox.append(piece)
-    _wake.set()
+    with _box.lock:
+        _box.pieces.append(piece)
+    _box.wake.set()
     return True
 
 
 def route(name: str, fallback: Callable[[list[tuple]], None]) -> None:
     """Route this worker's output to the driver from now on, as worker ``name``;
     ``fallback`` publishes a batch the driver could not take (it left)."""
-    global _name, _fallback
-    _fallback = fallback
-    if _name is None:
+    _box.fallback = fallback
+    if _box.name is None:
         threading.Thread(target=_flush_forever, name="nbrpc-output", daemon=True).start()
-    _name = name
+    _box.name = name
 
 
 def stop_routing() -> None:
     """Send what waits, then let the kernel publish everything (leaving the group)."""
-    global _name
-    if _name is not None:
+    if _box.name is not None:
         send(final=True)
-        _name = None
+        _box.name = None
 
 
 def send(final: bool = False) -> None:
     """Hand every waiting piece to the driver in one call."""
-    with _send_lock:
-        with _lock:
-            pieces = _outbox[:]
-            del _outbox[:]
+    with _box.send_lock:
+        with _box.lock:
+            pieces = _box.pieces[:]
+            del _box.pieces[:]
         if not pieces:
             return
-        if _name is None:  # no longer routing (leaving): the kernel's clients still listen
-            if _fallback is not None:
-                _fallback(pieces)
+        if _box.name is None:  # no longer routing (leaving): the kernel's clients still listen
+            if _box.fallback is not None:
+                _box.fallback(pieces)
             return
         try:
             fut = torch_compat.invoke_rpc(0, deliver, torch_compat.RPCExecMode.SYNC,
-                                          (_name, pieces, final), None, SEND_TIMEOUT)
+                                          (_box.name, pieces, final), None, SEND_TIMEOUT)
             fut.wait()
         except Exception:  # the driver is gone or leaving: its kernel's clients still listen
-            if _fallback is not None:
-                _fallback(pieces)
+            if _box.fallback is not None:
+                _box.fallback(pieces)
 
 
 def _flush_forever() -> None:
     torch_compat.keep_thread_state()
     while True:
-        _wake.wait()
-        _wake.clear()
+        _box.wake.wait()
+        _box.wake.clear()
         # Let a burst of writes (a print is several) gather into one batch.
         time.sleep(FLUSH_INTERVAL)
         send()
@@ -216,17 +224,15 @@ class Shown:
 
 
 _default = Shown(PrintOutput())
-_sink: Callable[[str, list[tuple], bool], None] = _default.show
-
-
-def set_sink(sink: Callable[[str, list[tuple], bool], None] | None) -> None:
-    """Where the driver puts its workers' output (``sink(worker, pieces, final)``);
-    None: tagged text on stdout and stderr."""
-    global _sink
-    _sink = sink or _default.show
+# Where the driver puts its workers' output (``sink(worker, pieces, final)``): the newest
+# registered (the kernel extension's), else tagged text on stdout and stderr.
+SINKS = Hooks()
 
 
 def deliver(worker: str, pieces: list[tuple], final: bool) -> None:
     """Run on the driver: a batch of what ``worker`` wrote."""
     torch_compat.keep_thread_state()
-    _sink(worker, pieces, final)
+    for sink in SINKS:
+        sink(worker, pieces, final)
+        return
+    _default.show(worker, pieces, final)

@@ -28,12 +28,14 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from .._compat.torch_compat import UNSET_RPC_TIMEOUT, RPCExecMode
+from .._util import Hooks
 from ..errors import (
     RpcTimeoutError,
     SerializationError,
@@ -55,26 +57,16 @@ FATE_POLL = 0.5
 # Threads that wait on blocking torch calls (to_here) for the main thread; one that
 # was interrupted stays busy until its call ends.
 HELPERS = 8
-_helpers: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _no_fate(name: str) -> str | None:
-    return None
-
-
-# Worker name -> why it is gone, or None if alive: told by the running cluster.
-_fate: Callable[[str], str | None] = _no_fate
-
-
-def set_worker_fate(fate: Callable[[str], str | None] | None) -> None:
-    """Let ``fate`` say why a worker is gone (the running cluster), or nothing (None)."""
-    global _fate
-    _fate = fate or _no_fate
+# Kept between calls: a new thread per call costs more than the call. Its threads start
+# with the first call that waits in the background.
+_helpers = concurrent.futures.ThreadPoolExecutor(HELPERS, thread_name_prefix="nbrpc-wait")
+# ``fate(name)``: why worker ``name`` is gone, or None; the running cluster registers one.
+WORKER_FATES = Hooks()
 
 
 def worker_fate(name: str) -> str | None:
     """Why worker ``name`` is gone, or None while it runs (or no cluster knows it)."""
-    return _fate(name)
+    return WORKER_FATES.first(name)
 
 
 def install() -> None:
@@ -109,41 +101,36 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    half = recorder.outgoing("rpc_sync", to) if recorder.recording else None
-    fut, call_id = _invoke(to, func, RPCExecMode.SYNC, args, kwargs, timeout, half)
+    record = _record("rpc_sync", to, func)
+    fut, call_id = _send(lambda f: torch_compat.invoke_rpc(to, f, RPCExecMode.SYNC, args, kwargs, timeout),
+                         func, args, record, replies=True)
     served = interrupts.calling_from_here(to, call_id)
     try:
         _wait(fut, to, served)
         value = fut.wait()
     except RuntimeError as e:
-        named = _named(e, to, _label("rpc_sync", to, func), timeout, stopping.stop_on_timeout(e, to, call_id))
-        if half is not None:
-            recorder.answered(half, named)
-        if named is e:
-            raise
-        raise named from e
+        _raise_named(e, to, _label("rpc_sync", to, func), timeout, record.answered,
+                     stopping.stop_on_timeout(e, to, call_id))
     except KeyboardInterrupt as e:
-        if half is not None:
-            recorder.failed(half, e)
+        record.failed(e)
         raise stopping.stopped(to, _label("rpc_sync", to, func), call_id) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
-        if half is not None:
-            recorder.answered(half, e)
+        record.answered(e)
         raise
     finally:
         if served is not None:
             interrupts.called(served, call_id)
-    if half is not None:
-        recorder.answered(half)
+    record.answered()
     return value
 
 
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    half = recorder.outgoing("rpc_async", to) if recorder.recording else None
-    fut, call_id = _invoke(to, func, RPCExecMode.ASYNC, args, kwargs, timeout, half)
-    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, half,
+    record = _record("rpc_async", to, func)
+    fut, call_id = _send(lambda f: torch_compat.invoke_rpc(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
+                         func, args, record, replies=True)
+    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, record,
                         interrupts.calling_from_here(to, call_id))
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
@@ -159,10 +146,10 @@ class NamedFuture(torch.futures.Future):
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
-                 half: list | None = None, served: interrupts.Served | None = None):
+                 record: _Record | _Unrecorded = None, served: interrupts.Served | None = None):
         super().__init__()
         self._call = (to, label, timeout, call_id)
-        self._half = half
+        self._record = record or UNRECORDED
         self._served = served  # the call this one was made by, on this member
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
         self.call = fut  # torch's own future of the call
@@ -177,12 +164,11 @@ class NamedFuture(torch.futures.Future):
         except Exception as e:
             if stopping.timed_out(e) and self._call[3] is not None:
                 self._stopping = interrupts.send_stop(self._call[0], self._call[3], interrupts.TIMEOUT_STOP_GRACE)
-            if self._half is not None:
-                recorder.answered(self._half, remote_errors.original(e) or e)
+            # Only a look: ``wait`` raises the remote exception itself.
+            self._record.answered(remote_errors.original(e, take=False) or e)
             self.set_exception(e)
         else:
-            if self._half is not None:
-                recorder.answered(self._half)
+            self._record.answered()
             self.set_result(value)
 
     def wait(self):
@@ -191,10 +177,7 @@ class NamedFuture(torch.futures.Future):
             _wait(self, to, interrupts.served_here())
             return super().wait()
         except RuntimeError as e:
-            named = _named(e, to, label, timeout, stopping.outcome(self._stopping))
-            if named is e:
-                raise
-            raise named from e
+            _raise_named(e, to, label, timeout, stop=stopping.outcome(self._stopping))
         except KeyboardInterrupt:
             raise stopping.stopped(to, label, call_id) from None
 
@@ -212,58 +195,18 @@ def collect_all(futures):
 
 
 def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
-    """``torch.distributed.rpc.remote`` with named failures, in the RRef ledger."""
-    half = recorder.outgoing("remote", to) if recorder.recording else None
-    if half is not None:
-        rref = _traced_remote(to, func, args, kwargs, timeout, half)
-    else:
-        try:
-            rref = _plain_remote(to, func, args, kwargs, timeout)
-        except RuntimeError as e:
-            named = _named(e, to, _label("remote", to, func), timeout)
-            if named is e:
-                raise
-            raise named from e
+    """``torch.distributed.rpc.remote`` with named failures, in the RRef ledger. A Python
+    function goes as a ``Stoppable``, so that what it writes is sent to the driver before
+    the owner confirms the RRef; no reply is pickled (the value stays with its owner):
+    a recorded ``remote``'s reply is the owner's ack of the RRef."""
+    record = _record("remote", to, func)
+    try:
+        rref, _ = _send(lambda f: _torch_remote(to, f, args, kwargs, timeout), func, args, record, replies=False)
+    except RuntimeError as e:
+        _raise_named(e, to, _label("remote", to, func), timeout, record.named)
+    record.made_rref(rref)
     if rref_ledger.is_tracking():
         rref_ledger.created(rref)
-    return rref
-
-
-def _plain_remote(to, func, args, kwargs, timeout: float):
-    """torch's ``remote``; a Python function goes as a ``Stoppable``, so that what it
-    writes is sent to the driver before the owner confirms the RRef."""
-    output.before_call()
-    if not interrupts.can_stop(func):
-        return _torch_remote(to, func, args, kwargs, timeout)
-    try:
-        return _torch_remote(to, interrupts.Stoppable(func, interrupts.new_call_id()), args, kwargs, timeout)
-    except SerializationError:
-        # Sent bare, the error names the function or argument that does not pickle.
-        return _torch_remote(to, func, args, kwargs, timeout)
-
-
-def _traced_remote(to, func, args, kwargs, timeout: float, half: list):
-    """``remote`` recorded: the function goes with the call's id (no reply is pickled:
-    the value stays with its owner), the reply is the owner's ack of the RRef."""
-    output.before_call()
-    stoppable = func
-    if interrupts.can_stop(func):
-        stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), (recorder.call_id(half), False))
-    try:
-        rref = _torch_remote(to, stoppable, args, kwargs, timeout)
-    except RuntimeError as e:
-        named = _named(e, to, _label("remote", to, func), timeout)
-        recorder.failed(half, named)
-        if named is e:
-            raise
-        raise named from e
-    except BaseException as e:
-        recorder.failed(half, e)
-        raise
-    finally:
-        recorder.sent(half, func, args)
-    recorder.made_rref(half, rref)
-    torch_compat.creation_future(rref).add_done_callback(lambda fut: recorder.answered_future(half, fut))
     return rref
 
 
@@ -272,27 +215,20 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     if rref.is_owner() or not torch_compat.has_agent():  # after shutdown: torch's own error
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
-    half = recorder.outgoing("to_here", owner, rref=rref) if recorder.recording else None
+    record = _record("to_here", owner, rref=rref)
     try:
         if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
-            value = _in_background(lambda: _fetch(rref, timeout, half), owner)
+            value = _in_background(lambda: _fetch(rref, timeout, record), owner)
         else:
-            value = _fetch(rref, timeout, half)
+            value = _fetch(rref, timeout, record)
     except RuntimeError as e:
-        named = _named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout)
-        if half is not None:
-            recorder.answered(half, named)
-        if named is e:
-            raise
-        raise named from e
+        _raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered)
     except KeyboardInterrupt:
-        if half is not None:
-            recorder.failed(half, KeyboardInterrupt("interrupted"))
+        record.failed(KeyboardInterrupt("interrupted"))
         raise KeyboardInterrupt(
             f"to_here() of an RRef owned by {owner!r} was interrupted; only the waiting "
             "stopped (the fetch ends in the background)") from None
-    if half is not None:
-        recorder.answered(half)
+    record.answered()
     if rref_ledger.is_tracking():
         rref_ledger.fetched(rref, value)
     return value
@@ -310,42 +246,114 @@ def _in_autograd_context() -> bool:
     return True
 
 
-def _fetch(rref, timeout: float, half: list | None):
+def _fetch(rref, timeout: float, record: _Record | _Unrecorded):
     """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled."""
-    if half is None:
-        return _torch_to_here(rref, timeout)
-    recorder.fetching(half)
+    record.fetching(True)
     try:
         return _torch_to_here(rref, timeout)
     finally:
-        recorder.fetching(None)
+        record.fetching(False)
 
 
-def _invoke(to, func, mode: RPCExecMode, args, kwargs, timeout: float, half: list | None = None):
-    """Send the call: a Python function goes with a new call id, so that an interrupt
-    can stop it. Returns torch's future and the call id (None: cannot be stopped).
-    ``half``: the caller's record of a recorded call (see ``recording.recorder``)."""
-    if half is None:
-        return _send(to, func, mode, args, kwargs, timeout, None)
+def _send(send: Callable, func, args, record: _Record | _Unrecorded, replies: bool):
+    """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
+    ``Stoppable`` with a new call id, so that an interrupt can stop it (a recorded call's
+    carries the record's id, and whether its reply is pickled: ``replies``). Returns what
+    ``send`` returned and the call id (None: cannot be stopped); the record learns
+    what was sent, and a failure to send."""
+    output.before_call()
     try:
-        return _send(to, func, mode, args, kwargs, timeout, (recorder.call_id(half), True))
+        if not interrupts.can_stop(func):
+            return send(func), None
+        stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), record.trace(replies))
+        try:
+            return send(stoppable), stoppable.call_id
+        except SerializationError:
+            # Sent bare, the error names the function or argument that does not pickle.
+            return send(func), None
     except BaseException as e:
-        recorder.failed(half, e)
+        record.failed(e)
         raise
     finally:
-        recorder.sent(half, func, args)
+        record.sent(func, args)
 
 
-def _send(to, func, mode: RPCExecMode, args, kwargs, timeout: float, trace: tuple | None):
-    output.before_call()
-    if not interrupts.can_stop(func):
-        return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
-    stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), trace)
-    try:
-        return torch_compat.invoke_rpc(to, stoppable, mode, args, kwargs, timeout), stoppable.call_id
-    except SerializationError:
-        # Sent bare, the error names the function or argument that does not pickle.
-        return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout), None
+def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None,
+                 stop: str | None = None) -> NoReturn:
+    """Raise ``error`` as nbrpc names it (``_named``; itself when nothing more is known),
+    chained to torch's; ``note(named)`` tells the call's record first."""
+    named = _named(error, to, label, timeout, stop)
+    if note is not None:
+        note(named)
+    if named is error:
+        raise error
+    raise named from error
+
+
+class _Record:
+    """A recorded call's caller half (``recording.recorder``), told the same way on every
+    path of every kind of call."""
+
+    __slots__ = ("half",)
+
+    def __init__(self, half: list):
+        self.half = half
+
+    def trace(self, replies: bool) -> tuple:
+        return (recorder.call_id(self.half), replies)
+
+    def sent(self, func, args) -> None:
+        recorder.sent(self.half, func, args)
+
+    def failed(self, error: BaseException) -> None:
+        recorder.failed(self.half, error)
+
+    def named(self, error: BaseException) -> None:
+        recorder.named(self.half, error)
+
+    def answered(self, error: BaseException | None = None) -> None:
+        recorder.answered(self.half, error)
+
+    def made_rref(self, rref) -> None:
+        half = self.half
+        recorder.made_rref(half, rref)
+        torch_compat.creation_future(rref).add_done_callback(lambda fut: recorder.answered_future(half, fut))
+
+    def fetching(self, on: bool) -> None:
+        recorder.fetching(self.half if on else None)
+
+
+class _Unrecorded:
+    """A call that is not recorded: what it would tell its record goes nowhere."""
+
+    __slots__ = ()
+
+    def trace(self, replies: bool) -> None:
+        return None
+
+    def sent(self, func, args) -> None: ...
+
+    def failed(self, error: BaseException) -> None: ...
+
+    def named(self, error: BaseException) -> None: ...
+
+    def answered(self, error: BaseException | None = None) -> None: ...
+
+    def made_rref(self, rref) -> None: ...
+
+    def fetching(self, on: bool) -> None: ...
+
+
+UNRECORDED = _Unrecorded()
+
+
+def _record(kind: str, to, func=None, rref=None) -> _Record | _Unrecorded:
+    """The record of a call about to be made: a caller half while this member records
+    and the call is the user's (``recorder.outgoing``), else ``UNRECORDED``."""
+    if not recorder.RECORDER.recording:
+        return UNRECORDED
+    half = recorder.outgoing(kind, to, rref=rref, func=func)
+    return UNRECORDED if half is None else _Record(half)
 
 
 def _label(how: str, to, func) -> str:
@@ -397,9 +405,6 @@ def _await(done, to) -> None:
 
 def _in_background(call: Callable, to):
     """``call()`` on a helper thread while this one waits interruptibly."""
-    global _helpers
-    if _helpers is None:  # kept between calls: a new thread per call costs more than the call
-        _helpers = concurrent.futures.ThreadPoolExecutor(HELPERS, thread_name_prefix="nbrpc-wait")
     job = _helpers.submit(call)
     _wait(job, to)
     return job.result()

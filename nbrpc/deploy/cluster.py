@@ -1,6 +1,6 @@
 """The cluster: this process as the RPC driver (rank 0) plus worker kernels.
 
-``Cluster.start`` joins RPC as the driver (once per process, see ``group``) and has its
+``Cluster.start`` joins RPC as the driver (once per process, see ``membership``) and has its
 launcher (``launchers``: local kernels, workers that attach, SSH) start the workers;
 each one is admitted here (``admit``: its rank and settings). ``run`` executes code on
 workers, ``status`` reports on every member, ``shutdown`` ends RPC everywhere and
@@ -21,7 +21,8 @@ import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from .._util import muted_stderr
-from ..calls import patches, wrappers
+from ..calls import wrappers
+from ..calls.output import PrintOutput
 from ..diagnostics import trace
 from ..errors import (
     ClusterRunningError,
@@ -30,14 +31,14 @@ from ..errors import (
     WorkerDiedError,
     WorkerStartError,
 )
-from ..group import devices
-from ..group import membership as group
-from ..recording import recorder, rref_ledger
+from ..group import devices, membership
+from ..group.membership import DEFAULT_TRANSPORT
 from . import execution, launchers, template
-from .launchers.base import Progress, Worker
+from .launchers.base import Progress, Started, Worker
+from .options import DEFAULTS, ClusterOptions
 from .settings import WorkerSettings
 
-__all__ = ["Cluster", "current", "start"]
+__all__ = ["Cluster", "current"]
 
 _current: Cluster | None = None
 
@@ -45,11 +46,6 @@ _current: Cluster | None = None
 def current() -> Cluster | None:
     """The running cluster of this process, or None."""
     return _current
-
-
-def start(n: int | None = None, **options) -> Cluster:
-    """Start a cluster (``Cluster(n, **options).start()``) and return it."""
-    return Cluster(n, **options).start()
 
 
 def text_progress(done: int, total: int, message: str) -> None:
@@ -85,7 +81,8 @@ class Cluster:
         ``nbrpc.trace_snapshot()`` and the timeline; without it, record blocks with
         ``with nbrpc.trace() as t:``.
     attach, bind, port, hosts, ssh, python, slurm
-        Where the workers come from (default: local kernels), read by ``launchers.choose``.
+        Where the workers come from (default: local kernels): the options of the launcher
+        they ask for (``launchers.options``), read by ``launchers.choose``.
     attach
         Wait for this many workers started elsewhere with ``nbrpc worker --join``
         (the command, with its token, is printed and in ``join_command``); more
@@ -100,11 +97,11 @@ class Cluster:
         The ssh command to run (e.g. ``"ssh -F my_config"``); ``python`` is the
         interpreter on the hosts (default: this one's path).
     transport
-        TensorPipe's transport in every member: ``"uv"`` (TCP, idle at no CPU) or
+        TensorPipe's transport in every member: ``"uv"`` (TCP, idle at no CPU: the default) or
         ``"shm"`` (torch's default: shared memory, a little faster per small call, but
         a polling thread keeps a core busy in every member, also at rest). Default:
         the one this process joined with for an earlier cluster (fixed until it
-        exits), else ``"uv"``.
+        exits), else ``membership.DEFAULT_TRANSPORT``.
     slurm
         Start the workers in a Slurm job (one task each; inside an allocation, a step of
         it): ``True``, or the job's options as a dict or ``nbrpc.SlurmOptions``
@@ -122,9 +119,9 @@ class Cluster:
         *,
         names: Iterable[str] | None = None,
         driver_name: str | None = None,
-        threads: int = 16,
-        timeout: float = 60.0,
-        startup_timeout: float = 60.0,
+        threads: int = DEFAULTS.threads,
+        timeout: float = DEFAULTS.timeout,
+        startup_timeout: float = DEFAULTS.startup_timeout,
         env: dict[str, str] | None = None,
         progress: Progress | None = text_progress,
         track: bool = True,
@@ -136,18 +133,13 @@ class Cluster:
         **where,
     ):
         # torch binds RRefs to the first agent, so the driver keeps its first name.
-        self._kept_name = driver_name is None and group.driver_name() is not None
-        driver_name = driver_name if driver_name is not None else group.driver_name() or "master"
+        self._kept_name = driver_name is None and membership.driver_name() is not None
+        driver_name = driver_name if driver_name is not None else membership.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
-        self.launcher = launchers.choose(n, names, driver_name, self.warm_start, bool(gpus), **where)
-        for label, value in (("threads", threads), ("timeout", timeout),
-                             ("startup_timeout", startup_timeout)):
-            if not value > 0:
-                raise ValueError(f"{label} must be a positive number, got {value!r}")
-        if transport is not None and transport not in group.TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(map(repr, group.TRANSPORTS))}, "
-                             f"got {transport!r}")
-        self.transport = transport or group.driver_transport() or "uv"
+        own = ClusterOptions(threads, timeout, startup_timeout, transport)
+        self.launcher = launchers.choose(launchers.Request(n, names, driver_name, self.warm_start, bool(gpus)),
+                                         **where)
+        self.transport = own.transport or membership.driver_transport() or DEFAULT_TRANSPORT
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
@@ -174,16 +166,14 @@ class Cluster:
             )
         began = time.monotonic()
         self.launcher.prepare()
-        driver = group.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                    self.launcher.interface, self._driver_placement(), self.transport)
+        driver = membership.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
+                                         self.launcher.interface, self._driver_placement(), self.transport,
+                                         track=self.track, trace=self.trace)
         self._driver, self._store = driver, driver.store
-        patches.install(self.track)  # tracking is each cluster's choice
-        rref_ledger.reset()
-        recorder.install(self.trace)
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
-        wrappers.set_worker_fate(self._fate)
-        trace.set_cluster(lambda: self.trace)
+        wrappers.WORKER_FATES.add(self._fate)
+        trace.CLUSTER_TRACES.add(self._traces)
         try:
             self.launcher.start(self, driver, began + self.startup_timeout)
             self.install_devices()
@@ -193,7 +183,7 @@ class Cluster:
         self.state = "running"
         kept = f" ({self.driver_name!r} kept from an earlier cluster)" if self._kept_name else ""
         self.progress(len(self._workers), len(self._workers),
-                      f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}")
+                      Started(f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}"))
         return self
 
     def shutdown(self) -> None:
@@ -219,10 +209,14 @@ class Cluster:
         finally:
             self._store = None
             self.state = "stopped"
-            wrappers.set_worker_fate(None)
-            trace.set_cluster(None)
+            wrappers.WORKER_FATES.discard(self._fate)
+            trace.CLUSTER_TRACES.discard(self._traces)
             if _current is self:
                 _current = None
+
+    def _traces(self) -> bool:
+        """Whether this cluster records every call (``nbrpc.trace_snapshot``)."""
+        return self.trace
 
     def __enter__(self) -> Cluster:
         return self.start() if self.state == "new" else self
@@ -264,7 +258,7 @@ class Cluster:
                     f"worker {w.name!r} {fate}; run on the others, or restart the cluster "
                     "(%rpc_shutdown, then %rpc_init)"
                 )
-        execution.run(code, chosen, output or execution.PrintOutput())
+        execution.run(code, chosen, output or PrintOutput())
 
     def select(self, targets: str | Iterable[str]) -> list[Worker]:
         """Workers named by ``"all"``, ``"a,b"`` or a list of names."""
@@ -283,7 +277,7 @@ class Cluster:
         rows = [dict(name=self.driver_name, rank=0, host=socket.gethostname(),
                      pid=os.getpid(), state=self.state if self.state != "running" else "driver",
                      devices=self._devices_label(self.driver_name),
-                     **(_debug_counts(local=True) if group.is_member() else _no_counts()))]
+                     **(_debug_counts(local=True) if membership.is_member() else _no_counts()))]
         futures = {}
         for w in self._workers:
             if w.state == "running":
@@ -316,7 +310,7 @@ class Cluster:
             if name == self.driver_name:
                 # The driver keeps the devices it joined with (all visible GPUs).
                 devices.install(list(self._driver.placement.devices), replies)
-            elif name in group.member_names():
+            elif name in membership.member_names():
                 own = list(self.placements.get(name, devices.CPU).devices)
                 rpc.rpc_sync(name, devices.install, args=(own, replies), timeout=self.timeout)
 
@@ -377,12 +371,12 @@ class Cluster:
         )
 
     def _leave_gracefully(self) -> None:
-        """Every member deletes its RRefs at once (``group.release_rrefs``), then each
+        """Every member deletes its RRefs at once (``membership.release_rrefs``), then each
         worker leaves the group in turn (torch's membership lock orders them)."""
         ready = [w for w in self._workers if w.client is not None]
-        pending = {w.client.execute("import nbrpc.deploy.worker; nbrpc.deploy.worker.leave()", silent=True): w
+        pending = {w.client.execute("import nbrpc.member.worker; nbrpc.member.worker.leave()", silent=True): w
                    for w in ready}
-        group.release_rrefs()  # while the workers release theirs
+        membership.release_rrefs()  # while the workers release theirs
         deadline = time.monotonic() + min(self.timeout, 20.0)
         for w in ready:
             while pending and time.monotonic() < deadline and w.alive():
@@ -395,7 +389,7 @@ class Cluster:
 
     def _forget_workers(self) -> None:
         """Drop workers that did not leave (killed, crashed) from the driver's group."""
-        if group.is_member():
+        if membership.is_member():
             self._driver.forget({w.name: w.rank for w in self._workers})
 
     def _abort(self) -> None:
@@ -411,14 +405,14 @@ def _placements(driver_name, worker_names, gpus, device_maps, own_gpus) -> dict[
         return {}
     placements = devices.plan([driver_name, *worker_names], devices.visible_gpus(), bool(gpus), device_maps,
                               own_gpus)
-    group.check_placement(placements.get(driver_name))
+    membership.check_placement(placements.get(driver_name))
     return placements
 
 
 def _calls_drained(within: float) -> bool:
     """Wait briefly for this process's outstanding RPCs (RRef deletes just sent, say)."""
     deadline = time.monotonic() + within
-    while group.calls_in_flight():
+    while membership.calls_in_flight():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)

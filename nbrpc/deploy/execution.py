@@ -31,11 +31,7 @@ class Output(Protocol):
     def clear(self, worker: str, wait: bool) -> None: ...
 
 
-# Plain text for scripts and terminals: every line tagged ``[worker]``.
-PrintOutput = output_mod.PrintOutput
-
-
-def run(code: str, workers: list[Worker], output: Output, timeout: float | None = None) -> None:
+def run(code: str, workers: list[Worker], output: Output) -> None:
     """Execute ``code`` on every worker at once; raise ``RemoteError`` if any raised.
 
     A ``KeyboardInterrupt`` while waiting interrupts the workers' kernels too.

@@ -10,8 +10,9 @@ Parts:
   variables less the ones about the driver's machine, which it sets for itself).
 - ``check_name``: the one check of a worker's name, as torch RPC requires it.
 
-Every ``NBRPC_*`` variable is named here; ``TOKEN_ENV`` and ``WARM_START_ENV`` are
-the ones a person sets.
+Every ``NBRPC_*`` variable a worker's settings travel in is named here; ``TOKEN_ENV``
+and ``WARM_START_ENV`` are the ones a person sets. One more is read elsewhere:
+``NBRPC_CLOCK_SKEW`` (``recording/clocks.py``, a test's shifted clock).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ..group.devices import Placement
+from ..group.membership import DEFAULT_TRANSPORT
 
 # Set by people: the join token (``nbrpc worker``), and ``0`` to turn the warm template off.
 TOKEN_ENV = "NBRPC_TOKEN"
@@ -72,7 +74,7 @@ class WorkerSettings:
     timeout: float  # default RPC timeout, s
     track: bool = True  # RRef tracking (see ``rref_ledger``)
     trace: bool = False  # every RPC recorded (see ``tracing``)
-    transport: str = "uv"  # TensorPipe's transport (see ``group.TRANSPORTS``)
+    transport: str = DEFAULT_TRANSPORT  # TensorPipe's transport (see ``membership.TRANSPORTS``)
     placement: Placement | None = None  # devices and maps; None on CPU
     store: str = ""  # HOST:PORT of the group's store, as this worker reaches it
     driver_pid: int | None = None  # a local worker exits when this process does
@@ -99,7 +101,7 @@ class WorkerSettings:
             name=env[_NAME], rank=int(env[_RANK]), prefix=env[_PREFIX], key=bytes.fromhex(env[_KEY]),
             threads=int(env[_THREADS]), timeout=float(env[_TIMEOUT]), track=env.get(_TRACK, "1") == "1",
             trace=env.get(_TRACE, "0") == "1",
-            transport=env.get(_TRANSPORT, "uv"), placement=Placement.from_json(env.get(_DEVICES)),
+            transport=env.get(_TRANSPORT, DEFAULT_TRANSPORT), placement=Placement.from_json(env.get(_DEVICES)),
             store=env.get(_STORE, ""),
             driver_pid=int(env[_DRIVER_PID]) if env.get(_DRIVER_PID) else None,
             interface=env.get(_INTERFACE) or None,

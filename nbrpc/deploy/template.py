@@ -7,7 +7,7 @@ worker then makes its own kernel, keys, ports and RPC agent, as a fresh one does
 
 This module is the driver's side (``launch``); ``template_process`` is the template's.
 The first local cluster starts the template
-(``python -m nbrpc.deploy.template_process FD``) with one end of a socket pair; requests and
+(``python -m nbrpc.member.template_process FD``) with one end of a socket pair; requests and
 replies are JSON lines on it, nothing on the filesystem or the network. The template
 lives as long as the driver: it exits when the socket closes or the driver is gone,
 and the driver ends it by pid at exit. The template sits in its own session, and so
@@ -106,7 +106,7 @@ class Template:
                      TEMPLATE_ROOM_ENV: "." * _ENV_ROOM}
         self.env_room = _environ_size(spawn_env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbrpc.deploy.template_process", str(theirs.fileno()), " " * _ARGV_ROOM],
+            [sys.executable, "-m", "nbrpc.member.template_process", str(theirs.fileno()), " " * _ARGV_ROOM],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env=spawn_env, cwd=os.getcwd(), start_new_session=True,
         )

@@ -76,7 +76,10 @@ def record_autograd(enabled: bool = True) -> None:
     or ``last_recorded()``; the latest few contexts are kept. Each recording costs
     one snapshot (a call to every worker) per backward: turn it on to look, then off.
     """
-    backward.after_backward(_record if enabled else None)
+    if enabled:
+        backward.AFTER_BACKWARD.add(_record)
+    else:
+        backward.AFTER_BACKWARD.discard(_record)
 
 
 def last_recorded() -> dict:

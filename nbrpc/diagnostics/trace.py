@@ -9,45 +9,28 @@ cluster started with ``trace=True``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
+from .._util import Hooks
 from ..calls.fanout import ask_members
+from ..drawing import report, summary
 from ..errors import NoClusterError
 from ..recording import clocks, recorder
-from ..recording.recorder import enable, identity, quiet, report
+from ..recording.recorder import enable, identity, quiet
 from ..schemas import TraceSnapshot
 from . import records
 
 __all__ = ["Trace", "trace", "trace_snapshot"]
 
 
-def _no_cluster() -> bool | None:
-    return None
-
-
-# Whether the running cluster records every call (None: no cluster), told by the cluster.
-_cluster_traces: Callable[[], bool | None] = _no_cluster
-# Writes a trace's HTML report page, told by the package (it draws with the widgets' modules).
-_report_writer: Callable | None = None
-
-
-def set_cluster(traces: Callable[[], bool | None] | None) -> None:
-    """Let ``traces()`` say whether the running cluster records every call (None: none runs)."""
-    global _cluster_traces
-    _cluster_traces = traces or _no_cluster
-
-
-def set_report_writer(write: Callable) -> None:
-    """``write(snapshot, path)`` makes ``Trace.save`` 's HTML report."""
-    global _report_writer
-    _report_writer = write
+# ``traces()``: whether the running cluster records every call; the cluster registers one.
+CLUSTER_TRACES = Hooks()
 
 
 def gather(start: float | None, clocks_found: dict, timeout: float = 10.0) -> list[dict]:
     offsets = {name: offset for name, (offset, _) in clocks_found.items()}
     with quiet():
-        return ask_members(report, (start, offsets), timeout)
+        return ask_members(recorder.report, (start, offsets), timeout)
 
 
 def measure_clocks(timeout: float = 5.0) -> dict[str, tuple[float, float]]:
@@ -116,7 +99,7 @@ class Trace:
 
     def summary(self) -> list[dict]:
         """Per function and callee: count, total and median seconds, bytes each way."""
-        return records.summarize(self.snapshot())
+        return summary.summarize(self.snapshot())
 
     def save(self, path) -> Path:
         """Write the trace: ``.json`` in Chrome's trace event format, ``.html`` a report."""
@@ -125,12 +108,7 @@ class Trace:
             path.write_text(json.dumps(records.chrome_trace(self.snapshot())))
             return path
         if path.suffix in (".html", ".htm"):
-            if _report_writer is None:
-                raise RuntimeError(
-                    f"cannot write {path.name}: no HTML report writer is set (import nbrpc sets "
-                    "nbrpc.widgets.report.write_report); save a .json trace instead and open it "
-                    "in https://ui.perfetto.dev or chrome://tracing")
-            _report_writer(self.snapshot(), path)
+            report.write_report(self.snapshot(), path)
             return path
         raise ValueError(f"cannot save a trace as {path.name!r}: give a path ending in .json "
                          "(Chrome trace event format) or .html (report)")
@@ -144,7 +122,7 @@ def trace(timeout: float = 10.0) -> Trace:
 def trace_snapshot(last: float | None = None, timeout: float = 10.0) -> TraceSnapshot:
     """The calls of the last ``last`` seconds (default: all kept) of a cluster started
     with ``trace=True``."""
-    traces = _cluster_traces()
+    traces = CLUSTER_TRACES.first()
     if traces is None:
         raise NoClusterError("no cluster is running; start one with trace=True "
                              "(nbrpc.start(trace=True) or %rpc_init --trace)")

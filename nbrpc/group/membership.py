@@ -32,6 +32,9 @@ from ..recording import recorder, rref_ledger
 from ..wire import serialization
 from . import devices
 
+# TensorPipe's transport unless a cluster asks for another: TCP, idle at no CPU.
+DEFAULT_TRANSPORT = "uv"
+
 DRIVER_RANK = 0
 RELEASE_TIMEOUT = 5.0  # seconds a member waits for the others' RRef deletions as a cluster ends
 # Keys torch keeps in the group's store: the join/leave lock and the member list.
@@ -52,7 +55,7 @@ class DriverGroup:
     next_rank: int = DRIVER_RANK + 1
     interface: str = "lo"  # where this process's TensorPipe listener is
     placement: devices.Placement = devices.CPU  # its devices and maps, fixed at its join
-    transport: str = "uv"  # TensorPipe's transports, fixed at its join (see TRANSPORTS)
+    transport: str = DEFAULT_TRANSPORT  # TensorPipe's transports, fixed at its join (see TRANSPORTS)
 
     def take_ranks(self, count: int) -> list[int]:
         ranks = list(range(self.next_rank, self.next_rank + count))
@@ -91,21 +94,30 @@ def release_token(members: dist.Store, workers: Iterable[str]) -> None:
         members.set(holder, "Done")
 
 
-_driver: DriverGroup | None = None
+class GroupState:
+    """This process's place in torch's group: the driver's one membership (None in a
+    worker, or before the first cluster), kept until the process exits."""
+
+    def __init__(self):
+        self.driver: DriverGroup | None = None
+
+
+GROUP = GroupState()
 
 
 def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
                  interface: str = "lo", placement: devices.Placement | None = None,
-                 transport: str = "uv") -> DriverGroup:
-    """Join RPC as the driver the first time; later calls reuse that membership.
+                 transport: str = DEFAULT_TRANSPORT, track: bool = True, trace: bool = False) -> DriverGroup:
+    """Join RPC as the driver the first time; later calls reuse that membership. Either
+    way the driver tracks RRefs (``track``) and records calls (``trace``) as this cluster
+    asks, set up here and nowhere else.
 
     ``interface`` is where the driver's TensorPipe listener goes: ``lo`` for local
     workers, the interface that reaches them for workers on other machines.
     ``placement`` is the driver's devices and device maps; torch keeps the first
     join's for the life of the agent (its options are read once, in the constructor).
     """
-    global _driver
-    if _driver is None:
+    if GROUP.driver is None:
         if is_member():
             raise ClusterRunningError(
                 "torch RPC is already initialized in this process (rpc.init_rpc was "
@@ -119,56 +131,64 @@ def driver_group(name: str, threads: int, timeout: float, store_timeout: float,
         before = listening_ports(os.getpid())
         placement = placement or devices.CPU
         join(store, prefix, name, DRIVER_RANK, backend_options(threads, timeout, placement, transport),
-             interface=interface)
+             interface=interface, track=track, trace=trace)
         listeners = frozenset(listening_ports(os.getpid()) - before)
-        _driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface,
-                              placement=placement, transport=transport)
+        GROUP.driver = DriverGroup(store, prefix, name, threads, key, listeners, interface=interface,
+                                   placement=placement, transport=transport)
         atexit.register(_leave_at_exit)
-    else:
+    else:  # join set tracking and tracing up; a later cluster makes its own choice
         check_placement(placement)
+        _check_reuse(name, interface, transport)
+        patches.install(track)
+        after_agent(trace)
+    torch_compat.set_rpc_timeout(timeout)
+    return GROUP.driver
+
+
+def _check_reuse(name: str, interface: str, transport: str) -> None:
+    """Refuse a cluster that this process's membership, joined for an earlier one, cannot serve."""
+    driver = GROUP.driver
     if not is_member():
         raise ClusterRunningError(
             "RPC was shut down in this process outside nbrpc (rpc.shutdown()); torch "
             "cannot rejoin with working RRefs in the same process: restart the kernel"
         )
-    elif _driver.listeners and not _driver.listeners & listening_ports(os.getpid()):
+    elif driver.listeners and not driver.listeners & listening_ports(os.getpid()):
         raise ClusterRunningError(
             "this process's RPC agent stopped accepting connections (torch's TensorPipe "
             "does so after a connection that closes before its handshake: a port scan, "
             "say), so no worker can join it: restart the kernel to start a cluster"
         )
-    elif transport != _driver.transport:
+    elif transport != driver.transport:
         raise ClusterRunningError(
-            f"this process joined RPC with the {_driver.transport!r} transport (for its first "
+            f"this process joined RPC with the {driver.transport!r} transport (for its first "
             f"cluster) and torch cannot change an agent's transports: start this cluster with "
-            f"--transport {_driver.transport} (or leave it out), or restart the kernel to use "
+            f"--transport {driver.transport} (or leave it out), or restart the kernel to use "
             f"{transport!r}"
         )
-    elif name != _driver.name:
+    elif name != driver.name:
         raise ValueError(
-            f"this process joined RPC as {_driver.name!r} and keeps that name until it "
+            f"this process joined RPC as {driver.name!r} and keeps that name until it "
             f"exits (torch binds RRefs to its first RPC agent); use --driver-name "
-            f"{_driver.name} or restart the kernel to take the name {name!r}"
+            f"{driver.name} or restart the kernel to take the name {name!r}"
         )
-    elif interface not in ("lo", _driver.interface):
+    elif interface not in ("lo", driver.interface):
         raise ClusterRunningError(
-            f"this process joined RPC listening on {_driver.interface!r} (for an earlier "
+            f"this process joined RPC listening on {driver.interface!r} (for an earlier "
             f"cluster) and torch cannot move that listener to {interface!r}, where workers on "
             "other machines could reach it: restart the kernel and start this cluster first"
         )
-    torch_compat.set_rpc_timeout(timeout)
-    return _driver
 
 
 def check_placement(placement: devices.Placement | None) -> None:
     """Refuse devices or maps that this process's driver agent, if it has joined, lacks."""
-    if _driver is not None and placement:
-        devices.check_driver(_driver.placement, placement)
+    if GROUP.driver is not None and placement:
+        devices.check_driver(GROUP.driver.placement, placement)
 
 
 def driver_name() -> str | None:
     """The RPC name this process joined with as the driver, or None before its first cluster."""
-    return _driver.name if _driver is not None else None
+    return GROUP.driver.name if GROUP.driver is not None else None
 
 
 def drop_member(name: str) -> None:
@@ -204,11 +224,11 @@ def connect_store(host: str, port: int, timeout: float) -> dist.TCPStore:
 # until a message comes. "shm" is torch's own default (shared memory first, then uv):
 # its reactor thread busy-polls a whole core in every member from join to shutdown,
 # for faster small calls. Big tensors go through the cma channel with either.
-TRANSPORTS = {"uv": ["uv"], "shm": None}
+TRANSPORTS = {DEFAULT_TRANSPORT: ["uv"], "shm": None}
 
 
 def backend_options(threads: int, timeout: float, placement: devices.Placement | None = None,
-                    transport: str = "uv") -> rpc.TensorPipeRpcBackendOptions:
+                    transport: str = DEFAULT_TRANSPORT) -> rpc.TensorPipeRpcBackendOptions:
     """TensorPipe options with ``transport`` (see ``TRANSPORTS``) and ``placement``'s devices
     and maps; the transports only take effect in the constructor."""
     chosen = TRANSPORTS[transport]
@@ -221,7 +241,7 @@ def backend_options(threads: int, timeout: float, placement: devices.Placement |
 
 def driver_transport() -> str | None:
     """The transport this process joined RPC with, or None before its first cluster."""
-    return _driver.transport if _driver is not None else None
+    return GROUP.driver.transport if GROUP.driver is not None else None
 
 
 def join(

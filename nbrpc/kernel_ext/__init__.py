@@ -1,19 +1,19 @@
 """The IPython extension: ``%load_ext nbrpc`` registers the RPC magics."""
 
 
-_cell_output = None
+# Each shell's CellOutput, by the shell's id (one in a kernel).
+_cell_outputs: dict = {}
 
 
 def load_ipython_extension(ipython):
-    global _cell_output
     from ..deploy import template
     from .display import CellOutput
     from .magics import RpcMagics
 
     ipython.register_magics(RpcMagics)
     # What workers write in calls and background threads shows in the running cell.
-    _cell_output = CellOutput()
-    _cell_output.register(ipython)
+    _cell_outputs[id(ipython)] = cell_output = CellOutput()
+    cell_output.register(ipython)
     if template.enabled():
         # A notebook that loads nbrpc runs %rpc_init next: the warm template imports
         # torch and ipykernel while the person types, and the first cluster forks from it.
@@ -23,7 +23,6 @@ def load_ipython_extension(ipython):
 def unload_ipython_extension(ipython):
     # IPython cannot unregister magics; the cluster, if any, keeps running, and its
     # workers' output goes to stdout and stderr, tagged.
-    global _cell_output
-    if _cell_output is not None:
-        _cell_output.unregister(ipython)
-        _cell_output = None
+    cell_output = _cell_outputs.pop(id(ipython), None)
+    if cell_output is not None:
+        cell_output.unregister(ipython)

@@ -8,6 +8,7 @@ from IPython.display import clear_output, display, publish_display_data
 
 from ..calls import output
 from ..deploy.cluster import text_progress
+from ..deploy.launchers.base import Started
 
 
 def in_notebook() -> bool:
@@ -36,7 +37,7 @@ def start_progress():
         bar.value = done
         bar.description = f"{done}/{total} joined"
         label.value = message
-        if done == total and "up in" in message:
+        if isinstance(message, Started):
             for widget in (label, bar, box):
                 widget.close()
             print(f"nbrpc: {message}")
@@ -92,9 +93,9 @@ class CellOutput:
     def register(self, shell) -> None:
         shell.events.register("pre_run_cell", self.pre_run_cell)
         shell.events.register("post_run_cell", self.post_run_cell)
-        output.set_sink(self.deliver)
+        output.SINKS.add(self.deliver)
 
     def unregister(self, shell) -> None:
         shell.events.unregister("pre_run_cell", self.pre_run_cell)
         shell.events.unregister("post_run_cell", self.post_run_cell)
-        output.set_sink(None)
+        output.SINKS.discard(self.deliver)

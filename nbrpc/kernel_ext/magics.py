@@ -10,7 +10,11 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..deploy import cluster as cluster_mod
-from ..deploy.status import StatusTable
+from ..deploy import launchers
+from ..deploy.launchers.options import flags
+from ..deploy.launchers.slurm_options import SlurmOptions
+from ..deploy.options import ClusterOptions
+from ..drawing.status import StatusTable
 from ..errors import JobRefusedError, NoClusterError
 from .display import KernelOutput, start_progress
 
@@ -36,21 +40,30 @@ def _device_maps(values: list[str] | None) -> str | None:
     return ";".join(_unquoted(v) for v in values) if values else None
 
 
-_SLURM_FLAGS = ("partition", "time_limit", "account", "nodes", "tasks_per_node", "cpus_per_task",
-                "gpus_per_task", "queue_timeout")
-
-
 def _slurm_options(args) -> dict | None:
     """The job's options from ``--slurm`` and its flags (which need it)."""
-    given = {flag: getattr(args, flag) for flag in _SLURM_FLAGS if getattr(args, flag) is not None}
-    if args.slurm_args is not None:
-        given["args"] = _unquoted(args.slurm_args)
+    given = {name: getattr(args, name) for name, _, _ in flags(SlurmOptions) if getattr(args, name) is not None}
+    if "args" in given:
+        given["args"] = _unquoted(given["args"])
     if not args.slurm:
         if given:
-            flags = ", ".join("--" + f.replace("_", "-") for f in (*given,))
-            raise UsageError(f"%rpc_init: {flags} {'is' if len(given) == 1 else 'are'} for Slurm jobs: add --slurm")
+            named = ", ".join(flag for name, flag, _ in flags(SlurmOptions) if name in given)
+            raise UsageError(f"%rpc_init: {named} {'is' if len(given) == 1 else 'are'} for Slurm jobs: add --slurm")
         return None
     return given
+
+
+def _option_flags(func):
+    """Every flag a ``Cluster`` option or a launcher's option declares (``ClusterOptions``,
+    ``launchers.options``), each once; a flag left out is None (the option's default)."""
+    seen = set()
+    declared = [ClusterOptions, *(kind.options for kind in launchers.kinds().values()), SlurmOptions]
+    for options_class in declared:
+        for name, flag, settings in flags(options_class):
+            if name not in seen:
+                seen.add(name)
+                func = argument(flag, dest=name, **settings)(func)
+    return func
 
 
 def _running() -> cluster_mod.Cluster:
@@ -67,46 +80,15 @@ class RpcMagics(Magics):
     @argument("--names", default=None, help="comma-separated worker names, e.g. ps,trainer1,trainer2")
     @argument("--driver-name", default=None,
               help="RPC name of this kernel (rank 0); default: the name it already has, else master")
-    @argument("--threads", type=int, default=None, help="TensorPipe worker threads per member (default 16)")
-    @argument("--timeout", type=float, default=None, help="default RPC timeout in seconds (default 60)")
-    @argument("--startup-timeout", type=float, default=None,
-              help="seconds to wait for workers to join (default 60)")
-    @argument("--transport", choices=("uv", "shm"), default=None,
-              help="TensorPipe's transport in every member: uv (TCP, the default: no CPU at rest) "
-                   "or shm (torch's default: shared memory, a little faster per small call, but "
-                   "a polling thread keeps a core busy in every member, idle or not); fixed by "
-                   "the first cluster of a kernel")
     @argument("--no-track", action="store_true", help="do not record RRefs (no %%rref_graph, no snapshots)")
     @argument("--trace", action="store_true",
               help="record every RPC on every member (nbrpc.trace_snapshot(), the timeline)")
-    @argument("--attach", type=int, default=None, metavar="N",
-              help="wait for N workers started elsewhere with the printed 'nbrpc worker --join' command")
-    @argument("--hosts", default=None, help="start workers over SSH: hostA,hostB:2 (two on hostB)")
-    @argument("--bind", default=None, help="address or interface that reaches the workers (--attach, --hosts)")
-    @argument("--port", type=int, default=None,
-              help="port the driver listens on for joining workers (default: free)")
-    @argument("--ssh", default=None, help='ssh command for --hosts (default ssh), e.g. "ssh -F my_config"')
     @argument("--gpus", action="store_true",
               help="one GPU per worker (round-robin, this kernel on cuda:0), device maps between all pairs")
     @argument("--device-map", action="append", default=None, metavar="MAP",
               help='[SOURCE->]TARGET=FROM:TO[,FROM:TO]; repeat the flag or join maps with ";", '
                    'e.g. "worker1=0:1" or "worker1=0:1;worker1->worker2=1:0"')
-    @argument("--slurm", action="store_true",
-              help="start the workers as the tasks of a Slurm job (sbatch + srun), or as a step "
-                   "of the current allocation when SLURM_JOB_ID is set")
-    @argument("--slurm-args", default=None, metavar="ARGS",
-              help='further sbatch (or srun) arguments for --slurm, e.g. "-p gpu -t 30 --gres=gpu:1"')
-    @argument("--partition", default=None, help="Slurm partition (--slurm)")
-    @argument("--time-limit", default=None, metavar="TIME",
-              help="the job's time limit, as sbatch --time: 30 (minutes), 2:00:00 (--slurm; default 1:00:00)")
-    @argument("--account", default=None, help="Slurm account to charge (--slurm)")
-    @argument("--nodes", type=int, default=None, help="Slurm nodes for the job (--slurm)")
-    @argument("--tasks-per-node", type=int, default=None, help="workers per node (--slurm)")
-    @argument("--cpus-per-task", type=int, default=None, help="CPUs per worker (--slurm)")
-    @argument("--gpus-per-task", type=int, default=None, help="GPUs per worker (--slurm)")
-    @argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
-              help="cancel the job if it waits longer in the queue (--slurm; default: wait, "
-                   "the stop button cancels it)")
+    @_option_flags
     @line_cell_magic
     def rpc_init(self, line: str, cell: str | None = None):
         """Start worker kernels and join them with this kernel in one torch RPC group.
@@ -114,17 +96,18 @@ class RpcMagics(Magics):
         In the cell form the body runs on every worker, then here, once RPC is up.
         """
         args = _parse(self.rpc_init, line)
-        given = dict(threads=args.threads, timeout=args.timeout, startup_timeout=args.startup_timeout,
-                     port=args.port, ssh=_unquoted(args.ssh) if args.ssh is not None else None)
         slurm = _slurm_options(args)
+        declared = {name for options_class in (ClusterOptions, *(k.options for k in launchers.kinds().values()))
+                    for name, _, _ in flags(options_class)} - {"slurm"}
+        # Options left out take their defaults (each declared once, in its dataclass).
+        given = {name: getattr(args, name) for name in declared if getattr(args, name) is not None}
+        if given.get("ssh") is not None:
+            given["ssh"] = _unquoted(given["ssh"])
         try:
             cluster = cluster_mod.Cluster(
                 args.n, names=args.names, driver_name=args.driver_name, slurm=slurm,
                 progress=start_progress(), track=not args.no_track, trace=args.trace,
-                attach=args.attach, hosts=args.hosts, bind=args.bind,
-                gpus=args.gpus, device_maps=_device_maps(args.device_map), transport=args.transport,
-                # Options left out take the Cluster's defaults.
-                **{option: value for option, value in given.items() if value is not None},
+                gpus=args.gpus, device_maps=_device_maps(args.device_map), **given,
             )
         except ValueError as e:
             raise UsageError(f"%rpc_init: {e}") from e

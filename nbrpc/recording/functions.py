@@ -63,6 +63,13 @@ def _describe(func) -> tuple[str, str | None, bool, bool]:
     return name, kind, False, kind is not None
 
 
+def own(func) -> bool:
+    """Whether ``func`` is nbrpc's own (its status, snapshots, fan-outs): a call of it is
+    not the user's, so no recording shows it. The labs' functions are the user's."""
+    module = getattr(func, "__module__", None) or ""
+    return module.startswith("nbrpc.") and not module.startswith("nbrpc.lab")
+
+
 def _internal(module: str) -> str | None:
     """torch's own functions (``_rref_typeof_on_owner``...) make internal calls."""
     return "internal" if module.removeprefix("__torch__.").startswith("torch.distributed") else None

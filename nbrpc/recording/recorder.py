@@ -36,7 +36,7 @@ import torch
 
 from .._compat import torch_compat
 from . import clocks, functions
-from .ring import CAPACITY, Ring  # noqa: F401 (CAPACITY: the ring's default, read by set_capacity's callers)
+from .ring import Ring
 from .rref_ledger import rref_id
 
 SETTLE = 0.5  # seconds at most a block's end waits for replies still on their way
@@ -57,26 +57,39 @@ TO, KIND, PARENT, REPLIED, REQUEST_TENSOR, REQUEST_PICKLE, CONTEXT, RREF, ID = r
 # The callee's: the thread's ident, the recorded call it was running before, the end.
 THREAD, OUTER, ENDED = range(7, 10)
 
-# Read on every call: plain module globals.
-recording = False  # this member writes caller halves
-armed = False  # some half may wait for the pickler to count its bytes here
-_always = False  # the cluster was started with trace=True
-_blocks = 0  # open ``trace()`` blocks that turned recording on here
-_me = "?"
-_ids = itertools.count()
 _get_ident = threading.get_ident
-# Per-thread state, by thread ident. Not threading.local: a torch RPC thread may take
-# the GIL with a fresh thread state for each step of a call (its thread-locals start
-# empty) until nbrpc keeps its state (``torch_compat.keep_thread_state``).
-_quiet: set[int] = set()  # threads whose calls are nbrpc's own
-_running: dict[int, int | str] = {}  # the recorded call a thread runs (its calls' parent)
-_sending: dict[int, list] = {}  # the caller half whose request a thread pickles next
-fetches: dict[int, list] = {}  # the caller half whose reply a thread unpickles next
-_replies: dict[int, list] = {}  # the callee half whose result a thread pickles next
-_threads: dict[int, str] = {}  # thread ident -> its name in records
 
 
-_ring = Ring()
+class Recorder:
+    """This member's recording: whether it records, its ring of halves, and what its
+    threads are in the middle of. One per process (``RECORDER``), emptied by ``reset``.
+
+    Per-thread state is kept by thread ident. Not threading.local: a torch RPC thread may
+    take the GIL with a fresh thread state for each step of a call (its thread-locals
+    start empty) until nbrpc keeps its state (``torch_compat.keep_thread_state``).
+    """
+
+    def __init__(self):
+        self.ids = itertools.count()
+        self.reset()
+
+    def reset(self) -> None:
+        self.recording = False  # this member writes caller halves (read on every call)
+        self.armed = False  # some half may wait for the pickler to count its bytes here
+        self.always = False  # the cluster was started with trace=True
+        self.blocks = 0  # open ``trace()`` blocks that turned recording on here
+        self.me = "?"
+        self.quiet: set[int] = set()  # threads whose calls are nbrpc's own
+        self.running: dict[int, int | str] = {}  # the recorded call a thread runs (its calls' parent)
+        self.sending: dict[int, list] = {}  # the caller half whose request a thread pickles next
+        self.fetches: dict[int, list] = {}  # the caller half whose reply a thread unpickles next
+        self.replies: dict[int, list] = {}  # the callee half whose result a thread pickles next
+        self.threads: dict[int, str] = {}  # thread ident -> its name in records
+        self.ring = Ring()
+
+
+RECORDER = Recorder()
+_r = RECORDER
 
 
 # -- turning it on -----------------------------------------------------------------
@@ -85,71 +98,63 @@ _ring = Ring()
 def install(always: bool = False) -> None:
     """Record in this member from now on if ``always`` (a cluster started with
     ``trace=True``), else only inside ``trace()`` blocks; after joining."""
-    global _always, _me, _ids
     info = torch_compat.current_agent().get_worker_info()
     # The count goes on from cluster to cluster: an id is never reused in a process.
-    _me, _ids = info.name, itertools.count((info.id << RANK_SHIFT) + (next(_ids) & _COUNT_MASK))
+    _r.me, _r.ids = info.name, itertools.count((info.id << RANK_SHIFT) + (next(_r.ids) & _COUNT_MASK))
     clocks.set_skew()
-    _always = bool(always)
+    _r.always = bool(always)
     _update()
 
 
 def enable(on: bool = True) -> dict:
     """One ``trace()`` block begins (or ends) here; returns this member's identity."""
-    global _blocks
-    _blocks = max(0, _blocks + (1 if on else -1))
+    _r.blocks = max(0, _r.blocks + (1 if on else -1))
     _update()
     return identity()
 
 
 def _update() -> None:
-    global recording, armed
-    recording = _always or _blocks > 0
-    if recording:
-        armed = True
-
-
-def set_capacity(capacity: int) -> None:
-    """Keep ``capacity`` halves in this member (emptying its ring)."""
-    global _ring
-    _ring = Ring(capacity)
+    _r.recording = _r.always or _r.blocks > 0
+    if _r.recording:
+        _r.armed = True
 
 
 def identity() -> dict:
-    return dict(name=_me, pid=os.getpid(), clock=clocks.clock_id())
+    return dict(name=_r.me, pid=os.getpid(), clock=clocks.clock_id())
 
 
 @contextlib.contextmanager
 def quiet():
     """Calls this thread makes inside the block are not recorded (nbrpc's own)."""
     me = _get_ident()
-    before = me in _quiet
-    _quiet.add(me)
+    before = me in _r.quiet
+    _r.quiet.add(me)
     try:
         yield
     finally:
         if not before:
-            _quiet.discard(me)
+            _r.quiet.discard(me)
 
 
 # -- the caller's half --------------------------------------------------------------
 
 
-def outgoing(kind: str, to, rref=None) -> list | None:
+def outgoing(kind: str, to, rref=None, func=None) -> list | None:
     """Start the caller's half of a call about to be sent (None: not recorded): only its
     id and time, so that the call leaves at once; the next pickle this thread writes is
     its request. ``sent`` adds the rest while the message is on its way.
-    ``rref``: the RRef a ``to_here`` fetches (its half is complete at once)."""
+    ``rref``: the RRef a ``to_here`` fetches (its half is complete at once). Not recorded:
+    calls of nbrpc's own functions (``functions.own``) and a ``quiet`` thread's calls."""
     me = _get_ident()
-    if me in _quiet:
+    if me in _r.quiet or (func is not None and functions.own(func)):
         return None
-    half = [next(_ids), clocks.now(), "caller", None, None, None, None,
-            to, kind, _running.get(me), None, 0, 0, None, None, None]
+    half = [next(_r.ids), clocks.now(), "caller", None, None, None, None,
+            to, kind, _r.running.get(me), None, 0, 0, None, None, None]
     if rref is None:
-        _sending[me] = half
+        _r.sending[me] = half
     else:
         half[RREF], half[NAME] = _rref_id(rref), FETCH
-        _ring.add(half)
+        _r.ring.add(half)
     return half
 
 
@@ -158,8 +163,8 @@ def sent(half: list, func, args) -> None:
     the RRef it uses, what its arguments tell. Off the call's way: the callee is at
     work meanwhile."""
     me = _get_ident()
-    if _sending.get(me) is half:  # no pickle took it: torch wrote the message itself, or none
-        del _sending[me]
+    if _r.sending.get(me) is half:  # no pickle took it: torch wrote the message itself, or none
+        del _r.sending[me]
     found = functions.describe(func)
     half[NAME] = found[0]
     if found[1]:
@@ -171,7 +176,7 @@ def sent(half: list, func, args) -> None:
                 break
         if found[3]:
             _look_at_arguments(half, func, args, found[2])
-    _ring.add(half)
+    _r.ring.add(half)
 
 
 def call_id(half: list):
@@ -205,9 +210,9 @@ def _look_at_arguments(half: list, func, args, torch_pickles: bool) -> None:
 def fetching(half: list | None) -> None:
     """The next pickle this thread reads is ``half``'s reply (to_here); None: no longer."""
     if half is None:
-        fetches.pop(_get_ident(), None)
+        _r.fetches.pop(_get_ident(), None)
     else:
-        fetches[_get_ident()] = half
+        _r.fetches[_get_ident()] = half
 
 
 def answered(half: list, error: BaseException | None = None) -> None:
@@ -224,6 +229,11 @@ def answered_future(half: list, fut) -> None:
         answered(half, e)
     else:
         answered(half)
+
+
+def named(half: list, error: BaseException) -> None:
+    """The call's error as nbrpc names it (it replaces torch's)."""
+    half[ERROR] = _error_text(error)
 
 
 def failed(half: list, error: BaseException) -> None:
@@ -266,35 +276,34 @@ def _error_text(error: BaseException) -> str:
 
 def add(half: list) -> None:
     """Keep ``half`` in this member's ring (``gradients`` adds the gradients' halves)."""
-    _ring.add(half)
+    _r.ring.add(half)
 
 
 def new_id() -> int:
     """A call id no other call of this member has."""
-    return next(_ids)
+    return next(_r.ids)
 
 
 def this_thread() -> int:
     """This thread's ident, its name remembered for the records."""
     me = _get_ident()
-    if me not in _threads:
-        _threads[me] = _thread()
+    if me not in _r.threads:
+        _r.threads[me] = _thread()
     return me
 
 
 def started(trace: tuple, func, args) -> list:
     """A thread of this member begins running a recorded call (``Stoppable``)."""
-    global armed
-    armed = True
+    _r.armed = True
     me = this_thread()
     key = trace[0]
-    half = [key, clocks.now(), "callee", None, None, None, None, me, _running.get(me), None]
+    half = [key, clocks.now(), "callee", None, None, None, None, me, _r.running.get(me), None]
     if func in functions.RREF_HELPERS and args:
         half[NAME] = _callee_helper_name(args[0], args[1])
-    _running[me] = key
-    if _replies:  # one whose result never reached the pickler
-        _replies.pop(me, None)
-    _ring.add(half)
+    _r.running[me] = key
+    if _r.replies:  # one whose result never reached the pickler
+        _r.replies.pop(me, None)
+    _r.ring.add(half)
     return half
 
 
@@ -302,13 +311,13 @@ def finished(half: list, trace: tuple, error: BaseException | None) -> None:
     half[ENDED] = clocks.now()
     me = _get_ident()
     if half[OUTER] is None:
-        _running.pop(me, None)
+        _r.running.pop(me, None)
     else:
-        _running[me] = half[OUTER]
+        _r.running[me] = half[OUTER]
     if error is not None:
         half[ERROR] = _error_text(error)
     elif trace[1]:  # its result is pickled next, on this thread, as the reply
-        _replies[me] = half
+        _r.replies[me] = half
 
 
 def _callee_helper_name(rref, method: str) -> str:
@@ -331,7 +340,7 @@ def _thread() -> str:
 def count(obj, pickled: int) -> None:
     """The RPC pickler wrote ``obj`` in ``pickled`` bytes on this thread."""
     me = _get_ident()
-    half = _sending.pop(me, None) if _sending else None
+    half = _r.sending.pop(me, None) if _r.sending else None
     if half is not None:
         half[REQUEST_PICKLE] = pickled
         tensors = getattr(torch_compat.tensor_tables, "send_tables", None)
@@ -342,7 +351,7 @@ def count(obj, pickled: int) -> None:
             if half[CONTEXT] is None and any(t.requires_grad for t in tensors):
                 half[CONTEXT] = _context()
         return
-    half = _replies.pop(me, None) if _replies else None
+    half = _r.replies.pop(me, None) if _r.replies else None
     if half is not None:
         tensors = getattr(torch_compat.tensor_tables, "send_tables", None)
         half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors), pickled
@@ -350,7 +359,7 @@ def count(obj, pickled: int) -> None:
 
 def received(pickled: int) -> None:
     """The RPC unpickler read ``pickled`` bytes on this thread (while ``fetches``)."""
-    half = fetches.pop(_get_ident(), None)
+    half = _r.fetches.pop(_get_ident(), None)
     if half is not None:
         tensors = getattr(torch_compat.tensor_tables, "recv_tables", None)
         half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors), pickled
@@ -370,10 +379,10 @@ def report(since: float | None = None, offsets: dict | None = None) -> dict:
     offset = (offsets or {}).get(info.name, 0.0)
     local_since = None if since is None else since - offset - 1.0
     call_id = _CallIds()
-    halves = [_final(h, call_id) for h in _ring.since(local_since)]
+    halves = [_final(h, call_id) for h in _r.ring.since(local_since)]
     return dict(name=info.name, id=info.id, host=socket.gethostname(), pid=os.getpid(),
-                clock=clocks.clock_id(), recording=recording, halves=halves,
-                evicted=[(t, n) for t, n in list(_ring.evicted) if local_since is None or t >= local_since])
+                clock=clocks.clock_id(), recording=_r.recording, halves=halves,
+                evicted=[(t, n) for t, n in list(_r.ring.evicted) if local_since is None or t >= local_since])
 
 
 def _final(half: list, call_id: _CallIds) -> dict:
@@ -383,14 +392,14 @@ def _final(half: list, call_id: _CallIds) -> dict:
              "reply": None if half[REPLY_PICKLE] is None else [half[REPLY_TENSOR], half[REPLY_PICKLE]]}
     if half[SIDE] == "caller":
         final.update(
-            caller=_me, callee=_name(half[TO]), kind=half[KIND], name=half[NAME], sent=half[T],
+            caller=_r.me, callee=_name(half[TO]), kind=half[KIND], name=half[NAME], sent=half[T],
             replied=half[REPLIED], request=[half[REQUEST_TENSOR], half[REQUEST_PICKLE]],
             parent=call_id(half[PARENT]), context=half[CONTEXT], rref=half[RREF])
         if half[ID] is not None:  # the gradients' halves: keyed by autograd message
             final["id"] = call_id(half[ID])
     else:
-        final.update(member=_me, began=half[T], ended=half[ENDED],
-                     thread=_threads.get(half[THREAD], str(half[THREAD])))
+        final.update(member=_r.me, began=half[T], ended=half[ENDED],
+                     thread=_r.threads.get(half[THREAD], str(half[THREAD])))
         if half[NAME] is not None:
             final["name"] = half[NAME]
     return final
@@ -417,7 +426,7 @@ def settle(start: float, limit: float = SETTLE) -> None:
     ``start``. The owner sends a ``to_here`` its value before it acknowledges the
     ``remote`` that made it, so a block ending in ``to_here`` could otherwise end before
     its ``remote`` was answered (and show it still in flight)."""
-    waiting = [h for h in _ring.since(start) if h[SIDE] == "caller" and h[KIND] != "autograd"
+    waiting = [h for h in _r.ring.since(start) if h[SIDE] == "caller" and h[KIND] != "autograd"
                and h[REPLIED] is None and h[ERROR] is None]
     deadline = time.monotonic() + limit
     while waiting and time.monotonic() < deadline:

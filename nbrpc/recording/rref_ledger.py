@@ -65,9 +65,12 @@ class _Held:
 
 
 class _Ledger:
-    """This process's user references (by RRef id) and its recent events."""
+    """This process's user references (by RRef id), its recent events, whether it
+    tracks and its worker id; ``reset`` empties it for a new member or cluster."""
 
     def __init__(self):
+        self.tracking = False
+        self.me = -1  # this member's worker id, set by reset()
         self.lock = threading.Lock()
         self.held: dict[str, _Held] = {}
         # id() of each tracked RRef object -> its RRef id: to_here finds it without
@@ -111,13 +114,11 @@ class _Ledger:
 
 
 _ledger = _Ledger()
-_tracking = False
 _quiet = threading.local()  # set while nbrpc itself sends RRefs (summaries)
-_me = -1  # this member's worker id, set by install()
 
 
 def _my_id() -> int:
-    return _me
+    return _ledger.me
 
 
 def rref_id(rref) -> str:
@@ -133,20 +134,18 @@ def rref_id(rref) -> str:
 def hook(enabled: bool = True) -> None:
     """Track RRefs in this member (or not): ``RRef(value)``'s hook, and the calls layer's
     ``remote`` and ``to_here`` report to ``created`` and ``fetched`` while tracking."""
-    global _tracking
     torch_compat.patch(torch_compat.RREF_INIT, _init if enabled else _torch_init)
-    _tracking = enabled
+    _ledger.tracking = enabled
 
 
 def reset() -> None:
     """An empty ledger for this member (once it has joined, or for a new cluster)."""
-    global _me
-    _me = torch_compat.current_agent().get_worker_info().id
     _ledger.reset()
+    _ledger.me = torch_compat.current_agent().get_worker_info().id
 
 
 def is_tracking() -> bool:
-    return _tracking
+    return _ledger.tracking
 
 
 def created(rref) -> None:
@@ -158,7 +157,7 @@ def created(rref) -> None:
 def _init(self, value, *args, **kwargs):
     """``RRef(value)``: a local value owned here."""
     _torch_init(self, value, *args, **kwargs)
-    if _tracking:
+    if _ledger.tracking:
         me = _my_id()
         held = _ledger.hold(self, rref_id(self), me, "create", me, me, call_site=_call_site())
         held.type, held.summary, held.size = summarize(value)
@@ -172,8 +171,8 @@ def fetched(rref, value) -> None:
         rid = rref_id(rref)
         held = _ledger.held.get(rid)
     owner = held.owner if held else rref.owner().id
-    if owner != _me:
-        _ledger.log("fetch", rid, owner, _me)
+    if owner != _ledger.me:
+        _ledger.log("fetch", rid, owner, _ledger.me)
         if held is not None and held.summary is None:
             held.type, held.summary, held.size = summarize(value)
 
@@ -185,7 +184,7 @@ def reduce(rref):
 
 def _receive(fork_data, quiet: bool = False):
     rref = torch_compat.rref_from_fork_data(fork_data)
-    if _tracking and not quiet:
+    if _ledger.tracking and not quiet:
         owner, created_on, local_id, _, _, parent, type_name = fork_data
         held = _ledger.hold(rref, f"{created_on}:{local_id}", owner, "fork", parent, _my_id(),
                             type_name=type_name.rsplit(".", 1)[-1])
@@ -195,7 +194,7 @@ def _receive(fork_data, quiet: bool = False):
 
 def reducer_table() -> dict:
     """Reducers for the RPC pickler: nbrpc's while tracking, else none (torch's)."""
-    return _REDUCERS if _tracking else {}
+    return _REDUCERS if _ledger.tracking else {}
 
 
 _REDUCERS = {PyRRef: reduce, rpc.RRef: reduce}
@@ -283,7 +282,7 @@ def owner_name(worker_id: int) -> str:
 
 def report(timeout: float = 5.0) -> dict:
     """This member's ledger as plain data (what ``rref_snapshot`` gathers)."""
-    if _tracking:
+    if _ledger.tracking:
         _fill_summaries(timeout)
     with _ledger.lock:
         held = list(_ledger.held.items())
@@ -298,5 +297,5 @@ def report(timeout: float = 5.0) -> dict:
                          call_site=_describe_call_site(h.call_site), confirmed=confirmed))
     info = torch_compat.current_agent().get_worker_info()
     return dict(name=info.name, id=info.id, host=socket.gethostname(), pid=os.getpid(),
-                tracking=_tracking, held=rows, events=events,
+                tracking=_ledger.tracking, held=rows, events=events,
                 owned=int(torch_compat.rref_debug_info()["num_owner_rrefs"]))

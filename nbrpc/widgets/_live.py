@@ -7,7 +7,7 @@ sets the widget's traits itself. ipykernel 7 sends IOPub messages from any threa
 through its IOPub thread, and a test in a real kernel and browser shows updates
 arriving during a busy cell.
 
-STYLE.md says only the kernel thread sets widget traits. This module is the one
+Only the kernel thread sets widget traits, as a rule. This module is the one
 exception, made safe by ``SyncLock``: the widget's ``set_state`` (front-end updates,
 on the kernel thread) and the refresher's trait updates take the same lock, so the
 two threads never interleave inside ipywidgets' sync bookkeeping.

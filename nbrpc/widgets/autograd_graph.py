@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..diagnostics import autograd
-from . import describe, svg
+from ..drawing import describe, svg
 from .base import GraphWidget, StaticView
 
 

@@ -28,7 +28,7 @@ class StaticView:
         self.svg, self.summary = svg, summary
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        from .svg import static_html
+        from ..drawing.svg import static_html
 
         return {"text/plain": self.summary, "text/html": static_html(self.svg, self.summary)}
 
@@ -43,7 +43,7 @@ class GraphWidget(SyncLock, anywidget.AnyWidget):
     _css = HERE / "graph.css"
 
     kind = traitlets.Unicode("rref", help="which graph: rref or autograd").tag(sync=True)
-    svg = traitlets.Unicode("", help="the drawing, made by nbrpc.widgets.svg").tag(sync=True)
+    svg = traitlets.Unicode("", help="the drawing, made by nbrpc.drawing.svg").tag(sync=True)
     details = traitlets.Dict(help="hover details by item id: {title, rows}").tag(sync=True)
     selected = traitlets.Unicode(
         "", help="id of the item pinned by a click in the front end ('' for none)").tag(sync=True)
@@ -75,7 +75,7 @@ class GraphWidget(SyncLock, anywidget.AnyWidget):
         if path.suffix.lower() == ".svg":
             text = '<?xml version="1.0" encoding="UTF-8"?>\n' + drawing + "\n"
         else:
-            from .svg import static_html
+            from ..drawing.svg import static_html
 
             text = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>nbrpc</title></head>"
                     f"<body>{static_html(drawing, self.summary())}</body></html>\n")

@@ -6,8 +6,8 @@ import traitlets
 
 from ..deploy.cluster import current
 from ..diagnostics import rrefs
+from ..drawing import describe, svg
 from ..errors import NoClusterError
-from . import describe, svg
 from ._live import LiveView
 from .base import GraphWidget, StaticView
 

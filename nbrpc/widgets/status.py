@@ -8,7 +8,7 @@ import anywidget
 import traitlets
 
 from ..deploy.cluster import Cluster, current
-from ..deploy.status import StatusTable
+from ..drawing.status import StatusTable
 from ..errors import NoClusterError
 from ._live import Refresher, SyncLock, cluster_running
 from .base import HERE

@@ -9,9 +9,10 @@ import anywidget
 import traitlets
 
 from ..deploy.cluster import current
+from ..diagnostics.trace import trace_snapshot
+from ..drawing import timeline_layout as tl
+from ..drawing import timeline_svg as ts
 from ..errors import NoClusterError
-from . import timeline_layout as tl
-from . import timeline_svg as ts
 from ._live import LiveView, SyncLock
 from .base import HERE
 
@@ -20,14 +21,12 @@ from .base import HERE
 
 def running_recording(last: float | None = None) -> dict:
     """The running cluster's recording (``nbrpc.trace_snapshot``), for ``source=None``."""
-    import nbrpc
-
     if current() is None:
         raise NoClusterError(
             "no cluster is running, so there is no recording to show; start one with "
             "%rpc_init --trace (or nbrpc.start(trace=True)), or pass a trace: "
             "with nbrpc.trace() as t: ..., then nbrpc.Timeline(t)")
-    return nbrpc.trace_snapshot(last=last)
+    return trace_snapshot(last=last)
 
 
 class TimelineStatic:
@@ -76,7 +75,7 @@ class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
     _esm = HERE / "timeline.js"
     _css = HERE / "timeline.css"
 
-    svg = traitlets.Unicode("", help="the drawing, made by nbrpc.widgets.timeline_svg").tag(sync=True)
+    svg = traitlets.Unicode("", help="the drawing, made by nbrpc.drawing.timeline_svg").tag(sync=True)
     details = traitlets.Dict(help="hover details by call id: {title, rows}").tag(sync=True)
     table = traitlets.Unicode("", help="the summary per function and callee, as HTML").tag(sync=True)
     selected = traitlets.Unicode(
@@ -146,7 +145,7 @@ class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
         if path.suffix.lower() == ".svg":
             path.write_text('<?xml version="1.0" encoding="UTF-8"?>\n' + self.to_svg() + "\n", encoding="utf-8")
         else:
-            from .report import write_report
+            from ..drawing.report import write_report
 
             write_report(self.snapshot, path, threads=self._threads)
         return path

@@ -50,15 +50,7 @@ PER_PROCESS: dict[type, Callable] = {
     threading.BoundedSemaphore: lambda old: (threading.BoundedSemaphore, (old._initial_value,)),
 }
 
-_lock = threading.RLock()
-_origin = uuid.uuid4().hex
-_next_token = 0
-_identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # definition -> Identity
-_own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> this process's definition
-_received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (origin, token) -> definition
-_unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
-_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
-_code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> its pickle
+
 
 
 @dataclass
@@ -72,19 +64,30 @@ class Identity:
     payload: bytes = b""
 
 
-def _new_process() -> None:
-    """A forked child is a new process: new origin, nothing sent or received yet."""
-    global _origin, _lock
-    _lock = threading.RLock()
-    _origin = uuid.uuid4().hex
-    _identities.clear()
-    _own.clear()
-    _received.clear()
-    _unbuilt.clear()
-    _names.clear()
+class Registry:
+    """This process's notebook definitions: what it made and sent (by token), what it
+    received (by origin and token), the shells still to build, the pickled code. One per
+    process; a forked child starts afresh (``reset``)."""
+
+    def __init__(self):
+        self.reset()
+        self.code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> its pickle
+        self.next_token = 0
+
+    def reset(self) -> None:
+        """A new process: new origin, nothing sent or received yet."""
+        self.lock = threading.RLock()
+        self.origin = uuid.uuid4().hex
+        self.identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # definition -> Identity
+        self.own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> this process's definition
+        # (origin, token) -> definition
+        self.received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
+        self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
 
 
-os.register_at_fork(after_in_child=_new_process)
+REGISTRY = Registry()
+os.register_at_fork(after_in_child=REGISTRY.reset)
 
 
 def namespace() -> dict:
@@ -102,13 +105,12 @@ def is_notebook_definition(obj) -> bool:
 
 
 def _identity(obj) -> Identity:
-    global _next_token
-    with _lock:
-        found = _identities.get(obj)
+    with REGISTRY.lock:
+        found = REGISTRY.identities.get(obj)
         if found is None:
-            _next_token += 1
-            found = _identities[obj] = Identity(_origin, _next_token)
-            _own[found.token] = obj
+            REGISTRY.next_token += 1
+            found = REGISTRY.identities[obj] = Identity(REGISTRY.origin, REGISTRY.next_token)
+            REGISTRY.own[found.token] = obj
         return found
 
 
@@ -130,11 +132,11 @@ def reduce_function(func: types.FunctionType) -> tuple:
 
 
 def _cache_code(ident: Identity, func: types.FunctionType) -> None:
-    with _lock:
+    with REGISTRY.lock:
         code = func.__code__
-        payload = _code_payloads.get(code)
+        payload = REGISTRY.code_payloads.get(code)
         if payload is None:  # shared by every function made from this code (lambdas in a loop)
-            payload = _code_payloads[code] = cloudpickle.dumps(code)
+            payload = REGISTRY.code_payloads[code] = cloudpickle.dumps(code)
         ident.payload, ident.code = payload, code
         ident.version += 1
 
@@ -181,17 +183,17 @@ def _stored_under(obj) -> str | None:
 
 def _known(origin: str, token: int, version: int = 0):
     """This process's object for a definition, or None if it must be built."""
-    if origin == _origin:
-        return _own.get(token)
-    found = _received.get((origin, token))
-    if found is not None and _identities[found].version == version:
+    if origin == REGISTRY.origin:
+        return REGISTRY.own.get(token)
+    found = REGISTRY.received.get((origin, token))
+    if found is not None and REGISTRY.identities[found].version == version:
         return found
     return None
 
 
 def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes,
                     fname: str, qualname: str, doc: str | None):
-    with _lock:
+    with REGISTRY.lock:
         found = _known(origin, token, version)
         if found is not None:
             return found
@@ -205,8 +207,8 @@ def _function_shell(origin: str, token: int, version: int, name: str | None, pay
 
 def _bind_function(func: types.FunctionType, state: tuple) -> None:
     defaults, kwdefaults, closure, attributes, annotations, fills = state
-    with _lock:
-        if func not in _unbuilt:  # this process's own, or built before: as it is here
+    with REGISTRY.lock:
+        if func not in REGISTRY.unbuilt:  # this process's own, or built before: as it is here
             return
         func.__defaults__, func.__kwdefaults__ = defaults, kwdefaults
         func.__dict__.update(attributes)
@@ -220,7 +222,7 @@ def _bind_function(func: types.FunctionType, state: tuple) -> None:
 
 def _class_shell(origin: str, token: int, name: str | None, metaclass: type, cname: str,
                  bases: tuple, type_kwargs: dict):
-    with _lock:
+    with REGISTRY.lock:
         found = _known(origin, token)
         if found is not None:
             return found
@@ -231,8 +233,8 @@ def _class_shell(origin: str, token: int, name: str | None, metaclass: type, cna
 
 
 def _bind_class(cls: type, state: tuple) -> type:
-    with _lock:
-        if cls in _unbuilt:  # a class seen before keeps its class-level state
+    with REGISTRY.lock:
+        if cls in REGISTRY.unbuilt:  # a class seen before keeps its class-level state
             cp.set_class_state(cls, state)
         _store(cls)
     return cls
@@ -240,20 +242,20 @@ def _bind_class(cls: type, state: tuple) -> type:
 
 def _remember(obj, origin: str, token: int, version: int, name: str | None,
               code=None, payload: bytes = b"") -> None:
-    _unbuilt.add(obj)
-    if origin != _origin:
-        _identities[obj] = Identity(origin, token, version, code, payload)
-        _received[(origin, token)] = obj
-    _names[obj] = name
+    REGISTRY.unbuilt.add(obj)
+    if origin != REGISTRY.origin:
+        REGISTRY.identities[obj] = Identity(origin, token, version, code, payload)
+        REGISTRY.received[(origin, token)] = obj
+    REGISTRY.names[obj] = name
 
 
 def _store(obj) -> None:
     """Put a newly built definition under its name, unless the name holds something else."""
-    if obj not in _unbuilt:
+    if obj not in REGISTRY.unbuilt:
         return
-    _unbuilt.discard(obj)
-    name = _names.pop(obj, None)
-    if name is None or _identities.get(obj) is None:  # not top-level, or a detached copy
+    REGISTRY.unbuilt.discard(obj)
+    name = REGISTRY.names.pop(obj, None)
+    if name is None or REGISTRY.identities.get(obj) is None:  # not top-level, or a detached copy
         return
     ns = namespace()
     current = ns.get(name)
@@ -265,10 +267,10 @@ def _same_definition(current, arriving) -> bool:
     """Whether ``current`` is an earlier version of the definition ``arriving`` (same
     origin and name): then the newer one replaces it."""
     try:
-        ident = _identities.get(current)
+        ident = REGISTRY.identities.get(current)
     except TypeError:
         return False
-    return ident is not None and ident.origin == _identities[arriving].origin
+    return ident is not None and ident.origin == REGISTRY.identities[arriving].origin
 
 
 def _fill(scope: dict, fills: dict) -> None:

@@ -38,8 +38,9 @@ def _handle_exception(result):
         raise
 
 
-def original(error: BaseException) -> BaseException | None:
-    """The remote exception that ``error`` (torch's ``RuntimeError``) stands for, if kept."""
+def original(error: BaseException, take: bool = True) -> BaseException | None:
+    """The remote exception that ``error`` (torch's ``RuntimeError``) stands for, if kept
+    (and no longer kept, unless ``take`` is false: a look that leaves it for the raise)."""
     if type(error) is not RuntimeError:
         return None
     name, _, message = str(error).split("\n\nAt:", 1)[0].partition(": ")
@@ -47,5 +48,6 @@ def original(error: BaseException) -> BaseException | None:
         found = _kept.get(message)
         if found is None or type(found).__name__ != name:
             return None
-        del _kept[message]
+        if take:
+            del _kept[message]
     return found

@@ -34,8 +34,7 @@ import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from ..errors import SerializationError
-from ..recording import recorder as tracing
-from ..recording import rref_ledger
+from ..recording import recorder, rref_ledger
 from . import definitions
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
@@ -45,24 +44,31 @@ _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
 _BY_REFERENCE = {types.MethodType: types.MethodType.__reduce__}
 # Functions and classes found to pickle by reference (importable by name).
 _importable: weakref.WeakSet = weakref.WeakSet()
-# The last flattened dispatch table, with what it was built from.
-_flat: tuple | None = None
+
+
+class _Signing:
+    """This process's signing key (None: unsigned) and its last flattened dispatch table."""
+
+    def __init__(self):
+        self.key: bytes | None = None
+        self.flat: tuple | None = None  # (what it was built from, the table)
+
+
+_wire = _Signing()
 
 
 _SIGNED = b"nbrpc-blake2b:"
 _MAC_SIZE = 32
-_key: bytes | None = None
 
 
 def set_key(key: bytes | None) -> None:
     """Sign what this process sends, and accept only what is signed, with ``key``
     (at most 64 bytes)."""
-    global _key
-    _key = key
+    _wire.key = key
 
 
 def _mac(body) -> bytes:
-    return hashlib.blake2b(body, key=_key, digest_size=_MAC_SIZE).digest()
+    return hashlib.blake2b(body, key=_wire.key, digest_size=_MAC_SIZE).digest()
 
 
 class RpcPickler(cloudpickle.Pickler):
@@ -86,12 +92,11 @@ class RpcPickler(cloudpickle.Pickler):
         _C_DISPATCH_TABLE.__set__(self, self._flat_table(table))
 
     def _flat_table(self, table) -> dict:
-        global _flat
         key = (type(self), table, len(table), rref_ledger.is_tracking(), len(copyreg.dispatch_table))
-        if _flat is None or _flat[0] != key:
+        if _wire.flat is None or _wire.flat[0] != key:
             maps = (self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table)
-            _flat = (key, dict(collections.ChainMap(*maps)))
-        return _flat[1]
+            _wire.flat = (key, dict(collections.ChainMap(*maps)))
+        return _wire.flat[1]
 
     def _rref_reducers(self) -> dict:
         # In front of torch's: the receiver of an RRef records the fork.
@@ -129,25 +134,25 @@ class RpcPickler(cloudpickle.Pickler):
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise SerializationError(_explain(obj, e)) from e
         body = self._body.getbuffer()
-        if _key is not None:
+        if _wire.key is not None:
             self._out.write(_SIGNED + _mac(body))
         self._out.write(body)
-        if tracing.armed:
-            tracing.count(obj, self._out.tell())
+        if recorder.RECORDER.armed:
+            recorder.count(obj, self._out.tell())
 
 
 def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
     """torch's unpickler for ``file``, once its signature is checked (when this process
     has a key): a function rather than a subclass, so that loading stays all in C."""
-    if _key is not None:
+    if _wire.key is not None:
         header = file.read(len(_SIGNED) + _MAC_SIZE)
         if not (header.startswith(_SIGNED)
                 and hmac.compare_digest(header[len(_SIGNED):], _mac(file.getbuffer()[len(header):]))):
             raise pickle.UnpicklingError(
                 "nbrpc refused an RPC message not signed with this cluster's key: it "
                 "comes from a process outside the cluster")
-    if tracing.fetches:  # a recorded to_here's reply
-        tracing.received(len(file.getbuffer()))
+    if recorder.RECORDER.fetches:  # a recorded to_here's reply
+        recorder.received(len(file.getbuffer()))
     return pickle.Unpickler(file, **kwargs)
 
 

@@ -7,93 +7,134 @@
   allocation), joining as ``attach``'s do.
 
 ``rendezvous`` (the driver's join service and the worker's side of it) and
-``addresses`` (which local address reaches the workers) serve the last two.
-``choose`` reads a cluster's options and returns the launcher they ask for.
+``addresses`` (which local address reaches the workers) serve the last three;
+``options`` declares every launcher's options once.
+
+The launchers are a registry of ``Kind`` s (``kinds``): a name, the ``Cluster`` keyword
+that asks for it (``attach=N``, ``hosts=...``, ``slurm=...``; none for the default), its
+options dataclass and a factory. Another package adds one by an entry point in the
+group ``nbrpc.launchers`` that names a ``Kind``, as jupyter_client finds its
+provisioners. ``choose`` reads a cluster's options and returns the launcher they ask for.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from importlib.metadata import entry_points
 
-from ..settings import check_name
 from .attach import AttachLauncher
 from .base import Admission, Launcher, Worker
 from .local import LocalLauncher
+from .options import (
+    AttachOptions,
+    LocalOptions,
+    RemoteOptions,
+    Request,
+    SshOptions,
+    check_names,
+    from_keywords,
+    parse_names,
+    worker_names,
+)
 from .slurm import SlurmLauncher, SlurmOptions
-from .ssh import SshLauncher, parse_hosts
+from .slurm_options import SlurmJob
+from .ssh import SshLauncher
 
-__all__ = ["Admission", "Launcher", "Worker", "choose"]
+__all__ = ["Admission", "Kind", "Launcher", "Request", "Worker", "choose", "kinds"]
+
+ENTRY_POINTS = "nbrpc.launchers"
 
 
-def choose(n: int | None, names, driver_name: str, warm_start: bool, gpus: bool = False, *,
-           attach: int | None = None, bind: str | None = None, port: int = 0, hosts=None, ssh: str = "ssh",
-           python: str | None = None, slurm=None, **unknown) -> Launcher:
+@dataclass(frozen=True)
+class Kind:
+    """One way of starting workers: ``make(request, options)`` returns its launcher."""
+
+    name: str
+    key: str | None  # the Cluster keyword (and %rpc_init flag) that asks for it; None: the default
+    options: type  # a dataclass that checks itself in __post_init__
+    make: Callable[[Request, object], Launcher]
+
+
+def _local(request: Request, options: LocalOptions) -> Launcher:
+    names = worker_names(request.n, request.names)
+    check_names(names, request.driver_name)
+    return LocalLauncher(names, request.warm_start)
+
+
+def _no_count(request: Request) -> list[str]:
+    if request.n is not None:
+        raise ValueError("n is for local workers; with attach or hosts the count comes from them")
+    return parse_names(request.names) or []
+
+
+def _attach(request: Request, options: AttachOptions) -> Launcher:
+    listed = _no_count(request)
+    if listed:
+        check_names(listed, request.driver_name)
+    return AttachLauncher(options.attach, listed, options.bind, options.port)
+
+
+def _ssh(request: Request, options: SshOptions) -> Launcher:
+    listed = _no_count(request) or [f"worker{i}" for i in range(1, len(options.hosts) + 1)]
+    if len(listed) != len(options.hosts):
+        raise ValueError(f"{len(options.hosts)} SSH workers but {len(listed)} names; give one name per worker")
+    check_names(listed, request.driver_name)
+    return SshLauncher(options.hosts, listed, options.bind, options.port, options.ssh, options.python)
+
+
+def _slurm(request: Request, options: SlurmJob) -> Launcher:
+    names = worker_names(request.n, request.names)
+    check_names(names, request.driver_name)
+    job = options.slurm
+    job = SlurmOptions(**{**{f.name: getattr(job, f.name) for f in fields(job)},
+                          "python": job.python or options.python,
+                          "gpus_per_task": job.gpus_per_task or (1 if request.gpus else None)})
+    return SlurmLauncher(len(names), names, job, request.driver_name, options.bind, options.port)
+
+
+BUILT_IN = (Kind("local", None, LocalOptions, _local), Kind("attach", "attach", AttachOptions, _attach),
+            Kind("ssh", "hosts", SshOptions, _ssh), Kind("slurm", "slurm", SlurmJob, _slurm))
+
+
+def kinds() -> dict[str, Kind]:
+    """Every launcher by name: the built-in ones, then those of installed packages."""
+    found = {kind.name: kind for kind in BUILT_IN}
+    for entry in entry_points(group=ENTRY_POINTS):
+        kind = entry.load()
+        if not isinstance(kind, Kind):
+            raise TypeError(f"entry point {entry.name!r} of {ENTRY_POINTS!r} must name an "
+                            f"nbrpc.deploy.launchers.Kind, got {kind!r}")
+        found.setdefault(kind.name, kind)
+    return found
+
+
+def keywords(registry: dict[str, Kind]) -> set[str]:
+    """Every launcher option a ``Cluster`` takes as a keyword."""
+    return {f.name for kind in registry.values() for f in fields(kind.options)}
+
+
+def choose(request: Request, **where) -> Launcher:
     """The launcher a cluster's options ask for (the options of every launcher are
-    here, not in ``Cluster``), checked before anything starts; ``gpus``: the cluster's
-    ``--gpus`` (a Slurm job then asks for one GPU per task unless told otherwise)."""
+    here, not in ``Cluster``), checked before anything starts."""
+    registry = kinds()
+    unknown = set(where) - keywords(registry)
     if unknown:
         raise TypeError(f"Cluster() got unexpected options {', '.join(map(repr, sorted(unknown)))}; "
                         "workers come from local kernels, attach=N, hosts=... (with bind, port, ssh, "
                         "python) or slurm=True")
-    slurm = SlurmOptions.from_value(slurm)
-    if slurm is not None:
-        if attach is not None or hosts is not None:
-            raise ValueError("give slurm (workers in a Slurm job), attach=N or hosts=..., only one")
-        if not isinstance(port, int) or not 0 <= port < 65536:
-            raise ValueError(f"port must be a number from 0 (a free one) to 65535, got {port!r}")
-        worker_names = _worker_names(n, names)
-        _check_names(worker_names, driver_name)
-        slurm = dataclasses.replace(slurm, python=slurm.python or python,
-                                    gpus_per_task=slurm.gpus_per_task or (1 if gpus else None))
-        return SlurmLauncher(len(worker_names), worker_names, slurm, driver_name, bind, port)
-    if attach is None and hosts is None:
-        if bind is not None or port:
-            raise ValueError("bind and port are for workers on other machines: add attach=N or hosts=...")
-        worker_names = _worker_names(n, names)
-        _check_names(worker_names, driver_name)
-        return LocalLauncher(worker_names, warm_start)
-    if attach is not None and hosts is not None:
-        raise ValueError("give attach=N (workers started elsewhere) or hosts=... (started over SSH), not both")
-    if n is not None:
-        raise ValueError("n is for local workers; with attach or hosts the count comes from them")
-    if not isinstance(port, int) or not 0 <= port < 65536:
-        raise ValueError(f"port must be a number from 0 (a free one) to 65535, got {port!r}")
-    listed = [x.strip() for x in names.split(",") if x.strip()] if isinstance(names, str) else list(names or [])
-    if hosts is not None:
-        hosts = parse_hosts(hosts)
-        listed = listed or [f"worker{i}" for i in range(1, len(hosts) + 1)]
-        if len(listed) != len(hosts):
-            raise ValueError(f"{len(hosts)} SSH workers but {len(listed)} names; give one name per worker")
-        _check_names(listed, driver_name)
-        return SshLauncher(hosts, listed, bind, port, ssh, python)
-    if isinstance(attach, bool) or not isinstance(attach, int) or attach < 0:
-        raise ValueError(f"attach must be the number of workers to wait for (>= 0), got {attach!r}")
-    if listed:
-        _check_names(listed, driver_name)
-    return AttachLauncher(attach, listed, bind, port)
-
-
-def _worker_names(n: int | None, names: Iterable[str] | None) -> list[str]:
-    if names is not None:
-        if isinstance(names, str):
-            names = [x.strip() for x in names.split(",") if x.strip()]
-        names = list(names)
-        if n is not None and n != len(names):
-            raise ValueError(f"n={n} but {len(names)} names given; give one or the other")
-        return names
-    n = 2 if n is None else n
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"the number of workers must be a whole number >= 1, got {n!r}")
-    return [f"worker{i}" for i in range(1, n + 1)]
-
-
-def _check_names(names: list[str], driver_name: str) -> None:
-    if not names:
-        raise ValueError("a cluster needs at least one worker name")
-    for name in [*names, driver_name]:
-        check_name(name)
-    everyone = [*names, driver_name]
-    duplicates = sorted({x for x in everyone if everyone.count(x) > 1})
-    if duplicates:
-        raise ValueError(f"worker names must be unique; repeated: {', '.join(duplicates)}")
+    given = {k: v for k, v in where.items() if v is not None and v is not False}
+    asked = [kind for kind in registry.values() if kind.key is not None and kind.key in given]
+    if len(asked) > 1:
+        keys = [f"{kind.key}=..." for kind in asked]
+        raise ValueError(f"workers come from one place: give {' or '.join(keys)}, "
+                         f"{'not both' if len(keys) == 2 else 'only one'}")
+    kind = asked[0] if asked else registry["local"]
+    own = {f.name for f in fields(kind.options)}
+    foreign = sorted(k for k in given if k not in own and not (k == "port" and given[k] == 0))
+    if foreign and not issubclass(kind.options, RemoteOptions) and set(foreign) <= {"bind", "port"}:
+        raise ValueError("bind and port are for workers on other machines: add attach=N or hosts=...")
+    if foreign:
+        what = "is not an option" if len(foreign) == 1 else "are not options"
+        raise ValueError(f"{', '.join(foreign)} {what} of the {kind.name} launcher")
+    return kind.make(request, from_keywords(kind.options, given))

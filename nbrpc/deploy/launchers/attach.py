@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 
 from ..._util import kill_pids
 from ...errors import DeviceMapError, JoinRefusedError, WorkerStartError
-from ...group import devices
-from ...group import membership as group
+from ...group import devices, membership
 from ..settings import check_name
 from . import addresses
 from .base import Admission, Worker, close_clients, connect, mark_stopped
@@ -115,7 +114,7 @@ class AttachLauncher:
     def prepare(self) -> None:
         pass
 
-    def start(self, cluster: Admission, driver: group.DriverGroup, deadline: float) -> None:
+    def start(self, cluster: Admission, driver: membership.DriverGroup, deadline: float) -> None:
         """Open the rendezvous, have the workers started, wait for ``expected`` of them."""
         self.cluster, self.driver = cluster, driver
         self.server = Rendezvous(self.address, self.port, self.token, driver.store.port,
@@ -219,7 +218,7 @@ class AttachLauncher:
         self._await_member(w)
 
     def _grant_name(self, requested) -> str:
-        taken = {w.name for w in self.cluster.known_workers()} | set(group.member_names())
+        taken = {w.name for w in self.cluster.known_workers()} | set(membership.member_names())
         if requested:
             try:
                 check_name(requested)
@@ -252,7 +251,7 @@ class AttachLauncher:
     def _await_member(self, w: RemoteWorker) -> None:
         """Once the worker is in torch's group, connect to its kernel and mark it running."""
         while w.link.lost is None and not self.closing:
-            if w.name in group.member_names():
+            if w.name in membership.member_names():
                 break
             time.sleep(0.05)
         else:
@@ -273,7 +272,7 @@ class AttachLauncher:
             return
         w.state = "lost"
         with self._lock:
-            if group.is_member():
+            if membership.is_member():
                 # Torch's next join would wait on this member (and hold the group's
                 # lock for good); its name and rank go, as a graceful leave would.
                 self.driver.forget({w.name: w.rank})

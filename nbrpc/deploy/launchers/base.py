@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int, str], None]
 
 
+class Started(str):
+    """The last message a ``Progress`` gets: the cluster is up (its text says in how long)."""
+
+
 @dataclass
 class Worker:
     """One worker kernel: its RPC identity, where it runs and its Jupyter client."""

@@ -30,7 +30,7 @@ from jupyter_core.utils import ensure_event_loop
 from ..._compat import jupyter_compat
 from ..._util import LOOPBACK, kill_pids, pid_alive, pid_stopped
 from ...errors import WorkerStartError
-from ...group import membership as group
+from ...group import membership
 from .. import template
 from ..settings import FAST_ALLOC_ENV
 from .base import Admission, Worker, close_clients, connect, mark_stopped, write_unbound_connection_file
@@ -100,7 +100,7 @@ class LocalLauncher:
         if self.warm_start:
             template.prestart()  # it imports torch while the driver joins RPC
 
-    def start(self, cluster: Admission, driver: group.DriverGroup, deadline: float) -> None:
+    def start(self, cluster: Admission, driver: membership.DriverGroup, deadline: float) -> None:
         store = f"{LOOPBACK}:{driver.store.port}"
         settings = [(w, cluster.admit(w).for_this_machine(store, os.getpid(), self.interface))
                     for w in self.workers]
@@ -146,7 +146,7 @@ class LocalLauncher:
 
         try:
             while waiting:
-                members = set(group.member_names())
+                members = set(membership.member_names())
                 for w in list(waiting):
                     if w.name in members:
                         waiting.remove(w)
@@ -205,7 +205,7 @@ def launch(worker: LocalWorker, env: dict[str, str], workdir: str, warm_start: b
                 worker._popen, worker.pid = forked, forked.pid
                 return
         worker._popen = launch_kernel(
-            [sys.executable, "-m", "nbrpc.deploy.worker", *argv], stdout=log, stderr=log, env=full_env, cwd=workdir
+            [sys.executable, "-m", "nbrpc.member.worker", *argv], stdout=log, stderr=log, env=full_env, cwd=workdir
         )
     worker.pid = worker._popen.pid
 

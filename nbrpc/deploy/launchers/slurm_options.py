@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+
+from .options import RemoteOptions, option
 
 
 @dataclass
@@ -17,16 +19,19 @@ class SlurmOptions:
     output and must be visible to the compute nodes (default ``~/.nbrpc/slurm``).
     """
 
-    partition: str | None = None
-    time_limit: str = "1:00:00"
-    account: str | None = None
-    nodes: int | None = None
-    tasks_per_node: int | None = None
-    cpus_per_task: int | None = None
-    gpus_per_task: int | None = None
-    args: str | list[str] = field(default_factory=list)
+    partition: str | None = option(None, "Slurm partition (--slurm)")
+    time_limit: str = option("1:00:00", "the job's time limit, as sbatch --time: 30 (minutes), 2:00:00 "
+                             "(--slurm; default 1:00:00)", metavar="TIME")
+    account: str | None = option(None, "Slurm account to charge (--slurm)")
+    nodes: int | None = option(None, "Slurm nodes for the job (--slurm)", type=int)
+    tasks_per_node: int | None = option(None, "workers per node (--slurm)", type=int)
+    cpus_per_task: int | None = option(None, "CPUs per worker (--slurm)", type=int)
+    gpus_per_task: int | None = option(None, "GPUs per worker (--slurm)", type=int)
+    args: str | list[str] = option(None, 'further sbatch (or srun) arguments for --slurm, e.g. "-p gpu -t 30 '
+                                   '--gres=gpu:1"', flag="--slurm-args", metavar="ARGS", factory=list)
     job_name: str | None = None
-    queue_timeout: float | None = None
+    queue_timeout: float | None = option(None, "cancel the job if it waits longer in the queue (--slurm; default: "
+                                         "wait, the stop button cancels it)", type=float, metavar="SECONDS")
     python: str | None = None
     folder: str | None = None
 
@@ -68,3 +73,18 @@ class SlurmOptions:
             if value is not None:
                 flags.append(f"{flag}={value}")
         return flags
+
+
+@dataclass
+class SlurmJob(RemoteOptions):
+    """The ``slurm`` launcher's options: the job's (``slurm``), where the driver listens
+    (``bind``, ``port``) and the workers' interpreter (``python``)."""
+
+    slurm: SlurmOptions | dict | bool | None = option(
+        None, "start the workers as the tasks of a Slurm job (sbatch + srun), or as a step "
+        "of the current allocation when SLURM_JOB_ID is set", action="store_true")
+    python: str | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.slurm = SlurmOptions.from_value(self.slurm)

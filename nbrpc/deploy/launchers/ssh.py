@@ -70,23 +70,6 @@ class SshLauncher(AttachLauncher):
             return self._processes.pop(name, None)
 
 
-def parse_hosts(hosts) -> list[str]:
-    """``"hostA,hostB:2"`` -> ``["hostA", "hostB", "hostB"]`` (one entry per worker)."""
-    if isinstance(hosts, str):
-        hosts = [h.strip() for h in hosts.split(",") if h.strip()]
-    expanded = []
-    for entry in hosts:
-        host, sep, count = str(entry).rpartition(":")
-        if not sep or not count.isdigit():
-            host, count = str(entry), "1"
-        if not host or int(count) < 1:
-            raise ValueError(f"bad host entry {entry!r}: use HOST or HOST:COUNT (COUNT >= 1)")
-        expanded += [host] * int(count)
-    if not expanded:
-        raise ValueError("hosts is empty; give hostA,hostB:2")
-    return expanded
-
-
 def hostname(host: str, ssh_command: str = "ssh") -> str:
     """The address ``ssh`` would connect to for ``host`` (its config's HostName)."""
     done = subprocess.run([*shlex.split(ssh_command), "-G", host], capture_output=True,

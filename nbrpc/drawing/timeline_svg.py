@@ -18,7 +18,7 @@ start). Interactive items carry:
 
 from __future__ import annotations
 
-from ..diagnostics import records
+from . import summary
 from . import timeline_layout as tl
 from .describe import size_text
 from .svg import FONT, INK, MUTED, clip, esc, num, title
@@ -127,7 +127,7 @@ def stat_cells(row: dict) -> list[str]:
 
 def summary_text(snapshot: dict, place: tl.TimelineLayout | None = None, limit: int = 20) -> str:
     """``text/plain``: the headline, then the table per function and callee."""
-    rows = records.summarize(snapshot)
+    rows = summary.summarize(snapshot)
     table = [list(STAT_COLUMNS)] + [stat_cells(r) for r in rows[:limit]]
     widths = [max(len(r[i]) for r in table) for i in range(len(STAT_COLUMNS))]
     lines = [headline(snapshot, place)]
@@ -141,7 +141,7 @@ def summary_text(snapshot: dict, place: tl.TimelineLayout | None = None, limit: 
 
 def summary_html(snapshot: dict, limit: int = 50) -> str:
     """The table per function and callee, as HTML (under the widget and in reports)."""
-    rows = records.summarize(snapshot)
+    rows = summary.summarize(snapshot)
     head = "".join(f'<th style="padding:1px 8px 1px 0;text-align:left">{c}</th>' for c in STAT_COLUMNS)
     body = []
     for r in rows[:limit]:

@@ -1,6 +1,6 @@
 """Worker bootstrap: a real ipykernel that is also a member of the driver's RPC group.
 
-The driver launches ``python -m nbrpc.deploy.worker -f CONNECTION_FILE`` with the group's
+The driver launches ``python -m nbrpc.member.worker -f CONNECTION_FILE`` with the group's
 coordinates in its environment (``settings.WorkerSettings``). The kernel binds its ZMQ ports,
 joins RPC, then serves execute requests (``%%rpc_on``) on its main thread while
 TensorPipe threads serve RPCs. A watchdog ends the process when the driver is gone.
@@ -21,17 +21,19 @@ from collections.abc import Callable
 
 from .._util import pid_alive
 from ..calls import output
-from ..group import devices
-from ..group import membership as group
+from ..deploy.settings import WorkerSettings
+from ..group import devices, membership
 from ..wire import serialization
 from . import streams
-from .settings import WorkerSettings
 
 WATCH_INTERVAL = 0.5
 
 
-def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> None:
-    settings = WorkerSettings.from_env(os.environ)
+def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
+         settings: WorkerSettings | None = None) -> None:
+    """Serve as a worker: ``settings`` given (a worker that joined from elsewhere), or
+    read from this process's environment (a local worker, started with them there)."""
+    settings = settings or WorkerSettings.from_env(os.environ)
     if settings.driver_pid is not None:  # a worker joined from elsewhere has its lifeline instead
         _watch_driver(settings.driver_pid, _scratch(argv or []))
     from ipykernel.kernelapp import IPKernelApp
@@ -43,10 +45,10 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None) -> No
         on_kernel(app)
     host, port = settings.store.rsplit(":", 1)
     serialization.set_key(settings.key)
-    store = group.connect_store(host, int(port), settings.timeout)
-    options = group.backend_options(settings.threads, settings.timeout, settings.placement,
+    store = membership.connect_store(host, int(port), settings.timeout)
+    options = membership.backend_options(settings.threads, settings.timeout, settings.placement,
                                     settings.transport)
-    group.join(store, settings.prefix, settings.name, settings.rank, options, settings.interface,
+    membership.join(store, settings.prefix, settings.name, settings.rank, options, settings.interface,
                settings.track, settings.trace)
     streams.install(app, settings.name)
     app.start()
@@ -66,15 +68,15 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     import tempfile
 
     from .._util import LOOPBACK
-    from .launchers import addresses, rendezvous
-    from .launchers.base import write_unbound_connection_file
+    from ..deploy.launchers import addresses, rendezvous
+    from ..deploy.launchers.base import write_unbound_connection_file
 
     store_port = rendezvous.relay_store(address, token)
     sock, grant = rendezvous.request_join(address, token, name, devices.visible_gpus())
     ip = sock.getsockname()[0]
     settings = WorkerSettings.from_wire(grant["settings"], f"{LOOPBACK}:{store_port}",
                                         addresses.interface_of(ip))
-    os.environ.update(settings.to_env())  # what main reads, as a local worker's
+    os.environ.update(settings.env)  # the cluster's extra variables, for the user's code
     scratch = tempfile.mkdtemp(prefix=f"nbrpc-{grant['name']}-")
     connection_file = os.path.join(scratch, "kernel.json")
     write_unbound_connection_file(connection_file, ip)
@@ -104,15 +106,15 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
 
     say(f"admitted by {address} (rank {grant['rank']}); kernel and RPC on {ip}")
 
-    main(["-f", connection_file], on_kernel=report)
+    main(["-f", connection_file], on_kernel=report, settings=settings)
 
 
 def leave(timeout: float = 20.0) -> None:
     """Leave the RPC group gracefully, its RRefs deleted first (with the driver's and
     the other workers', at the same time); the driver runs this in the kernel at shutdown."""
     output.stop_routing()
-    group.release_rrefs()
-    group.leave(graceful=True, timeout=timeout)
+    membership.release_rrefs()
+    membership.leave(graceful=True, timeout=timeout)
 
 
 def _scratch(argv: list[str]) -> str | None:

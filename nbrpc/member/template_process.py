@@ -4,7 +4,7 @@ per request from the driver (see ``template`` for the driver's side and the desi
 Each request is forked twice (here, then a short-lived middle process that exits at
 once, handing the worker to the driver, a child subreaper); the worker rewrites its
 command line and environment areas to its own, takes fresh random streams and its
-BLAS pool back, and runs as ``python -m nbrpc.deploy.worker ARGV`` would.
+BLAS pool back, and runs as ``python -m nbrpc.member.worker ARGV`` would.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 
 from .._util import JsonLines, pid_alive
-from .template import WATCH_INTERVAL
+from ..deploy.template import WATCH_INTERVAL
 
 
 def serve(fd: int) -> None:
@@ -31,7 +31,7 @@ def serve(fd: int) -> None:
     import torch  # noqa: F401
     import torch.distributed.rpc  # noqa: F401
 
-    import nbrpc.deploy.worker  # noqa: F401
+    import nbrpc.member.worker  # noqa: F401
 
     sock = socket.socket(fileno=fd)
     lines = JsonLines(sock)
@@ -103,7 +103,7 @@ def _say(fd: int, text: str) -> None:
 
 
 def _become_worker(request: dict, status_w: int, middle: int) -> None:
-    """In the forked worker: become what ``python -m nbrpc.deploy.worker ARGV`` would be, then run it."""
+    """In the forked worker: become what ``python -m nbrpc.member.worker ARGV`` would be, then run it."""
     try:
         deadline = time.monotonic() + 10
         while os.getppid() == middle and time.monotonic() < deadline:
@@ -119,9 +119,9 @@ def _become_worker(request: dict, status_w: int, middle: int) -> None:
             sys.path[0] = request["cwd"]
         os.environ.clear()
         os.environ.update(request["env"])
-        import nbrpc.deploy.worker
+        import nbrpc.member.worker
 
-        sys.argv = [nbrpc.deploy.worker.__file__, *request["argv"]]
+        sys.argv = [nbrpc.member.worker.__file__, *request["argv"]]
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -145,8 +145,8 @@ def _become_worker(request: dict, status_w: int, middle: int) -> None:
         _rewrite_area(47, b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0"
                                    for k, v in os.environ.items()))
         _rewrite_area(45, b"\0".join(os.fsencode(a) for a in
-                                      [sys.executable, "-m", "nbrpc.deploy.worker", *request["argv"]]))
-        nbrpc.deploy.worker.main(request["argv"])
+                                      [sys.executable, "-m", "nbrpc.member.worker", *request["argv"]]))
+        nbrpc.member.worker.main(request["argv"])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:

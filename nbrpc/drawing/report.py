@@ -15,7 +15,8 @@ from pathlib import Path
 from . import timeline_layout as tl
 from . import timeline_svg as ts
 
-HERE = Path(__file__).parent
+# The timeline's own script and style, beside its widget.
+ASSETS = Path(__file__).parent.parent / "widgets"
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
@@ -63,8 +64,8 @@ def write_report(snapshot: dict, path: str | os.PathLike, *, threads: bool = Fal
         "details": ts.busy_details(place) if place.aggregated else ts.call_details(snapshot),
         "status": "",
     }
-    js = (HERE / "timeline.js").read_text(encoding="utf-8").replace("export default { render };", "")
-    page = PAGE.format(title=ts.esc(title), css=(HERE / "timeline.css").read_text(encoding="utf-8"),
+    js = (ASSETS / "timeline.js").read_text(encoding="utf-8").replace("export default { render };", "")
+    page = PAGE.format(title=ts.esc(title), css=(ASSETS / "timeline.css").read_text(encoding="utf-8"),
                        static=ts.static_html(snapshot, ts.draw(snapshot, place), place),
                        state=_script_safe(json.dumps(state)), js=_script_safe(js))
     Path(path).write_text(page, encoding="utf-8")
