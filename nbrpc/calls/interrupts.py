@@ -236,7 +236,7 @@ def _stop_here(call_id: str) -> tuple[Served | None, list]:
         served.ended = threading.Event()
         nested = list(served.calling.items())
         if served.waiting is not None:
-            _release(served.waiting)  # it raises KeyboardInterrupt as it wakes
+            release(served.waiting)  # it raises KeyboardInterrupt as it wakes
         else:
             served.raised = True
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
@@ -244,7 +244,8 @@ def _stop_here(call_id: str) -> tuple[Served | None, list]:
     return served, nested
 
 
-def _release(lock) -> None:
+def release(lock) -> None:
+    """Release ``lock``, unless something released it already."""
     try:
         lock.release()
     except RuntimeError:  # its answer came at the same moment

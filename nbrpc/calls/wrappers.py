@@ -9,9 +9,8 @@ Wrappers, installed in every member by ``group.join``:
   button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
   could not pickle and in failures of workers whose process has ended. An
-  interrupted call, and one that timed out, is stopped on its worker too, nested
-  calls included (see ``interrupts``); a call that a served call makes waits the
-  same way, so that a stop of the served call wakes it.
+  interrupted or timed-out call is stopped on its worker too, nested calls included
+  (``interrupts``): a served call's own calls wait so that its stop wakes them.
 - ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
@@ -384,10 +383,7 @@ def _wait(fut, to, served: interrupts.Served | None = None) -> None:
 def _releasing(done) -> Callable:
     def release(_) -> None:
         torch_compat.keep_thread_state()  # a torch thread: its next callback runs sooner
-        try:
-            done.release()
-        except RuntimeError:  # a stop of the waiting call released it first
-            pass
+        interrupts.release(done)  # unless a stop of the waiting call released it first
 
     return release
 
