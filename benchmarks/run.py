@@ -13,7 +13,8 @@ measures, so a burst of load from elsewhere hits them alike.
 Then, each a script of its own that prints its table: start-up cold and warm next to
 ``import torch`` with PSS per worker (``startup.py``), a notebook-defined function
 against by-value pickling (``definitions.py``), a call that prints against one that
-does not (``output.py``), the wall time of tutorials 01, 02 and
+does not (``output.py``), the bookkeeping of pending calls that ``nbrpc.waits()``
+reads against a small call (``pending.py``, target at most 1%), the wall time of tutorials 01, 02 and
 04, and the driver across 20 cluster cycles (``cycles.py``). The call table also goes
 to ``build/bench.json``.
 """
@@ -76,6 +77,8 @@ def main() -> int:
     _script("definitions.py", "--calls", "2000")
     progress("a worker's output in the calling cell, per small call")
     _script("output.py", "--calls", "2000")
+    progress("the always-on bookkeeping of pending calls, per small call")
+    _script("pending.py", "--calls", "2000")
     progress("tutorials' wall time")
     print(render_tutorials(tutorial_seconds()))
     progress(f"cluster cycles, {cycles.CYCLES}")

@@ -1,6 +1,6 @@
 """Run torch's RPC test suites raw and with nbrpc's patches, and print the differences.
 
-    python conformance/run.py [--suites NAME,...] [-k EXPR] [--timeout S] [--jobs N]
+    python conformance/run.py [--suites NAME,...] [-k EXPR] [--timeout S] [--jobs N] [--xdist N] [--deadline S]
 
 Each (mode, suite) is one pytest run of ``suites.py`` in its own process group, its
 results in ``build/conformance/MODE/SUITE.xml``. A test that runs past ``--timeout``
@@ -49,8 +49,11 @@ def cuda_suites() -> set[str]:
     return {suites.PREFIX + c.__name__ for c in suites.CUDA_SUITES}
 
 
-def run_suite(mode: str, suite: str, count: int, key: str, timeout: int, select: str | None) -> float:
-    """One pytest run of ``suite`` in ``mode``; returns its wall time."""
+def run_suite(mode: str, suite: str, count: int, key: str, timeout: int, select: str | None,
+              xdist: int = 0, until: float | None = None) -> float:
+    """One pytest run of ``suite`` in ``mode`` (its tests spread over up to ``xdist``
+    pytest-xdist workers when given, stopped at the monotonic time ``until`` if given);
+    returns its wall time."""
     out = OUT / mode
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, NBRPC_CONFORMANCE=mode, NBRPC_CONFORMANCE_KEY=key,
@@ -58,13 +61,23 @@ def run_suite(mode: str, suite: str, count: int, key: str, timeout: int, select:
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "pytest", "-c", str(HERE / "pytest.ini"), f"{HERE / 'suites.py'}::{suite}",
            "-q", "-p", "no:warnings", *(["-k", select] if select else []), f"--junitxml={out / suite}.xml",
-           "-o", "junit_logging=no", "-o", "junit_duration_report=call"]
+           "-o", "junit_logging=no", "-o", "junit_duration_report=call",
+           *(["-n", str(min(xdist, count))] if xdist > 1 and count > 1 else [])]
     began = time.monotonic()
     with open(out / f"{suite}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        budget = count * (timeout + 30) / max(1, min(xdist, count)) + 120
+        if until is not None:
+            budget = max(1.0, min(budget, until - time.monotonic()))
         try:
-            proc.wait(timeout=count * (timeout + 30) + 120)
+            proc.wait(timeout=budget)
         except subprocess.TimeoutExpired:
+            # Interrupted, pytest still writes the results of the tests that ended.
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
             log.write(f"\nconformance: run ended after {time.monotonic() - began:.0f} s\n")
         finally:
             if proc.poll() is None or _group_alive(proc.pid):
@@ -158,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", help="pytest -k expression within each suite")
     parser.add_argument("--timeout", type=int, default=180, help="seconds per test before its ranks are ended")
     parser.add_argument("--jobs", type=int, default=2, help="pytest runs at once")
+    parser.add_argument("--xdist", type=int, default=0,
+                        help="pytest-xdist workers per run (needs pytest-xdist; each test's ranks are its own)")
     parser.add_argument("--modes", default=",".join(MODES), help="modes to run (raw, nbrpc)")
+    parser.add_argument("--deadline", type=float, help="seconds after which every run still going is "
+                        "interrupted (its finished tests are reported)")
     parser.add_argument("--report", action="store_true", help="only print the table of results already there")
     args = parser.parse_args(argv)
     tests = suite_tests()
@@ -173,12 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         key = secrets.token_hex(32)
         began = time.monotonic()
+        until = began + args.deadline if args.deadline else None
         # Small suites first: a run cut short still covers every suite but the biggest.
         order = sorted((s for s in tests if s not in skipped_cuda), key=lambda s: len(tests[s]))
         jobs = [(mode, s) for s in order for mode in args.modes.split(",")]
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            walls = pool.map(lambda job: (job, run_suite(*job, len(tests[job[1]]), key, args.timeout, args.select)),
-                             jobs)
+            walls = pool.map(lambda job: (job, run_suite(*job, len(tests[job[1]]), key, args.timeout, args.select,
+                                                         args.xdist, until)), jobs)
             for (mode, suite), wall in walls:
                 print(f"{mode:6} {suite}: {wall:.0f} s", flush=True)
         print(f"total {time.monotonic() - began:.0f} s with {args.jobs} runs at once\n")

@@ -9,6 +9,7 @@ if "torch" not in sys.modules:
     # imported (or %load_ext nbrpc runs) before torch.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+from .deploy import probes as _probes  # noqa: E402
 from .deploy.cluster import Cluster, current  # noqa: E402
 from .deploy.launchers.slurm import SlurmOptions  # noqa: E402
 from .diagnostics.autograd import autograd_snapshot, last_recorded, record_autograd  # noqa: E402
@@ -52,9 +53,11 @@ __all__ = [
     "last_recorded",
     "record_autograd",
     "rref_snapshot",
+    "stacks",
     "start",
     "trace",
     "trace_snapshot",
+    "waits",
 ]
 
 
@@ -69,6 +72,22 @@ def start(n=None, **options) -> Cluster:
 
         options["progress"] = start_progress()
     return Cluster(n, **options).start()
+
+
+def waits() -> dict:
+    """The running cluster's pending calls as a wait-for graph, with the hangs it names
+    (``findings``); asked over each worker's side channel, so it answers while every RPC
+    thread is blocked. See DESIGN.md, "Waits snapshot"."""
+    return _probes.waits(current())
+
+
+def stacks(members=None) -> dict:
+    """The Python stack of every thread of every member (or of ``members``, names):
+    member -> ``{"state", "pid", "threads": [{"id", "name", "serving", "frames"}]}``;
+    a notebook frame carries its ``cell`` ("cell 3, line 6") and source line."""
+    if isinstance(members, str):
+        members = [m.strip() for m in members.split(",") if m.strip()]
+    return _probes.stacks(current(), members)
 
 
 # The widgets import ipywidgets, which a script driving a cluster must not pay for:

@@ -141,7 +141,10 @@ def test_interrupted_rpc_sync_stops_the_call_on_the_worker(cluster, stop_button)
     with pytest.raises(KeyboardInterrupt) as info:
         rpc.rpc_sync("worker1", _loop, args=(60, "stopped"))
     assert time.monotonic() - began < 30
-    assert str(info.value) == "rpc_sync('worker1', _loop) was interrupted, and stopped on 'worker1' too"
+    # It says what the call was doing on its worker when it was stopped.
+    sleeping = _loop.__code__.co_firstlineno + 4  # its time.sleep(0.05)
+    assert str(info.value) == ("rpc_sync('worker1', _loop) was interrupted, and stopped on 'worker1' too. "
+                               f"When it stopped: worker1 runs _loop (test_calls.py, line {sleeping})")
 
     # The concurrent call runs on to its end; only the interrupted one stopped.
     assert beside.wait() == "beside"
@@ -182,3 +185,29 @@ def _wait_for_ended(entry: tuple, timeout: float = 10.0) -> list:
 
     wait_until(has_entry, timeout, interval=0.1)
     return ended
+
+
+def test_agent_devices_follow_torchs_rules_for_joins_and_leaves():
+    import torch
+
+    from nbrpc.calls import agent_devices
+
+    cuda = [torch.device("cuda", i) for i in range(3)]
+    devices = agent_devices.AgentDevices()
+    devices.constructed(["cuda:1", "cuda:0", "cuda:1"])  # a static group's agent
+    assert devices.current() == [cuda[1], cuda[0]]
+    devices.updated([cuda[2], cuda[0]], True)  # a join adds what the agent lacks
+    assert devices.current() == [cuda[1], cuda[0], cuda[2]]
+    devices.updated([cuda[0]], False)  # a leave keeps only what it is given
+    assert devices.current() == [cuda[0]]
+
+
+def test_a_cpu_members_futures_have_no_devices(cluster):
+    import torch.distributed.rpc as rpc
+
+    from nbrpc.calls import agent_devices, wrappers
+
+    fut = rpc.rpc_async("worker1", len, args=([1, 2],))
+    assert isinstance(fut, wrappers.NamedFuture) and fut.wait() == 2
+    assert agent_devices.current() == []
+    assert rpc.rpc_sync("worker1", agent_devices.current) == []

@@ -111,7 +111,8 @@ def test_jupyter_clients_private_name_adapts_the_protocol():
 
 def test_the_patch_points_exist_in_torch():
     for name in ("PICKLER", "UNPICKLER", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
-                 "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL"):
+                 "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL",
+                 "AGENT_INIT", "AGENT_GROUP_MEMBERSHIP"):
         for owner, attribute in getattr(torch_compat, name):
             assert hasattr(owner, attribute), (name, owner, attribute)
     from torch.distributed.optim import optimizer
@@ -123,7 +124,7 @@ INSTALL_AND_UNINSTALL = """
 import json
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
-from torch._C._distributed_rpc import PyRRef
+from torch._C._distributed_rpc import PyRRef, TensorPipeAgent
 from torch.distributed.rpc import api, internal
 
 from nbrpc._compat import torch_compat
@@ -133,7 +134,8 @@ from nbrpc.wire import serialization
 def now():
     return [api._to_worker_info, api.rpc_sync, rpc.rpc_sync, api.rpc_async, api.remote, rpc.remote,
             internal._pickler, internal._unpickler, internal._handle_exception,
-            PyRRef.__init__, PyRRef.to_here, dist_autograd.backward]
+            PyRRef.__init__, PyRRef.to_here, dist_autograd.backward, TensorPipeAgent.__init__,
+            TensorPipeAgent._update_group_membership]
 
 torch_before = now()
 patches.install(track=True)
@@ -155,3 +157,36 @@ def test_install_puts_every_patch_in_place_and_uninstall_takes_it_back(tmp_path)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(report["replaced"]) and all(report["ours"]), report
     assert all(report["restored"]), report
+
+
+def calls_in(function) -> list[str]:
+    """The names ``function`` calls, in the order its source has them."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            found.append((node.lineno, node.col_offset, ast.unparse(func)))
+    return [name for _, _, name in sorted(found)]
+
+
+def test_init_rpc_has_the_steps_that_join_repeats():
+    # ARCHITECTURE.md, "What a member's join does": init_rpc's steps and the order that
+    # membership.join repeats (torch 2.11 and 2.13); a torch that adds or moves one fails here.
+    steps = [name for name in calls_in(rpc.init_rpc) if name in (
+        "torch._C._log_api_usage_once", "dist._create_store_from_options", "dist.rendezvous",
+        "store.set_timeout", "dist.PrefixStore", "dist_autograd._init", "_set_profiler_node_id",
+        "_init_rpc_backend")]
+    assert steps == ["torch._C._log_api_usage_once", "dist._create_store_from_options",
+                     "dist.rendezvous", "store.set_timeout", "dist.PrefixStore", "dist_autograd._init",
+                     "_set_profiler_node_id", "_init_rpc_backend"]
+    assert "_init_counter += 1" in __import__("inspect").getsource(rpc.init_rpc)
+    backend = calls_in(rpc._init_rpc_backend)
+    assert backend == ["_validate_rpc_args", "_is_current_rpc_agent_set", "RuntimeError",
+                       "backend_registry.init_backend", "api._init_rpc_states"]
+    assert torch_compat.init_rpc_backend is rpc._init_rpc_backend
+    assert torch_compat.set_profiler_node_id is rpc._set_profiler_node_id

@@ -105,3 +105,59 @@ def test_tutorial_06_runs_the_direct_path(tmp_path):
              for c in notebook.cells if c.cell_type == "code"]
     assert any("ran the staged and the direct path" in t for t in texts), texts
     assert any("CUDA is available" in t for t in texts)
+
+
+CUDA_FUTURES = '''
+import json, torch
+import torch.distributed.rpc as rpc
+from nbrpc._compat import torch_compat
+
+SLEEP = 200_000_000  # GPU cycles (about 0.1 s): long enough for a missing sync to show
+
+
+def slow_ones(t):
+    torch.cuda._sleep(SLEEP)
+    return t.fill_(1)
+
+
+@rpc.functions.async_execution
+def nested_add(to, x, y, z):
+    # torch's rpc_test.py async_cuda_nested_add: an @async_execution function returns
+    # rpc_async(...).then(cb) on CUDA tensors
+    def cb(fut):
+        torch.cuda._sleep(SLEEP)
+        return fut.value() + z
+
+    return rpc.rpc_async(to, torch.add, args=(x, y)).then(cb)
+
+
+def cuda_semantics(rpc_async):
+    """What a future of rpc_async (nbrpc's or torch's) does with CUDA values, read on
+    another stream than the default one."""
+    x = torch.zeros(1000, device="cuda:0")
+    fut = rpc_async("worker1", slow_ones, args=(x,))
+    child = fut.then(lambda f: [torch.cuda.current_stream() != torch.cuda.default_stream(), f.value() * 2])
+    a = b = c = torch.ones(1000, device="cuda:0")
+    nested = rpc_async("worker1", nested_add, args=("worker2", a, b, c))
+    with torch.cuda.stream(torch.cuda.Stream("cuda:0")):
+        ones = fut.wait()
+        on_pool_streams, doubled = child.wait()
+        threes = nested.wait()
+        return {"value": bool(torch.eq(ones, 1).all()), "callback on pool streams": on_pool_streams,
+                "then": bool(torch.eq(doubled, 2).all()), "nested": bool(torch.eq(threes, 3).all())}
+'''
+
+
+def test_rpc_async_futures_keep_torchs_cuda_semantics(tmp_path):
+    # nbrpc's rpc_async returns a NamedFuture: it, what its then() makes, and what an
+    # @async_execution function returns from it must sync CUDA streams as torch's own do
+    out = run_cells(
+        tmp_path, SETUP, "%rpc_init -n 2 --gpus", CUDA_FUTURES,
+        "print(json.dumps({'nbrpc': cuda_semantics(rpc.rpc_async), "
+        "'torch': cuda_semantics(torch_compat.rpc_async)}))",
+        "%rpc_shutdown",
+    )
+    seen = last_json(out[3])
+    expected = {"value": True, "callback on pool streams": True, "then": True, "nested": True}
+    assert seen["torch"] == expected, seen
+    assert seen["nbrpc"] == expected, seen

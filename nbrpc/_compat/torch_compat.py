@@ -49,6 +49,23 @@ current_agent = api._get_current_rpc_agent
 has_agent = api._is_current_rpc_agent_set
 # The default timeout of an agent that joined for an earlier cluster; known to work with torch 2.11 and 2.13.
 set_rpc_timeout = rpc._set_rpc_timeout
+# The node id torch's profiler gives this process's events (init_rpc sets the rank
+# before the agent starts; the default, -1, leaves the profiler's "Node ID" empty);
+# known to work with torch 2.11 and 2.13.
+set_profiler_node_id = rpc._set_profiler_node_id
+# torch's API-usage log entry for init_rpc (a no-op unless a logging hook is set);
+# known to work with torch 2.11 and 2.13.
+INIT_RPC_USAGE = "torch.distributed.init_rpc"
+log_api_usage = torch._C._log_api_usage_once
+
+
+def count_init() -> None:
+    """What ``init_rpc`` does to ``rpc._init_counter`` (the number of its store prefix,
+    ``rpc_prefix_N``), under its lock: a member that joined counts as one init, as in a
+    script; known to work with torch 2.11 and 2.13."""
+    with rpc._init_counter_lock:
+        rpc._init_counter += 1
+
 # Busy threads and owned RRefs of this member (%rpc_status); known to work with torch 2.11 and 2.13.
 debug_info = rpc._get_debug_info
 # This member's RRef counters (owned RRefs in the ledger's report); known to work with torch 2.11 and 2.13.
@@ -66,6 +83,12 @@ STORE_MEMBERS_KEY = "names/_ALL_WORKER_INFOS"
 # The keyword of TensorPipeRpcBackendOptions that picks its transports (uv, shm);
 # known to work with torch 2.11 and 2.13.
 TRANSPORTS_OPTION = "_transports"
+
+
+# TensorPipeAgent's constructor and _update_group_membership, kept before nbrpc follows
+# the agent's devices through them (calls.agent_devices); known to work with torch 2.11 and 2.13.
+agent_init = TensorPipeAgent.__init__
+agent_update_group_membership = TensorPipeAgent._update_group_membership
 
 
 def update_group_membership(agent, info, devices: list, maps: dict, joined: bool) -> None:
@@ -229,6 +252,11 @@ def context_creator(context_id: int) -> int:
     return context_id >> 48
 
 
+# Whether a profiler records on this thread (it records each call's events on the
+# thread that makes it); known to work with torch 2.11 and 2.13.
+profiler_enabled = torch.autograd._profiler_enabled
+
+
 def current_context_id() -> int:
     """The id of this thread's distributed autograd context (``RuntimeError``: none);
     known to work with torch 2.11 and 2.13."""
@@ -289,6 +317,8 @@ RREF_INIT = ((PyRRef, "__init__"),)
 RREF_TO_HERE = ((PyRRef, "to_here"),)
 COLLECT_ALL = ((torch._C, "_collect_all"),)
 BACKWARD = ((dist_autograd, "backward"),)
+AGENT_INIT = ((TensorPipeAgent, "__init__"),)
+AGENT_GROUP_MEMBERSHIP = ((TensorPipeAgent, "_update_group_membership"),)
 
 _originals: dict[tuple, object] = {}
 # Everything that stood or stands at a patch point, torch's and nbrpc's alike:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .._compat import torch_compat
 from .._util import Hooks
 from ..recording import gradients, recorder
+from ..recording.pending import PENDING
 from .fanout import ask_members
 
 _torch_backward = torch_compat.backward
@@ -23,7 +24,16 @@ def install() -> None:
 
 
 def backward(context_id: int, roots, retain_graph: bool = False) -> None:
-    """``torch.distributed.autograd.backward``, watched by the recordings."""
+    """``torch.distributed.autograd.backward``, watched by the recordings and in flight
+    (its gradients go to every member of the context) while it runs."""
+    key = PENDING.calling(f"context {context_id}", "dist_autograd.backward", None, "backward")
+    try:
+        _backward(context_id, roots, retain_graph)
+    finally:
+        PENDING.answered(key)
+
+
+def _backward(context_id: int, roots, retain_graph: bool) -> None:
     if recorder.RECORDER.recording:  # the hooks that stand for the gradients' messages
         with recorder.quiet():
             ask_members(gradients.hook_context, (context_id,))

@@ -37,6 +37,7 @@ import torch
 
 from .._compat import torch_compat
 from ..recording import recorder
+from ..recording.pending import PENDING
 from . import output, serving
 
 # What ``stop`` answers.
@@ -139,6 +140,7 @@ class Stoppable:
     def serve(self, *args, **kwargs):
         """Run the call on this thread; its value, or the ``RemoteException`` torch sends."""
         output.begin()
+        PENDING.serving(self.call_id, self.func)
         try:
             if self.trace is None:
                 return self._run(args, kwargs)
@@ -156,6 +158,7 @@ class Stoppable:
             # output has gone: its print and reply made here are part of the call.
             return torch_compat.remote_exception(e)
         finally:
+            PENDING.done(self.call_id)
             output.end()
 
     def _run(self, args, kwargs):
@@ -205,8 +208,10 @@ def calling_from_here(to, call_id: str | None) -> Served | None:
     return served
 
 
-def called(served: Served, call_id: str) -> None:
-    """``served``'s call ``call_id`` has its answer."""
+def called(served: Served | None, call_id: str) -> None:
+    """``served``'s call ``call_id`` has its answer (None: no served call made it)."""
+    if served is None:
+        return
     with _served.lock:
         served.calling.pop(call_id, None)
 

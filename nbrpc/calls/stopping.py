@@ -15,26 +15,32 @@ from collections.abc import Callable
 
 from . import interrupts
 
+# A stop was asked, and its answer did not come.
+NO_ANSWER = "no answer"
 
-def stopped(to, label: str, call_id: str | None) -> KeyboardInterrupt:
+
+def stopped(to, label: str, call_id: str | None, why: str = "") -> KeyboardInterrupt:
     """The error for an interrupted call, after asking its worker to stop it: it says
-    what the worker answered, never more."""
+    what the worker answered, never more; ``why`` ends it (the diagnosis)."""
     if call_id is None:
-        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped")
+        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped{why}")
     stopping = interrupts.send_stop(to, call_id)
     name = to if isinstance(to, str) else getattr(to, "name", str(to))
     if interrupts.served_here() is not None:
         # A nested call, stopped with the call that made it: whoever stopped that one
         # waits for this stop's answer; waiting here too could hold a lock it needs.
-        return KeyboardInterrupt(f"{label} was interrupted; {name!r} was asked to stop it")
-    outcome = interrupts.stop_outcome(stopping)
+        return KeyboardInterrupt(f"{label} was interrupted; {name!r} was asked to stop it{why}")
+    outcome = interrupts.stop_outcome(stopping) or NO_ANSWER
     if outcome == interrupts.STOPPED:
-        return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too")
-    return KeyboardInterrupt(f"{label} was interrupted; {outcome_text(outcome, name)}")
+        return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too{why}")
+    return KeyboardInterrupt(f"{label} was interrupted; {outcome_text(outcome, name)}{why}")
 
 
 def outcome_text(outcome: str | None, name: str) -> str:
-    """What became of a call ``name`` was asked to stop, in words."""
+    """What became of a call ``name`` was asked to stop, in words (None: no stop was
+    asked, or its answer is not known here)."""
+    if outcome is None:
+        return "it may still be running there"
     if outcome == interrupts.STOPPED:
         return f"nbrpc stopped it on {name!r}"
     if outcome == interrupts.NOT_RUNNING:
@@ -57,17 +63,28 @@ def stop_on_timeout(error: Exception, to, call_id: str | None) -> str | None:
     stopping = interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
     if interrupts.served_here() is not None:
         return None  # a nested call: see stopped
-    return interrupts.stop_outcome(stopping, interrupts.TIMEOUT_STOP_GRACE + 1.0)
+    return interrupts.stop_outcome(stopping, interrupts.TIMEOUT_STOP_GRACE + 1.0) or NO_ANSWER
+
+
+def stop_if_timed_out(error: Exception, to, call_id: str | None):
+    """After torch gave up on call ``call_id`` (an ``rpc_async``'s), stop it on ``to``
+    without waiting: the stop's Future (``outcome`` reads it), or None."""
+    if call_id is None or not timed_out(error):
+        return None
+    return interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
 
 
 def outcome(stop) -> str | None:
     """The answer to a stop ``send_stop`` sent (None: none sent, or no answer)."""
-    return None if stop is None else interrupts.stop_outcome(stop)
+    return None if stop is None else interrupts.stop_outcome(stop) or NO_ANSWER
 
 
-def wait_served(served: interrupts.Served, done, wait: Callable[[], None]) -> None:
+def wait_served(served: interrupts.Served | None, done, wait: Callable[[], None]) -> None:
     """``wait()`` until ``done`` (a held lock) is released, by the answer or by a stop of
-    ``served`` (then ``KeyboardInterrupt``)."""
+    ``served`` if any (then ``KeyboardInterrupt``)."""
+    if served is None:
+        wait()
+        return
     if not interrupts.waiting(served, done):
         raise KeyboardInterrupt
     try:

@@ -9,15 +9,13 @@ Wrappers, installed in every member by ``group.join``:
   button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
   could not pickle and in failures of workers whose process has ended. An
-  interrupted or timed-out call is stopped on its worker too, nested calls included
-  (``interrupts``): a served call's own calls wait so that its stop wakes them.
-- ``rpc.rpc_async``: returns a ``NamedFuture``, whose ``wait`` does the same.
+  interrupted or timed-out call is stopped on its worker too, nested calls included.
+- ``rpc.rpc_async``: returns a ``NamedFuture`` (torch's devices), whose ``wait`` does the same.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
 - ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
-  thread can be interrupted outside a distributed autograd context (the waiting stops;
-  the function that built the RRef's value is not stopped). Both tell the RRef ledger
-  while it tracks.
+  thread can be interrupted outside an autograd context and a profiler (the waiting stops;
+  the function that built the value is not stopped). Both tell the RRef ledger if it tracks.
 """
 
 from __future__ import annotations
@@ -42,8 +40,9 @@ from ..errors import (
     WorkerDiedError,
 )
 from ..recording import recorder, rref_ledger
+from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import interrupts, output, stopping
+from . import agent_devices, interrupts, output, stopping
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
@@ -103,22 +102,22 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     record = _record("rpc_sync", to, func)
     fut, call_id = _send(lambda f: torch_compat.invoke_rpc(to, f, RPCExecMode.SYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
-    served = interrupts.calling_from_here(to, call_id)
+    key, served = PENDING.calling(to, func, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
     try:
         _wait(fut, to, served)
         value = fut.wait()
     except RuntimeError as e:
-        _raise_named(e, to, _label("rpc_sync", to, func), timeout, record.answered,
-                     stopping.stop_on_timeout(e, to, call_id))
+        stop = stopping.stop_on_timeout(e, to, call_id)
+        _raise_named(e, to, _label("rpc_sync", to, func), timeout, record.answered, key, stop)
     except KeyboardInterrupt as e:
         record.failed(e)
-        raise stopping.stopped(to, _label("rpc_sync", to, func), call_id) from None
+        raise _stopped(to, _label("rpc_sync", to, func), call_id, key) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         record.answered(e)
         raise
     finally:
-        if served is not None:
-            interrupts.called(served, call_id)
+        PENDING.answered(key)
+        interrupts.called(served, call_id)
     record.answered()
     return value
 
@@ -129,8 +128,8 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     record = _record("rpc_async", to, func)
     fut, call_id = _send(lambda f: torch_compat.invoke_rpc(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
-    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, record,
-                        interrupts.calling_from_here(to, call_id))
+    key = PENDING.calling(to, func, call_id, "rpc_async")
+    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, record, key)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
     return named
@@ -140,29 +139,29 @@ class NamedFuture(torch.futures.Future):
     """What ``rpc_async`` returns: ``wait()`` names failures as ``rpc_sync`` does and,
     on the main thread, can be interrupted, which stops the call on its worker too.
 
-    Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all``
-    (see ``collect_all``) keep torch's own errors.
+    Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all`` (see
+    ``collect_all``) keep torch's errors; it has torch's future's devices (``agent_devices``).
     """
 
     def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
-                 record: _Record | _Unrecorded = None, served: interrupts.Served | None = None):
-        super().__init__()
+                 record: _Record | _Unrecorded = None, key: str | None = None):
+        super().__init__(devices=agent_devices.current())
         self._call = (to, label, timeout, call_id)
         self._record = record or UNRECORDED
-        self._served = served  # the call this one was made by, on this member
+        self._key = key  # in PENDING while in flight
+        self._served = interrupts.calling_from_here(to, call_id)  # what made it, on this member
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
-        if self._served is not None:
-            interrupts.called(self._served, self._call[3])
+        PENDING.answered(self._key)
+        interrupts.called(self._served, self._call[3])
         try:
             value = fut.value()
         except Exception as e:
-            if stopping.timed_out(e) and self._call[3] is not None:
-                self._stopping = interrupts.send_stop(self._call[0], self._call[3], interrupts.TIMEOUT_STOP_GRACE)
+            self._stopping = stopping.stop_if_timed_out(e, self._call[0], self._call[3])
             # Only a look: ``wait`` raises the remote exception itself.
             self._record.answered(remote_errors.original(e, take=False) or e)
             self.set_exception(e)
@@ -176,9 +175,9 @@ class NamedFuture(torch.futures.Future):
             _wait(self, to, interrupts.served_here())
             return super().wait()
         except RuntimeError as e:
-            _raise_named(e, to, label, timeout, stop=stopping.outcome(self._stopping))
+            _raise_named(e, to, label, timeout, None, self._key, stopping.outcome(self._stopping))
         except KeyboardInterrupt:
-            raise stopping.stopped(to, label, call_id) from None
+            raise _stopped(to, label, call_id, self._key) from None
 
 
 def collect_all(futures):
@@ -200,10 +199,11 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     a recorded ``remote``'s reply is the owner's ack of the RRef."""
     record = _record("remote", to, func)
     try:
-        rref, _ = _send(lambda f: _torch_remote(to, f, args, kwargs, timeout), func, args, record, replies=False)
+        rref, call_id = _send(lambda f: _torch_remote(to, f, args, kwargs, timeout), func, args, record, replies=False)
     except RuntimeError as e:
         _raise_named(e, to, _label("remote", to, func), timeout, record.named)
     record.made_rref(rref)
+    PENDING.remote_sent(rref, to, func, call_id, torch_compat.creation_future(rref))
     if rref_ledger.is_tracking():
         rref_ledger.created(rref)
     return rref
@@ -215,33 +215,36 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
     record = _record("to_here", owner, rref=rref)
+    key = PENDING.calling(owner, "to_here", None, "to_here", PENDING.remote_call(rref))
     try:
-        if threading.current_thread() is threading.main_thread() and not _in_autograd_context():
+        if threading.current_thread() is threading.main_thread() and not _this_threads():
             value = _in_background(lambda: _fetch(rref, timeout, record), owner)
         else:
             value = _fetch(rref, timeout, record)
     except RuntimeError as e:
-        _raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered)
+        _raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered, key)
     except KeyboardInterrupt:
         record.failed(KeyboardInterrupt("interrupted"))
         raise KeyboardInterrupt(
             f"to_here() of an RRef owned by {owner!r} was interrupted; only the waiting "
-            "stopped (the fetch ends in the background)") from None
+            f"stopped (the fetch ends in the background){PENDING.explained(key)}") from None
+    finally:
+        PENDING.answered(key)
     record.answered()
     if rref_ledger.is_tracking():
         rref_ledger.fetched(rref, value)
     return value
 
 
-def _in_autograd_context() -> bool:
-    """True inside ``dist_autograd.context()`` on this thread. torch's ``to_here`` records
-    its reply in this thread's context (a send and a recv function), which a helper
-    thread does not have: fetched there, the value came back a leaf, its backward never
-    reached the owner, and ``dist_autograd.backward`` waited for good."""
+def _this_threads() -> bool:
+    """True inside ``dist_autograd.context()`` or a profiler on this thread. torch's
+    ``to_here`` records its reply in this thread's context (a send and a recv function)
+    and its event in this thread's profile: fetched on a helper thread, the value came
+    back a leaf (``dist_autograd.backward`` waited for good) and the profile lacked it."""
     try:
         torch_compat.current_context_id()
     except RuntimeError:
-        return False
+        return torch_compat.profiler_enabled()
     return True
 
 
@@ -277,11 +280,11 @@ def _send(send: Callable, func, args, record: _Record | _Unrecorded, replies: bo
         record.sent(func, args)
 
 
-def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None,
+def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None, key=None,
                  stop: str | None = None) -> NoReturn:
     """Raise ``error`` as nbrpc names it (``_named``; itself when nothing more is known),
     chained to torch's; ``note(named)`` tells the call's record first."""
-    named = _named(error, to, label, timeout, stop)
+    named = _named(error, to, label, timeout, key, stop)
     if note is not None:
         note(named)
     if named is error:
@@ -361,22 +364,13 @@ def _label(how: str, to, func) -> str:
 
 
 def _wait(fut, to, served: interrupts.Served | None = None) -> None:
-    """On the main thread, and on a thread serving a call (``served``), wait for ``fut``
-    (torch's or concurrent's) in a way Ctrl-C, or a stop of the served call, can
-    interrupt; elsewhere, leave the waiting to the caller.
-
-    A lock released by the future's done-callback: acquiring a lock with a timeout is
-    interruptible and costs no CPU while it waits, where polling ``done()`` took a core
-    from the threads that answer the call. A stop of ``served`` releases it too.
-    """
-    if fut.done() or (served is None and threading.current_thread() is not threading.main_thread()):
-        return
-    done = _thread.allocate_lock()
-    done.acquire()
-    fut.add_done_callback(_releasing(done))
-    if served is None:
-        _await(done, to)
-    else:
+    """On the main thread, or serving a call (``served``, whose stop ends the wait), wait
+    for ``fut`` in a way Ctrl-C can interrupt: a lock released by its done-callback (a
+    lock's timed acquire costs no CPU, where polling ``done()`` took a core)."""
+    if not fut.done() and (served is not None or threading.current_thread() is threading.main_thread()):
+        done = _thread.allocate_lock()
+        done.acquire()
+        fut.add_done_callback(_releasing(done))
         stopping.wait_served(served, done, lambda: _await(done, to))
 
 
@@ -406,11 +400,16 @@ def _in_background(call: Callable, to):
     return job.result()
 
 
-def _named(error: RuntimeError, to, label: str, timeout: float, stop: str | None = None) -> Exception:
+def _stopped(to, label: str, call_id: str | None, key: str | None = None) -> KeyboardInterrupt:
+    """The error for an interrupted call, after asking its worker to stop it."""
+    # The diagnosis first: the stop changes what the callee does.
+    return stopping.stopped(to, label, call_id, PENDING.explained(key))
+
+
+def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None = None, stop=None) -> Exception:
     """Return a clearer error for a dead worker or a timeout, the remote exception
     itself where it was of a class torch could not keep, else ``error`` itself;
-    ``label`` names the call (``rpc_sync('worker1', f)``), ``stop`` what became of a
-    timed-out call nbrpc asked its worker to stop (see ``interrupts.stop``)."""
+    ``label`` names the call, ``stop`` what became of it after a timeout's stop."""
     original = remote_errors.original(error)
     if original is not None:
         return original
@@ -427,7 +426,7 @@ def _named(error: RuntimeError, to, label: str, timeout: float, stop: str | None
         msg = (
             f"{label} failed: worker {name!r} {fate}. Its state is "
             "lost; the other workers keep running. Start a new cluster (%rpc_shutdown, "
-            f"then %rpc_init) to get {name!r} back. Torch said: {error}"
+            f"then %rpc_init) to get {name!r} back{PENDING.explained(key)}. Torch said: {error}"
         )
         return WorkerDiedError(msg)
     text = str(error)
@@ -439,12 +438,11 @@ def _named(error: RuntimeError, to, label: str, timeout: float, stop: str | None
         return SerializationError(msg)
     if "RPC ran for more than set timeout" in text:
         seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
-        still = stopping.outcome_text(stop, name) if stop else "it may still be running there"
         torch_said = text.split("\n\nAt:", 1)[0].strip()
         msg = (
-            f"{label} got no answer within {seconds:g} s ({still}). "
+            f"{label} got no answer within {seconds:g} s ({stopping.outcome_text(stop, name)}). "
             "Pass timeout=SECONDS to the call, or start the cluster "
-            f"with a longer default (%rpc_init --timeout SECONDS). Torch said: {torch_said}"
+            f"with a longer default (%rpc_init --timeout SECONDS){PENDING.explained(key)}. Torch said: {torch_said}"
         )
         return RpcTimeoutError(msg)
     return error

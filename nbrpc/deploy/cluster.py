@@ -33,7 +33,8 @@ from ..errors import (
 )
 from ..group import devices, membership
 from ..group.membership import DEFAULT_TRANSPORT
-from . import execution, launchers, template
+from ..recording.pending import PENDING
+from . import execution, launchers, probes, template
 from .launchers.base import Progress, Started, Worker
 from .options import DEFAULTS, ClusterOptions
 from .settings import WorkerSettings
@@ -148,6 +149,8 @@ class Cluster:
         self.progress = progress or (lambda done, total, message: None)
         self._workers = self.launcher.planned()
         self._admitting = threading.Lock()
+        self.probes = probes.Probes()  # the side channel nbrpc.waits() and stacks() ask
+        self._explain = probes.explainer(self)
         self.placements = _placements(driver_name, self.launcher.placement_names(), gpus, device_maps,
                                       self.launcher.own_gpus)
         self.gpus = bool(gpus)
@@ -174,6 +177,7 @@ class Cluster:
         atexit.register(self.shutdown)
         wrappers.WORKER_FATES.add(self._fate)
         trace.CLUSTER_TRACES.add(self._traces)
+        PENDING.explainers.add(self._explain)
         try:
             self.launcher.start(self, driver, began + self.startup_timeout)
             self.install_devices()
@@ -211,6 +215,8 @@ class Cluster:
             self.state = "stopped"
             wrappers.WORKER_FATES.discard(self._fate)
             trace.CLUSTER_TRACES.discard(self._traces)
+            PENDING.explainers.discard(self._explain)
+            self.probes.close()
             if _current is self:
                 _current = None
 
@@ -258,7 +264,13 @@ class Cluster:
                     f"worker {w.name!r} {fate}; run on the others, or restart the cluster "
                     "(%rpc_shutdown, then %rpc_init)"
                 )
-        execution.run(code, chosen, output or PrintOutput())
+        # In flight while the cells run: a stuck one is diagnosed as a stuck call is.
+        keys = [PENDING.calling(w.name, "the %%rpc_on cell", None, "rpc_on", site=False) for w in chosen]
+        try:
+            execution.run(code, chosen, output or PrintOutput())
+        finally:
+            for key in keys:
+                PENDING.answered(key)
 
     def select(self, targets: str | Iterable[str]) -> list[Worker]:
         """Workers named by ``"all"``, ``"a,b"`` or a list of names."""

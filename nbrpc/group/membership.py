@@ -267,7 +267,12 @@ def join(
 
         torch.cuda.init()
     before_agent(track)
+    # init_rpc's own steps between its store and its backend (see ARCHITECTURE.md,
+    # "What a member's join does"), in its order.
+    torch_compat.log_api_usage(torch_compat.INIT_RPC_USAGE)
+    torch_compat.count_init()
     torch_compat.init_dist_autograd(rank)
+    torch_compat.set_profiler_node_id(rank)
     torch_compat.init_rpc_backend(
         rpc.BackendType.TENSORPIPE,
         dist.PrefixStore(prefix, store),

@@ -1,23 +1,40 @@
 """The IPython extension: ``%load_ext nbrpc`` registers the RPC magics."""
 
 
-# Each shell's CellOutput, by the shell's id (one in a kernel).
+# Each shell's CellOutput and HangWatch, by the shell's id (one in a kernel).
 _cell_outputs: dict = {}
+_hang_watches: dict = {}
 
 
 def load_ipython_extension(ipython):
     from ..deploy import template
     from .display import CellOutput
+    from .hangs import HangWatch
     from .magics import RpcMagics
 
     ipython.register_magics(RpcMagics)
     # What workers write in calls and background threads shows in the running cell.
     _cell_outputs[id(ipython)] = cell_output = CellOutput()
     cell_output.register(ipython)
+    # A cell stuck on the cluster says on what, by itself.
+    _hang_watches[id(ipython)] = watch = HangWatch()
+    watch.register(ipython)
     if template.enabled():
         # A notebook that loads nbrpc runs %rpc_init next: the warm template imports
         # torch and ipykernel while the person types, and the first cluster forks from it.
         template.prestart()
+
+
+def hang_watch(ipython=None):
+    """The loaded extension's ``HangWatch`` in ``ipython`` (the running shell by default)."""
+    if ipython is None:
+        from IPython import get_ipython
+
+        ipython = get_ipython()
+    watch = _hang_watches.get(id(ipython))
+    if watch is None:
+        raise RuntimeError("nbrpc's extension is not loaded: %load_ext nbrpc")
+    return watch
 
 
 def unload_ipython_extension(ipython):
@@ -26,3 +43,6 @@ def unload_ipython_extension(ipython):
     cell_output = _cell_outputs.pop(id(ipython), None)
     if cell_output is not None:
         cell_output.unregister(ipython)
+    watch = _hang_watches.pop(id(ipython), None)
+    if watch is not None:
+        watch.unregister(ipython)

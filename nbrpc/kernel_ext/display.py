@@ -82,8 +82,15 @@ class CellOutput:
         with self._lock:
             self._running = True
             held, self._held = self._held, []
-            for batch in held:
-                self._shown.show(*batch)
+            late = set()
+            for worker, pieces, final in held:
+                if final and worker not in late:
+                    # The end of a call whose cell had ended (its caller gave up, or never
+                    # waited): not this cell's output.
+                    late.add(worker)
+                    self._shown.output.stream(worker, "stderr", f"[{worker}] (late: what a call wrote "
+                                                                "after the cell that made it had ended)\n")
+                self._shown.show(worker, pieces, final)
 
     def post_run_cell(self, result=None) -> None:
         with self._lock:

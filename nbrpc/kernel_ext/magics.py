@@ -1,5 +1,5 @@
-"""The magics (``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_shutdown``, ``%rref_graph``,
-``%autograd_graph``, ``%rpc_timeline``): thin shells over ``Cluster`` and the widgets."""
+"""The magics (``%rpc_init``, ``%%rpc_on``, ``%rpc_status``, ``%rpc_stacks``, ``%rpc_waits``, ``%rpc_shutdown``,
+``%rref_graph``, ``%autograd_graph``, ``%rpc_timeline``): thin shells over ``Cluster`` and the widgets."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..deploy import cluster as cluster_mod
-from ..deploy import launchers
+from ..deploy import launchers, probes
 from ..deploy.launchers.options import flags
 from ..deploy.launchers.slurm_options import SlurmOptions
 from ..deploy.options import ClusterOptions
+from ..diagnostics import stacks as stacks_mod
 from ..drawing.status import StatusTable
-from ..errors import JobRefusedError, NoClusterError
+from ..errors import JobRefusedError, NoClusterError, UnknownWorkerError
+from . import hangs
 from .display import KernelOutput, start_progress
 
 
@@ -133,6 +135,38 @@ class RpcMagics(Magics):
         if line.strip():
             raise UsageError("%rpc_status takes no arguments")
         return StatusTable(_running().status())
+
+    @magic_arguments()
+    @argument("members", nargs="*", help="member names, comma- or space-separated (default: all)")
+    @line_magic
+    def rpc_stacks(self, line: str = ""):
+        """Show the Python stack of every thread of every member (or of the named ones),
+        also while every RPC thread is blocked; nbrpc's and torch's frames folded."""
+        args = _parse(self.rpc_stacks, line)
+        names = [n for part in args.members for n in part.split(",") if n] or None
+        try:
+            found = probes.stacks(_running(), names)
+        except UnknownWorkerError as e:
+            raise UsageError(f"%rpc_stacks: {e}") from None
+        print(stacks_mod.format_stacks(found))
+
+    @magic_arguments()
+    @argument("--show", choices=("findings", "always"), default=None,
+              help="what a cell that waits on the cluster for 1 s shows by itself: the hangs found "
+                   "(findings, the default), or its pending calls too (always)")
+    @line_magic
+    def rpc_waits(self, line: str = ""):
+        """Show the cluster's pending calls and the hangs found now (``nbrpc.waits()``)."""
+        from . import hang_watch
+
+        args = _parse(self.rpc_waits, line)
+        if args.show is not None:
+            hang_watch(self.shell).always = args.show == "always"
+            print(f"nbrpc: a waiting cell shows {'its pending calls and ' if args.show == 'always' else ''}"
+                  "the hangs found")
+            return
+        snap = probes.waits(_running())
+        print(hangs.Report(snap["findings"], snap["calls"]) if snap["calls"] else "nbrpc: no call is pending")
 
     @line_magic
     def rpc_shutdown(self, line: str = ""):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from .._util import pid_alive
 from ..calls import output
+from ..deploy import probes
 from ..deploy.settings import WorkerSettings
 from ..group import devices, membership
 from ..wire import serialization
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
     app = IPKernelApp.instance()
     app.outstream_class = streams.OUTSTREAM_CLASS
     app.initialize(argv)
+    probes.serve(app, settings.name)  # answers while every RPC thread is blocked
     if on_kernel is not None:
         on_kernel(app)
     host, port = settings.store.rsplit(":", 1)

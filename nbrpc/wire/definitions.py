@@ -136,7 +136,9 @@ def _cache_code(ident: Identity, func: types.FunctionType) -> None:
         code = func.__code__
         payload = REGISTRY.code_payloads.get(code)
         if payload is None:  # shared by every function made from this code (lambdas in a loop)
-            payload = REGISTRY.code_payloads[code] = cloudpickle.dumps(code)
+            # cloudpickle sends "<dynamic-code>" as the file name: the cell's own name
+            # goes with it, so stacks and diagnoses on the receiver can name the cell.
+            payload = REGISTRY.code_payloads[code] = cloudpickle.dumps((code, code.co_filename))
         ident.payload, ident.code = payload, code
         ident.version += 1
 
@@ -191,13 +193,20 @@ def _known(origin: str, token: int, version: int = 0):
     return None
 
 
+def _filed(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` (and the code objects in it) under the file name it was made in."""
+    consts = tuple(_filed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
 def _function_shell(origin: str, token: int, version: int, name: str | None, payload: bytes,
                     fname: str, qualname: str, doc: str | None):
     with REGISTRY.lock:
         found = _known(origin, token, version)
         if found is not None:
             return found
-        code = pickle.loads(payload)
+        code, filename = pickle.loads(payload)
+        code = _filed(code, filename)
         closure = tuple(cp.make_empty_cell() for _ in code.co_freevars) or None
         func = types.FunctionType(code, namespace(), fname, None, closure)
         func.__qualname__, func.__module__, func.__doc__ = qualname, "__main__", doc

@@ -35,7 +35,7 @@ import torch.distributed.rpc as rpc
 from .._compat import torch_compat
 from ..errors import SerializationError
 from ..recording import recorder, rref_ledger
-from . import definitions
+from . import definitions, module_globals
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
 # cloudpickle rebuilds bound methods from their function, by value when the
@@ -122,10 +122,19 @@ class RpcPickler(cloudpickle.Pickler):
             if definitions.is_notebook_definition(obj):
                 return definitions.reduce_class(obj)
         else:
+            held = module_globals.find(obj)
+            if held is not None:  # a module's global: the receiver's own (see module_globals)
+                return getattr, held
             return NotImplemented
         reduced = super().reducer_override(obj)
         if reduced is NotImplemented:  # pickled by reference
             _importable.add(obj)
+        elif isinstance(obj, types.FunctionType):
+            # by value, unless a module's object keeps it (sys.stdout.write while a
+            # kernel's cell runs): then the receiver's (see module_globals)
+            held = module_globals.find_attribute(obj)
+            if held is not None:
+                return getattr, held
         return reduced
 
     def dump(self, obj):

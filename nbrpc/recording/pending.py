@@ -1,0 +1,158 @@
+"""Each member's calls in flight and calls being served, always on.
+
+Parts:
+
+- ``Pending``: one per process (``PENDING``). The calls layer tells it of every call
+  this member makes (``calling`` when it is sent, ``answered`` when its reply came or
+  its caller gave up) and every call it serves (``serving``, ``served``:
+  ``interrupts.Stoppable`` runs each Python function a caller sends). ``report`` copies
+  both for ``diagnostics.waits``, which joins every member's copy into a wait-for graph.
+- ``call_site``: the frame that made a call, outside nbrpc's and torch's own modules:
+  a notebook cell's file and line.
+
+Bookkeeping runs inside every call, so an entry is a tuple in a dict keyed by call
+id (a dict's insert and pop are atomic under the GIL: no lock on the call's path),
+and nothing runs between calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from .._util import Hooks
+
+# Frames in these folders are nbrpc's or torch's own, never a call's site.
+_OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+        os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+
+# The slots of an outgoing entry: call id, callee, what runs, site (file, line),
+# thread ident, since (time.time()), how it was made, the call it waits on instead
+# (``to_here``: the ``remote`` that makes the value).
+ID, CALLEE, FUNCTION, SITE, THREAD, SINCE, KIND, ON = range(8)
+# The slots of a served entry: call id, what runs, thread ident, since.
+S_ID, S_FUNCTION, S_THREAD, S_SINCE = range(4)
+
+
+def call_site(depth: int = 2) -> tuple[str, int] | None:
+    """(file, line) of the first frame above the caller's ``depth`` that is neither
+    nbrpc's nor torch's (a cell, or a module of the user's)."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_OWN):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def function_name(func: Callable | str) -> str:
+    if isinstance(func, str):
+        return func
+    qualname = getattr(func, "__qualname__", None)
+    if qualname is None or qualname.startswith("_"):  # torch.add: "_VariableFunctionsClass.add"
+        return getattr(func, "__name__", None) or qualname or repr(func)
+    return qualname
+
+
+class Pending:
+    """This member's calls in flight (``outgoing``) and calls it serves (``served``)."""
+
+    def __init__(self) -> None:
+        # Registered explainers: call key -> what the call waits on, in words, or None
+        # (the driver's diagnostics); timeouts and interrupts quote them.
+        self.explainers = Hooks()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every call (a new member, after a fork)."""
+        self.outgoing: dict[str, tuple] = {}
+        self.served: dict[str, tuple] = {}
+        # id(PyRRef) -> the call id of the remote() that makes its value.
+        self.rrefs: dict[int, str] = {}
+        self._ids = itertools.count()
+
+    def new_id(self) -> str:
+        """An id for a call that carries none to its callee (a builtin, ``to_here``)."""
+        return f"{os.getpid()}-n{next(self._ids)}"
+
+    def calling(self, callee, func, call_id: str | None, kind: str, on: str | None = None,
+                site: bool = True) -> str:
+        """A call was sent; returns its key for ``answered``. ``kind``: ``rpc_sync``,
+        ``rpc_async``, ``remote``, ``to_here``, ``backward``, or ``rpc_on`` (a cell run on
+        the callee's kernel, which waits on whatever that kernel's main thread calls)."""
+        key = call_id or self.new_id()
+        name = callee if isinstance(callee, str) else getattr(callee, "name", str(callee))
+        where = call_site(2) if site else None
+        self.outgoing[key] = (key, name, func, where, threading.get_ident(), time.time(), kind, on)
+        return key
+
+    def answered(self, key: str) -> None:
+        self.outgoing.pop(key, None)
+
+    def serving(self, call_id: str, func) -> None:
+        self.served[call_id] = (call_id, func, threading.get_ident(), time.time())
+
+    def done(self, call_id: str) -> None:
+        self.served.pop(call_id, None)
+
+    def remote_sent(self, rref, callee, func, call_id: str | None, created) -> None:
+        """A ``remote`` is in flight until its owner confirms the RRef (``created``, a
+        future, is done: the function ran)."""
+        key = self.calling(callee, func, call_id, "remote")
+        self.rrefs[id(rref)] = key
+        created.add_done_callback(lambda _: self.answered(key))
+
+    def remote_call(self, rref) -> str | None:
+        """The call id of the ``remote`` that makes ``rref``'s value, while it runs."""
+        call_id = self.rrefs.get(id(rref))
+        if call_id is not None and call_id not in self.outgoing:
+            self.rrefs.pop(id(rref), None)
+            return None
+        return call_id
+
+    def report(self) -> dict:
+        """Both tables as plain data (function names, no objects)."""
+        outgoing = [
+            {"id": e[ID], "callee": e[CALLEE], "function": function_name(e[FUNCTION]),
+             "site": list(e[SITE]) if e[SITE] else None, "thread": e[THREAD],
+             "since": e[SINCE], "kind": e[KIND], "on": e[ON]}
+            for e in self.outgoing.copy().values()
+        ]
+        served = [
+            {"id": e[S_ID], "function": function_name(e[S_FUNCTION]), "thread": e[S_THREAD],
+             "since": e[S_SINCE]}
+            for e in self.served.copy().values()
+        ]
+        return {"pid": os.getpid(), "main_thread": threading.main_thread().ident,
+                "outgoing": outgoing, "served": served}
+
+    def explain(self, key: str) -> str:
+        """What call ``key`` waits on, in words, from the registered explainers ("" if none)."""
+        for explainer in self.explainers:
+            try:
+                text = explainer(key)
+            except Exception:  # a diagnosis must never hide the error it explains
+                text = None
+            if text:
+                return text
+        return ""
+
+    def explained(self, key: str | None) -> str:
+        """What call ``key`` waited on, as a sentence to add to its error ("" if unknown)."""
+        text = self.explain(key) if key is not None else ""
+        return f". When it stopped: {text}" if text else ""
+
+    def oldest(self, thread: int | None = None) -> float | None:
+        """When the oldest call in flight (made by ``thread``, or any) was sent."""
+        times = [e[SINCE] for e in self.outgoing.copy().values() if thread is None or e[THREAD] == thread]
+        return min(times) if times else None
+
+
+PENDING = Pending()

@@ -1,0 +1,274 @@
+"""Hangs named while they happen: ``nbrpc.waits()``, ``nbrpc.stacks()``, ``%rpc_stacks``.
+
+Each hang is staged for real in a cluster of real worker kernels (worker1, worker2,
+four RPC threads each): the cell that waits runs in a thread of this process (as a
+notebook's cell, through IPython's shell, so its frames are cells), while the test
+asks the cluster what it waits on. The stuck cell's own display, in a real notebook
+kernel, and the pool deadlock across two workers (which torch leaves its process unfit
+for another cluster after) are in ``test_waits_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from conftest import as_main, run, wait_gone, wait_until
+from IPython.core.error import UsageError
+
+import nbrpc
+from nbrpc.deploy import probes
+
+THREADS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = nbrpc.start(2, progress=None, timeout=30, threads=THREADS)
+    pids = [w.pid for w in c.workers]
+    yield c
+    c.shutdown()
+    assert not wait_gone(pids), "shutdown left worker processes running"
+
+
+@pytest.fixture(scope="module")
+def shell(ip, cluster):
+    with as_main(ip):
+        run(ip, "import threading, time\nimport torch\nimport torch.distributed.rpc as rpc")
+        yield ip
+
+
+class Cell:
+    """A cell running in a thread, as the notebook's stuck cell: its error or value."""
+
+    def __init__(self, shell, code: str):
+        self.error = self.value = None
+        self.thread = threading.Thread(target=self._run, args=(shell, code), daemon=True)
+        self.thread.start()
+
+    def _run(self, shell, code: str) -> None:
+        try:
+            self.value = run(shell, code)
+        except BaseException as e:  # the test asserts on it
+            self.error = e
+
+    def join(self, timeout: float = 60.0) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the staged hang did not end"
+
+
+def finding(kind: str, within: float = 3.0) -> tuple[dict | None, float, dict]:
+    """Wait for a finding of ``kind``; (the finding, seconds it took, the snapshot)."""
+    began = time.monotonic()
+    last = {}
+
+    def found():
+        last.update(nbrpc.waits())
+        return next((f for f in last["findings"] if f["kind"] == kind), None)
+
+    result = wait_until(found, within, interval=0.2)
+    return result, time.monotonic() - began, last
+
+
+def test_no_cluster_is_a_clear_error():
+    assert nbrpc.current() is None
+    with pytest.raises(nbrpc.NoClusterError, match=r"no nbrpc cluster is running.*%rpc_init"):
+        nbrpc.waits()
+    with pytest.raises(nbrpc.NoClusterError):
+        nbrpc.stacks()
+
+
+def test_idle_cluster_has_no_calls_and_no_findings(cluster):
+    snap = nbrpc.waits()
+    json.dumps(snap)  # JSON-serializable, as DESIGN.md says
+    assert [m["name"] for m in snap["members"]] == [cluster.driver_name, "worker1", "worker2"]
+    assert all(m["state"] == "running" and m["threads"] == THREADS for m in snap["members"])
+    assert snap["calls"] == [] and snap["findings"] == []
+
+
+def test_lock_held_across_a_nested_call(shell):
+    run(shell, "lock = threading.Lock()\n"
+               "def inner():\n"
+               "    with lock:\n"
+               "        return 1\n"
+               "def outer():\n"
+               "    with lock:\n"
+               "        return rpc.rpc_sync('worker1', inner, timeout=8)\n")
+    cell = Cell(shell, "rpc.rpc_sync('worker1', outer, timeout=6)")
+    found, took, snap = finding("blocked")
+    assert found is not None, snap
+    assert took < 3.0
+    message = found["message"]
+    assert "worker1 runs outer (cell " in message
+    assert "which waits on its call to inner on worker1, blocked at `with lock:` (cell " in message
+    assert found["members"] == [nbrpc.current().driver_name, "worker1"]
+    calls = {c["function"]: c for c in snap["calls"]}
+    assert calls["outer"]["state"] == "waiting" and calls["outer"]["waits_on"] == [calls["inner"]["id"]]
+    assert calls["inner"]["blocked_at"]["what"] == "lock"
+    assert calls["inner"]["blocked_at"]["code"] == "with lock:"
+    assert calls["outer"]["site"].startswith("cell ")
+    # The timeout says what the callee was doing when the caller gave up.
+    cell.join()
+    assert isinstance(cell.error, nbrpc.RpcTimeoutError)
+    text = str(cell.error)
+    assert "got no answer within 6 s" in text
+    assert "When it stopped: worker1 runs outer (cell " in text
+    assert "blocked at `with lock:` (cell " in text
+    # worker1 gets its threads back once its own call times out.
+    assert wait_until(lambda: not nbrpc.waits()["calls"], 15, interval=0.5)
+
+
+def test_to_here_on_a_call_that_waits_on_its_caller(shell, cluster):
+    run(shell, "held = threading.Lock()\n"
+               "def from_driver():\n"
+               "    with held:\n"
+               "        return 2\n"
+               "def calls_back():\n"
+               f"    return rpc.rpc_sync({cluster.driver_name!r}, from_driver, timeout=6)\n")
+    cell = Cell(shell, "with held:\n"
+                       "    rref = rpc.remote('worker2', calls_back)\n"
+                       "    rref.to_here(timeout=5)\n")
+    found, took, snap = finding("waits_on_caller")
+    assert found is not None, snap
+    assert took < 3.0
+    driver = cluster.driver_name
+    assert found["message"].startswith(f"{driver} waits on to_here on worker2 (cell ")
+    assert "which waits on calls_back on worker2" in found["message"]
+    assert f"which waits on its call to from_driver on {driver}, blocked at `with held:` (cell " in found["message"]
+    cell.join()
+    assert isinstance(cell.error, nbrpc.RpcTimeoutError)
+    assert wait_until(lambda: not nbrpc.waits()["calls"], 15, interval=0.5)
+
+
+def test_stacks_while_every_rpc_thread_of_a_worker_is_blocked(shell, cluster):
+    run(shell, "gate = threading.Event()\n"
+               "def park():\n"
+               "    gate.wait(30)\n"
+               "    return 3\n")
+    cell = Cell(shell, f"futs = [rpc.rpc_async('worker1', park) for _ in range({THREADS + 1})]\n"
+                       "[f.wait() for f in futs]")
+    try:
+        assert wait_until(lambda: sum(1 for c in nbrpc.waits()["calls"] if c.get("blocked_at")) == THREADS,
+                          10, interval=0.2)
+        began = time.monotonic()
+        stacks = nbrpc.stacks()
+        took = time.monotonic() - began
+        assert took < 1.0
+        assert set(stacks) == {cluster.driver_name, "worker1", "worker2"}
+        serving = [t for t in stacks["worker1"]["threads"] if t["serving"] == "park"]
+        assert len(serving) == THREADS
+        for thread in serving:
+            cells = [f for f in thread["frames"] if "cell" in f]
+            assert cells[-1]["code"] == "gate.wait(30)" and cells[-1]["function"] == "park"
+            assert cells[-1]["cell"].startswith("cell ")
+        # The fifth call waits behind them: the pool is exhausted.
+        found, _, snap = finding("pool_exhausted")
+        assert found is not None, snap
+        assert found["members"] == ["worker1"]
+        assert f"all {THREADS} RPC threads of worker1 are busy (running park)" in found["message"]
+        assert "@rpc.functions.async_execution" in found["message"] and "--threads" in found["message"]
+        # %rpc_stacks shows the same, folded.
+        shell.run_line_magic("rpc_stacks", "worker1")
+    finally:
+        cluster.run("gate.set()", "worker1")
+    cell.join()
+    assert cell.error is None and cell.value == [3] * (THREADS + 1)
+
+
+def test_a_stuck_rpc_on_cell(cluster):
+    code = ("import threading\n"
+            "import torch.distributed.rpc as rpc\n"
+            "ev = threading.Event()\n"
+            "def g():\n"
+            "    ev.wait(6)\n"
+            "rpc.rpc_sync('worker1', g)\n")
+    # The cell runs here (a kernel client belongs to the thread that made it); the
+    # looking happens beside it.
+    box = {}
+    looking = threading.Thread(target=lambda: box.update(zip(("found", "took", "snap"), finding("blocked"))),
+                               daemon=True)
+    looking.start()
+    cluster.run(code, "worker1")
+    looking.join(10)
+    assert box["found"] is not None, box["snap"]
+    assert box["took"] < 3.0
+    message = box["found"]["message"]
+    assert message.startswith(f"{cluster.driver_name} waits on the %%rpc_on cell on worker1: "
+                              "worker1 runs the %%rpc_on cell (worker1 cell ")
+    assert "which waits on its call to g on worker1, blocked at `ev.wait(6)` (worker1 cell " in message
+
+
+def test_rpc_stacks_text(shell, capsys):
+    shell.run_line_magic("rpc_stacks", "worker1 worker2")
+    out = capsys.readouterr().out
+    assert out.startswith("worker1 (pid ") and "\nworker2 (pid " in out
+    assert "thread Control" in out and "nbrpc/torch/library frame" in out
+
+
+def test_rpc_waits_text(shell, capsys):
+    shell.run_line_magic("rpc_waits", "")
+    assert capsys.readouterr().out == "nbrpc: no call is pending\n"
+    run(shell, "def nap():\n    time.sleep(2.5)\n")
+    cell = Cell(shell, "rpc.rpc_sync('worker2', nap)")
+    try:
+        time.sleep(1.0)
+        shell.run_line_magic("rpc_waits", "")
+        out = capsys.readouterr().out
+    finally:
+        cell.join()
+    assert f"  {nbrpc.current().driver_name} -> worker2: nap running at cell " in out
+    with pytest.raises(UsageError):
+        shell.run_line_magic("rpc_waits", "--show sometimes")
+
+
+def test_rpc_stacks_unknown_member_names_the_members(shell, cluster):
+    with pytest.raises(UsageError, match=r"%rpc_stacks: no member named 'nosuchworker'.*"
+                                         rf"the members are: {cluster.driver_name}, worker1, worker2"):
+        shell.run_line_magic("rpc_stacks", "nosuchworker")
+
+
+def test_a_frozen_member_is_reported_within_a_second(shell, cluster):
+    worker2 = next(w for w in cluster.workers if w.name == "worker2")
+    os.kill(worker2.pid, signal.SIGSTOP)
+    try:
+        assert wait_until(worker2.stopped, 5)  # the signal is delivered a moment later
+        cell = Cell(shell, "rpc.rpc_sync('worker2', torch.add, args=(1, 1), timeout=20)")
+        began = time.monotonic()
+        stacks = nbrpc.stacks(["worker2"])
+        assert time.monotonic() - began < 1.0
+        assert stacks == {"worker2": {"state": "frozen", "pid": worker2.pid,
+                                      "why": "stopped by a signal (SIGSTOP)"}}
+        found, took, snap = finding("dead_member")
+        assert found is not None, snap
+        assert found["message"].startswith(f"{cluster.driver_name} waits on add on worker2 (cell ")
+        assert "), but worker2 is frozen (stopped by a signal (SIGSTOP)): it answers nothing" in found["message"]
+        assert [m["state"] for m in snap["members"] if m["name"] == "worker2"] == ["frozen"]
+    finally:
+        os.kill(worker2.pid, signal.SIGCONT)
+    cell.join()
+    assert cell.error is None and int(cell.value) == 2
+
+
+def test_a_call_that_only_runs_long_is_no_finding(shell):
+    run(shell, "def train_step():\n"
+               "    end = time.monotonic() + 3\n"
+               "    while time.monotonic() < end:\n"
+               "        sum(range(1000))\n"
+               "    return 4\n")
+    cell = Cell(shell, "rpc.rpc_sync('worker1', train_step)")
+    try:
+        time.sleep(1.5)
+        snap = nbrpc.waits()
+        assert [c["function"] for c in snap["calls"]] == ["train_step"]
+        assert snap["calls"][0]["state"] == "running"
+        assert snap["findings"] == []
+        assert probes.explainer(nbrpc.current())(snap["calls"][0]["id"]).startswith(
+            "worker1 runs train_step (cell ")
+    finally:
+        cell.join()
+    assert cell.value == 4
+
