@@ -46,6 +46,7 @@ __all__ = [
     "Timeline",
     "Trace",
     "UnknownWorkerError",
+    "WaitsGraph",
     "WorkerDiedError",
     "WorkerStartError",
     "autograd_snapshot",
@@ -94,7 +95,7 @@ def stacks(members=None) -> dict:
 # ``nbrpc.RRefGraph`` and the others are the classes of ``nbrpc.widgets``, imported
 # on first use.
 _WIDGETS = {"AutogradGraph": "autograd_graph", "ClusterStatus": "status", "RRefGraph": "rref_graph",
-            "Timeline": "timeline"}
+            "Timeline": "timeline", "WaitsGraph": "waits_graph"}
 
 
 def __getattr__(name: str):

@@ -1,5 +1,7 @@
 """The ``nbrpc`` command: ``nbrpc run NOTEBOOK`` executes a notebook headless;
-``nbrpc worker --join HOST:PORT --token TOKEN`` joins a driver's cluster as a worker."""
+``nbrpc worker --join HOST:PORT --token TOKEN`` joins a driver's cluster as a worker;
+``nbrpc sweep`` removes this user's nbrpc folders that no running process uses;
+``nbrpc kernelspec`` installs the nbrpc kernel (local clusters in a private network)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 from .deploy.settings import TOKEN_ENV
@@ -24,9 +25,11 @@ def run_notebook(path: str, output: str, timeout: int = 600) -> float:
     from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
 
+    from .deploy import scratch
+
     notebook = nbformat.read(path, as_version=4)
     # The kernel on Unix sockets in a folder only this user can enter, not on TCP ports.
-    sockets = tempfile.mkdtemp(prefix="nbrpc-run-")
+    sockets = scratch.make("run")
     kernel = AsyncKernelManager(kernel_name="python3", transport="ipc",
                                 ip=os.path.join(sockets, "kernel"))
     client = NotebookClient(
@@ -73,6 +76,16 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--token", default=os.environ.get(TOKEN_ENV, ""),
                         help="the cluster's token ('-': read it from stdin; default: $NBRPC_TOKEN)")
     worker.add_argument("--name", default=None, help="this worker's RPC name (default: one the driver picks)")
+    spec = commands.add_parser(
+        "kernelspec", help="install the nbrpc kernel spec, 'Python 3 (nbrpc)': its local clusters get a "
+                           "private network no other user of the machine can reach")
+    where = spec.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="for this user only")
+    where.add_argument("--sys-prefix", action="store_true", help="in this environment (sys.prefix)")
+    where.add_argument("--prefix", default=None, help="under this prefix (default: system-wide)")
+    commands.add_parser(
+        "sweep", help="remove this user's nbrpc folders (kernel connection files, sockets, logs) "
+                      "that no running process uses, as the next cluster's start does")
     return parser
 
 
@@ -80,6 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "worker":
         return join_as_worker(args.join, args.token, args.name)
+    if args.command == "kernelspec":
+        from .deploy import kernel
+
+        prefix = sys.prefix if args.sys_prefix else args.prefix
+        print(f"nbrpc: installed the kernel spec {kernel.NAME!r} in {kernel.install(args.user, prefix)}")
+        return 0
+    if args.command == "sweep":
+        from .deploy import scratch
+
+        removed = scratch.sweep()
+        print(f"nbrpc: removed {len(removed)} stale folder{'s' * (len(removed) != 1)}"
+              + "".join(f"\n  {f}" for f in removed))
+        return 0
     output = args.output or os.path.join("build", os.path.basename(args.notebook))
     seconds = run_notebook(args.notebook, output, args.timeout)
     print(f"nbrpc: ran {args.notebook} in {seconds:.1f} s; executed notebook: {os.path.abspath(output)}")

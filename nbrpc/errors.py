@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "ClusterRunningError",
     "DeviceMapError",
     "JobRefusedError",
     "JoinRefusedError",
+    "LimitError",
     "NoClusterError",
+    "NotRecordingError",
     "RemoteError",
     "RpcTimeoutError",
     "SerializationError",
@@ -15,6 +19,14 @@ __all__ = [
     "WorkerDiedError",
     "WorkerStartError",
 ]
+
+
+class _OneLine:
+    """An error whose message says it all: IPython shows that one line, not the frames
+    of nbrpc that raised it (``_render_traceback_``, as IPython's own ``UsageError``)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
 
 
 class WorkerStartError(RuntimeError):
@@ -51,8 +63,27 @@ class ClusterRunningError(RuntimeError):
     """A second cluster was requested while one is running in this process."""
 
 
-class NoClusterError(RuntimeError):
+class NoClusterError(_OneLine, RuntimeError):
     """An operation that needs a running cluster found none."""
+
+
+class NotRecordingError(_OneLine, RuntimeError):
+    """The running cluster records no calls (it was started without ``trace=True``)."""
+
+
+# torch's words for "RPC (or distributed autograd) is not set up in this process":
+# ``_require_initialized``'s "Call ... init_rpc first", the agent's and autograd's.
+NOT_INITIALIZED = re.compile(
+    r"RPC has not been initialized|init_rpc first|Current RPC agent is not set"
+    r"|RPC agent .* not (?:been )?(?:set|initialized)|Need to initialize distributed autograd"
+    r"|dist_autograd.* not .*initialized", re.IGNORECASE)
+RUN_RPC_INIT = ("RPC is not running in this notebook yet: run %rpc_init first "
+                "(after %load_ext nbrpc), then this cell again")
+
+
+def not_initialized(error: BaseException) -> bool:
+    """Whether ``error`` is torch saying that RPC was used before it was started."""
+    return isinstance(error, RuntimeError) and bool(NOT_INITIALIZED.search(str(error)))
 
 
 class JoinRefusedError(PermissionError):
@@ -63,7 +94,11 @@ class JobRefusedError(ValueError):
     """The batch system refused the workers' job (``sbatch``'s own message)."""
 
 
-class AutogradContextError(LookupError):
+class LimitError(_OneLine, ValueError):
+    """A cluster asked for more than a limit the server's administrator set (``limits``)."""
+
+
+class AutogradContextError(_OneLine, LookupError):
     """A distributed autograd context that no worker has (its block has exited)."""
 
 

@@ -120,3 +120,22 @@ def trace_synthetic(calls: int = 3000, workers: int = 4) -> dict:
     return {"workers": [{"name": "master", "id": 0, "host": "127.0.0.1", "pid": 1}]
             + [{"name": n, "id": i + 1, "host": "127.0.0.1", "pid": i + 2} for i, n in enumerate(names)],
             "calls": rows, "clocks": [], "start": 10.0, "end": 10.0 + calls * 0.001, "dropped": 0}
+
+
+def autograd_wide(workers=("master", "ps"), per_layer: int = 4, layers: int = 4) -> dict:
+    """An autograd graph as wide as tutorial 05's (two lanes of ``per_layer`` long-named
+    functions per layer): well over an 848 px output at 1:1."""
+    nodes, edges = [], []
+    for w in workers:
+        for d in range(layers):
+            for k in range(per_layer):
+                fn = f"{w}:{d * per_layer + k}"
+                param = f"model.layers.{k}.self_attention.weight" if d == layers - 1 else None
+                nodes.append({"id": fn, "worker": w, "name": "AccumulateGrad" if param else "AddmmBackward0",
+                              **({"param": param} if param else {})})
+                if d:
+                    edges.append({"src": f"{w}:{(d - 1) * per_layer + k}", "dst": fn, "kind": "local"})
+    edges.append({"src": f"{workers[0]}:0", "dst": f"{workers[1]}:1", "kind": "rpc"})
+    return {"context_id": 3, "workers": list(workers), "nodes": nodes, "edges": edges,
+            "gradients": [{"worker": workers[1], "param": "model.layers.0.self_attention.weight",
+                           "shape": [4, 4], "norm": 1.5}]}

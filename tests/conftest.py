@@ -246,14 +246,21 @@ DRIVER_START = 120.0
 class Driver:
     """A driver script in a subprocess; its stdout is read as JSON lines."""
 
-    def __init__(self, source: str, folder, pids: Pids):
-        script = folder / "driver.py"
+    def __init__(self, source: str, folder, pids: Pids, user=None):
+        """``user``: run as that local user (``users.LocalUser``), in its home, not ``folder``."""
+        folder = user.home if user is not None else folder
+        label = "driver" if not (folder / "driver.py").exists() else f"driver-{time.time_ns()}"
+        script = folder / f"{label}.py"
         script.write_text(textwrap.dedent(source))
-        self.stderr_path = folder / "driver.err"
+        self.stderr_path = folder / f"{label}.err"
+        as_user = {} if user is None else user.popen_options()
+        if user is not None:
+            os.chown(script, user.uid, user.gid)
         with open(self.stderr_path, "wb") as err:
+            python = [*as_user.pop("prefix", []), as_user.pop("executable", sys.executable)]
             self.proc = subprocess.Popen(
-                [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err,
-                cwd=folder, start_new_session=True, text=True,
+                [*python, str(script)], stdout=subprocess.PIPE, stderr=err,
+                cwd=folder, start_new_session=True, text=True, **as_user,
             )
         pids.add(self.proc.pid)
         self.pids = pids
@@ -341,13 +348,36 @@ def drivers(tmp_path, pids):
     """Factory: ``drivers(source)`` runs a driver script; each is ended at the end."""
     started: list[Driver] = []
 
-    def start(source: str) -> Driver:
-        started.append(Driver(source, tmp_path, pids))
+    def start(source: str, user=None) -> Driver:
+        started.append(Driver(source, tmp_path, pids, user))
         return started[-1]
 
     yield start
     for driver in started:
         driver.close()
+
+
+@pytest.fixture
+def student():
+    """A real second local user (``users.LocalUser``) with a fresh home."""
+    yield from _local_user("nbrpc-student1")
+
+
+@pytest.fixture
+def classmate():
+    """Another real local user, beside ``student``."""
+    yield from _local_user("nbrpc-student2")
+
+
+def _local_user(name: str):
+    from users import LocalUser, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    user = LocalUser.make(name)
+    yield user
+    user.remove_home()
 
 
 @pytest.fixture

@@ -369,11 +369,14 @@ def test_rref_graph_in_jupyterlab(page):
 
     pin(page, ra)
 
-    # fork history: hidden, then shown by the toggle (and the kernel hears of it)
+    # fork history: not drawn, and no room kept for it over the lanes; the toggle draws
+    # it (the kernel hears of it and redraws with the arcs' band)
     fork = page.locator(".nbrpc-host .nbrpc-fork").first
-    assert fork.count() == 1 and not fork.is_visible()
+    lane_top = page.locator(".nbrpc-host [data-lane] > rect").first
+    assert fork.count() == 0 and lane_top.get_attribute("y") == "12"
     page.locator(".nbrpc-forks-toggle input").check()
     fork.wait_for(state="visible")
+    assert float(lane_top.get_attribute("y")) > 12
     wait_for(lambda: evaluate(page, "g.show_forks") is True, what="g.show_forks in the kernel")
 
     # the worker filter: p2 owns rb; ra went to p2 only for one call, so p2 holds it no more

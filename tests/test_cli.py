@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
 import sys
-import tempfile
 
 import nbformat
 from conftest import kernel_pids, wait_gone
@@ -20,9 +20,12 @@ def test_run_executes_a_notebook_over_unix_sockets_and_ends_its_kernel(tmp_path,
     ])
     source, output = tmp_path / "in.ipynb", tmp_path / "out" / "done.ipynb"
     nbformat.write(notebook, source)
-    before = set(glob.glob(f"{tempfile.gettempdir()}/nbrpc-run-*"))
+    # A temporary folder of its own: other runs on the machine make folders meanwhile.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     cli = subprocess.Popen([sys.executable, "-m", "nbrpc.cli", "run", str(source), "--output", str(output)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "TMPDIR": str(scratch)})
     pids.add(cli.pid)
     out, err = cli.communicate(timeout=240)
     assert cli.returncode == 0, err
@@ -30,5 +33,5 @@ def test_run_executes_a_notebook_over_unix_sockets_and_ends_its_kernel(tmp_path,
     assert "without encryption" not in err  # not on TCP
     done = nbformat.read(output, as_version=4)
     assert done.cells[1].outputs[0]["data"]["text/plain"] == "42"
-    assert set(glob.glob(f"{tempfile.gettempdir()}/nbrpc-run-*")) == before
+    assert not glob.glob(f"{scratch}/nbrpc-*")  # its kernel's sockets, its worker's folder
     assert not wait_gone(kernel_pids(), timeout=10)

@@ -114,7 +114,15 @@ def test_thread_lanes():
 def test_window_keeps_the_last_seconds():
     last = tl.window(TRACE, 0.1)
     assert last["start"] == pytest.approx(100.15)
-    assert [c["id"] for c in last["calls"]] == ["master:5", "master:6"]
+    # master:4 (sent 100.10, replied 100.16) straddles the start: kept, cut at the start;
+    # master:3 (replied 100.12) is over before it; master:6 is in flight (no reply).
+    assert [c["id"] for c in last["calls"]] == ["master:4", "master:5", "master:6"]
+    place = tl.timeline_layout(last)
+    assert place.t0 == pytest.approx(100.15)
+    wait = next(s for s in place.segments if s.id == "master:4" and s.kind == "wait")
+    assert wait.x1 < 0 < wait.x2  # master waited from before the window into it: clipped at 0
+    flying = next(s for s in place.segments if s.id == "master:6" and s.kind == "wait")
+    assert flying.x2 == pytest.approx(place.plot_w)  # in flight: drawn to the window's end
     assert tl.window(TRACE, None) is TRACE
     assert tl.window(TRACE, 10)["start"] == 100.0
     with pytest.raises(ValueError, match="positive number of seconds"):
@@ -159,7 +167,11 @@ def test_call_stats_per_function_and_callee():
     text = ts.summary_text(TRACE)
     assert text.splitlines()[0] == ("RPC timeline: 7 calls on 3 members over 250.0 ms; "
                                     "busy: w1 90.0 ms, w2 80.0 ms")
-    assert "stage1    w1          2  150.0 ms  75.0 ms  25.0 ms  16.3 KiB       0" in text
+    # the two overlap (100.00-100.06, 100.01-100.10): under way for 100 ms of wall time,
+    # 150 ms summed; the table says which is which
+    assert stage1["wall"] == pytest.approx(0.1)
+    assert text.splitlines()[1].split() == list(ts.STAT_COLUMNS)
+    assert "stage1    w1          2  100.0 ms  150.0 ms  75.0 ms  25.0 ms  16.3 KiB       0" in text
 
 
 def flat(intervals) -> list[float]:
@@ -280,7 +292,7 @@ def test_timeline_widget_from_a_snapshot():
         assert "application/vnd.jupyter.widget-view+json" in data
         assert "<title>" not in widget.svg  # the widget shows its own details
         last = nbrpc.Timeline(TRACE, last=0.1)
-        assert set(last.details) == {"master:5", "master:6"}
+        assert set(last.details) == {"master:4", "master:5", "master:6"}  # master:4 straddles the start
         last.close()
         threads = nbrpc.Timeline(TRACE, threads=True)
         assert 'data-lane="w1/t3"' in threads.svg
@@ -423,3 +435,31 @@ def test_a_traced_block_saved_as_a_report(traced, tmp_path):
         assert [c["callee"] for c in widget.snapshot["calls"] if c["name"].endswith("spin")] == ["worker2"]
     finally:
         widget.close()
+
+
+def test_legend_labels_are_unique_and_keep_the_method():
+    names = ["BatchUpdateParameterServer.update_and_fetch_model",
+             "BatchUpdateParameterServer.get_model", "train", "x" * 40, "x" * 40 + "y"]
+    labels = ts.legend_labels(names)
+    assert len(set(labels)) == len(labels) and all(len(a) <= ts.LEGEND_CHARS + 4 for a in labels)
+    assert labels[0].endswith("update_and_fetch_model") and labels[1].endswith(".get_model")
+    assert labels[2] == "train"
+    snap = copy.deepcopy(TRACE)
+    for c, name in zip(snap["calls"], names * 2):
+        c["name"] = name
+    legend = classed(ET.fromstring(ts.timeline_svg(snap)), "nbrpc-tl-legend")[0]
+    shown = [t.text for t in legend.iter(SVG + "text")]
+    assert len(shown) == len(set(shown)) >= 3
+
+
+def test_a_call_still_running_is_drawn_to_the_windows_end():
+    snap = copy.deepcopy(TRACE)
+    running = next(c for c in snap["calls"] if c["id"] == "master:5")
+    running["ended"] = running["replied"] = None
+    place = tl.timeline_layout(snap)
+    bar = {b.id: b for b in place.bars}["master:5"]
+    assert bar.running and bar.x + bar.width == pytest.approx(place.plot_w)
+    drawn = bars(ET.fromstring(ts.draw(snap, place)))["master:5"]
+    assert "nbrpc-tl-running" in drawn.get("class").split() and drawn.get("stroke-dasharray")
+    rows = dict(ts.call_details(snap)["master:5"]["rows"])
+    assert rows["note"] == "still running when this was recorded" and rows["ran for"] == "-"

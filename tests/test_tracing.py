@@ -192,6 +192,44 @@ def test_summary_rows():
     assert f["request_bytes"] == 2 * 4600 and f["reply_bytes"] == 14
 
 
+def test_merge_leaves_out_nbrpc_own_calls_unless_asked():
+    reports = [member(M, 0, [
+        caller("master:0", 1.0, 1.1, name="train"),
+        caller("master:2", 1.4, 1.5, name="_rref_typeof_on_owner", kind="internal"),
+    ])]
+    assert [c["name"] for c in records.merge(reports, {}, 0.0, 10.0)["calls"]] == ["train"]
+    assert [c["name"] for c in records.merge(reports, {}, 0.0, 10.0, own=True)["calls"]] == [
+        "train", "_rref_typeof_on_owner"]
+
+
+def test_nbrpc_functions_are_nbrpc_calls_and_the_labs_are_the_students():
+    from nbrpc.deploy import cluster
+    from nbrpc.lab import param_server
+    from nbrpc.recording import functions
+
+    assert functions.own(cluster._debug_counts)
+    lab_function = next(f for f in vars(param_server).values()
+                        if callable(f) and getattr(f, "__module__", "") == param_server.__name__)
+    assert not functions.own(lab_function) and not functions.own(first)
+
+
+def test_a_window_keeps_the_calls_that_straddle_its_start_and_those_in_flight():
+    reports = [member(M, 0, [
+        caller("master:0", 1.0, 2.0),  # over before the window
+        caller("master:1", 3.0, 5.0),  # under way at its start (4.0)
+        caller("master:2", 3.5, None),  # in flight: no reply yet
+        caller("master:3", 4.5, 4.6),  # inside it
+        caller("master:4", 11.0, 11.5),  # after it
+        caller("master:5", 3.0, None, error="SerializationError: cannot pickle 'lock'"),  # never left
+    ]), member(W1, 1, [callee("master:2", 3.6, None)])]
+    ids = [c["id"] for c in records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"]]
+    assert ids == ["master:1", "master:2", "master:3"]
+    flying = records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"][1]
+    assert (flying["began"], flying["ended"], flying["replied"]) == (3.6, None, None)
+    # a trace block keeps only what was sent in it
+    assert [c["id"] for c in records.merge(reports, {}, 4.0, 10.0)["calls"]] == ["master:3"]
+
+
 def test_off_by_default_and_needs_a_cluster():
     assert nbrpc.Cluster(2).trace is False
     assert nbrpc.Cluster(2, trace=True).trace is True
@@ -328,6 +366,40 @@ def test_each_function_keeps_its_own_name(traced):
     assert [c["name"] for c in t.snapshot()["calls"]] == [
         "first", "second", "first", "second", "Counter", "Counter.bump", "aten::add",
         "test_each_function_keeps_its_own_name.<locals>.<lambda>"]
+
+
+def test_nbrpc_own_calls_stay_out_of_the_users_recording(traced):
+    """%rpc_status, the RRef graph's snapshot and naming an RRef helper call make RPCs of
+    nbrpc's own; a recording shows the user's calls only."""
+    with nbrpc.trace() as t:
+        rref = rpc.remote(W1, Counter)
+        rref.rpc_sync().bump(1)
+        nbrpc.current().status()
+        nbrpc.rref_snapshot()
+        rpc.rpc_sync(W2, first, args=(1,))
+    names = [c["name"] for c in t.snapshot()["calls"]]
+    assert names == ["Counter", "Counter.bump", "first"]
+    assert [c["name"] for c in t.snapshot()["calls"] if c["kind"] == "nbrpc"] == []
+    del rref
+
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def test_the_last_seconds_keep_a_call_in_flight_and_one_that_straddles_them(traced):
+    """A live timeline's window: a call still running is in it (began, not ended), and
+    stays in it after it ends, though it was sent before the window began."""
+    fut = rpc.rpc_async(W1, nap, args=(1.5,))
+    time.sleep(0.9)
+    flying = [c for c in nbrpc.trace_snapshot(last=0.4)["calls"] if c["name"] == "nap"]
+    assert len(flying) == 1 and flying[0]["began"] is not None, flying
+    assert flying[0]["ended"] is None and flying[0]["replied"] is None
+    assert fut.wait() == 1.5
+    snap = nbrpc.trace_snapshot(last=0.4)
+    (done,) = [c for c in snap["calls"] if c["id"] == flying[0]["id"]]
+    assert done["sent"] < snap["start"] <= done["replied"] and done["ended"] is not None
 
 
 def test_a_call_that_never_leaves_is_recorded_with_its_error(traced):

@@ -144,6 +144,71 @@ def test_rref_svg_counts_nodes_edges_and_forks():
     assert unconfirmed.get("stroke-dasharray")
 
 
+def test_fork_counts_of_opposite_directions_do_not_overlap():
+    snap = copy.deepcopy(RREF)
+    snap["events"] += [{"t": 9.0 + k, "kind": "fork", "rref": "0:2", "from": "p2", "to": "master"}
+                       for k in range(3)]
+    forks = items(parse(svg.rref_svg(snap)), "nbrpc-fork")
+    labels = {f.get("data-workers"): next(f.iter(SVG_NS + "text")) for f in forks}
+    ahead, back = labels["master p2"], labels["p2 master"]
+    assert (ahead.text, back.text) == ("2", "3")
+    assert ahead.get("x") == back.get("x")  # the same midpoint...
+    assert abs(float(ahead.get("y")) - float(back.get("y"))) >= 11  # ...one count above the other
+    assert min(float(ahead.get("y")), float(back.get("y"))) >= 10  # inside the drawing
+
+
+def test_room_for_fork_arcs_only_when_they_are_drawn():
+    with_forks = parse(svg.rref_svg(RREF, show_forks=True))
+    without = parse(svg.rref_svg(RREF, show_forks=False))
+    assert float(with_forks.get("height")) - float(without.get("height")) == layout.FORK_BAND
+    first_lane = next(e for e in without.iter() if e.get("data-lane") == "master")
+    assert float(first_lane.find(SVG_NS + "rect").get("y")) == layout.MARGIN  # no empty band on top
+    no_forks = dict(RREF, events=[e for e in RREF["events"] if e["kind"] != "fork"])
+    assert parse(svg.rref_svg(no_forks, show_forks=True)).get("height") == without.get("height")
+
+
+def test_forks_of_a_pinned_rref_are_grouped_by_pair():
+    snap = copy.deepcopy(RREF)
+    snap["events"] = [{"t": float(k), "kind": "fork", "rref": "0:2", "from": "master",
+                       "to": f"w{k % 3}"} for k in range(300)]
+    snap["events"] += [{"t": 400.0, "kind": "fork", "rref": "0:2", "from": "w0", "to": "w1"}]
+    rows = dict(describe.rref_details(snap)["0:2"]["rows"])
+    assert rows["forks"] == ("301 forks: master → w0 ×100; master → w1 ×100; "
+                             "master → w2 ×100; w0 → w1")
+    many = {"0:2": [{"from": "a", "to": f"w{k}"} for k in range(10)]}
+    text = describe.fork_text(__import__("collections").Counter((e["from"], e["to"]) for e in many["0:2"]))
+    assert text.endswith("; and 4 more pairs") and text.count("→") == describe.FORK_PAIRS
+
+
+def test_function_boxes_are_as_wide_as_their_labels():
+    snap = copy.deepcopy(AUTOGRAD)
+    long = "model.encoder.layers.11.attention.weight"
+    snap["nodes"][6]["param"] = long
+    places = layout.autograd_layout(snap)
+    assert places.box_w["master"] == layout.FN_W  # short labels: the narrowest box
+    assert places.box_w["w1"] >= 12 + layout.CHAR_W * len(long)
+    node = next(n for n in items(parse(svg.autograd_svg(snap)), "nbrpc-node") if n.get("data-id") == "w1:2")
+    assert next(node.iter(SVG_NS + "text")).text == long  # whole, not clipped
+    assert float(node.find(SVG_NS + "rect").get("width")) == pytest.approx(places.box_w["w1"], abs=0.1)
+
+
+def test_drawings_name_theme_roles_and_fall_back_to_readable_colours():
+    root = parse(svg.rref_svg(RREF))
+    texts = [t for t in root.iter(SVG_NS + "text")]
+    assert texts and all({"nbrpc-ink", "nbrpc-muted", "nbrpc-tick"} & set((t.get("class") or "").split())
+                         for t in texts)
+    # the fallbacks (GitHub, nbviewer: no theme variables) read at 4.5:1 on white and on
+    # each lane's tinted header (its colour at 0.2 over white)
+    for colour in svg.PALETTE:
+        header = "#" + "".join(f"{round(int(colour[i:i + 2], 16) * 0.2 + 255 * 0.8):02x}" for i in (1, 3, 5))
+        for ink in (svg.INK, svg.MUTED):
+            assert svg.contrast(ink, "#ffffff") >= 4.5 and svg.contrast(ink, header) >= 4.5, (ink, header)
+        assert svg.contrast(svg.text_on(colour), colour) >= 4.5  # counts on aggregated nodes
+    assert "var(--jp-ui-font-color1" in svg.THEME_CSS and "var(--jp-layout-color0" in svg.THEME_CSS
+    static = svg.static_html(svg.rref_svg(RREF), "summary")
+    assert "nbrpc-fit" in static and "<style>" in static and "max-width:100%" in static
+
+
 def test_rref_svg_titles_carry_the_details():
     root = parse(svg.rref_svg(RREF))
     (node,) = [n for n in items(root, "nbrpc-node") if n.get("data-id") == "0:1"]

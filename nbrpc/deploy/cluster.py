@@ -10,6 +10,7 @@ every worker process. One cluster runs per process at a time (``current()``).
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import socket
 import sys
@@ -34,7 +35,7 @@ from ..errors import (
 from ..group import devices, membership
 from ..group.membership import DEFAULT_TRANSPORT
 from ..recording.pending import PENDING
-from . import execution, launchers, probes, template
+from . import execution, launchers, limits, private_network, probes, template
 from .launchers.base import Progress, Started, Worker
 from .options import DEFAULTS, ClusterOptions
 from .settings import WorkerSettings
@@ -67,9 +68,10 @@ class Cluster:
         The RPC name of this process (default: the name it took for an earlier
         cluster, which it keeps until it exits, else ``master``).
     threads
-        TensorPipe worker threads per member (``num_worker_threads``).
+        TensorPipe worker threads per member (``num_worker_threads``; default 16, or the server's).
     timeout
-        Default RPC timeout in seconds (``rpc_timeout``).
+        Default RPC timeout in seconds (``rpc_timeout``; default 60, at most the server's
+        limit). Over a limit of the server's (``limits``), ``LimitError`` names it.
     startup_timeout
         Seconds to wait for every worker to join before giving up.
     env
@@ -120,8 +122,8 @@ class Cluster:
         *,
         names: Iterable[str] | None = None,
         driver_name: str | None = None,
-        threads: int = DEFAULTS.threads,
-        timeout: float = DEFAULTS.timeout,
+        threads: int | None = None,
+        timeout: float | None = None,
         startup_timeout: float = DEFAULTS.startup_timeout,
         env: dict[str, str] | None = None,
         progress: Progress | None = text_progress,
@@ -137,9 +139,13 @@ class Cluster:
         self._kept_name = driver_name is None and membership.driver_name() is not None
         driver_name = driver_name if driver_name is not None else membership.driver_name() or "master"
         self.warm_start = template.enabled(warm_start)
+        self.limits = limits.load()  # the server's: default threads, longest timeout, most workers
+        threads, timeout = self.limits.apply(threads, timeout, DEFAULTS.threads, DEFAULTS.timeout)
         own = ClusterOptions(threads, timeout, startup_timeout, transport)
         self.launcher = launchers.choose(launchers.Request(n, names, driver_name, self.warm_start, bool(gpus)),
                                          **where)
+        if isinstance(self.launcher, launchers.LocalLauncher):
+            self.limits.check_workers(len(self.launcher.planned()), limits.local_workers())
         self.transport = own.transport or membership.driver_transport() or DEFAULT_TRANSPORT
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
@@ -169,9 +175,10 @@ class Cluster:
             )
         began = time.monotonic()
         self.launcher.prepare()
-        driver = membership.driver_group(self.driver_name, self.threads, self.timeout, self.startup_timeout,
-                                         self.launcher.interface, self._driver_placement(), self.transport,
-                                         track=self.track, trace=self.trace)
+        driver = private_network.NETWORK.join_as_driver(functools.partial(
+            membership.driver_group, self.driver_name, self.threads, self.timeout, self.startup_timeout,
+            self.launcher.interface, self._driver_placement(), self.transport, track=self.track, trace=self.trace),
+            first=membership.driver_name() is None, local=isinstance(self.launcher, launchers.LocalLauncher))
         self._driver, self._store = driver, driver.store
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)

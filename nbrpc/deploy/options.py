@@ -15,8 +15,10 @@ from .launchers.options import option
 class ClusterOptions:
     """TensorPipe's threads and transport, the default RPC timeout, the start's limit."""
 
-    threads: int = option(16, "TensorPipe worker threads per member (default 16)", type=int)
-    timeout: float = option(60.0, "default RPC timeout in seconds (default 60)", type=float)
+    threads: int = option(16, "TensorPipe worker threads per member (default 16, or the server's default)",
+                                 type=int)
+    timeout: float = option(60.0, "default RPC timeout in seconds (default 60, at most the server's limit)",
+                             type=float)
     startup_timeout: float = option(60.0, "seconds to wait for workers to join (default 60)", type=float)
     transport: str | None = option(
         None, f"TensorPipe's transport in every member: {DEFAULT_TRANSPORT} (TCP, the default: no CPU at "

@@ -31,6 +31,14 @@ TOKEN_ENV = "NBRPC_TOKEN"
 # (fewer page faults on fresh receive buffers). torch reads this once, at start.
 FAST_ALLOC_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
 WARM_START_ENV = "NBRPC_WARM_START"
+# Set by a server's administrator (a hub's ``Spawner.environment``): the limits file, and
+# each limit, over the file's (see ``limits``).
+LIMITS_FILE_ENV = "NBRPC_LIMITS"
+# Set by the nbrpc kernel when it could not have a private network (the reason); the
+# kernel keeps its own copy of the name (``kernel``: it runs before this package loads).
+NO_PRIVATE_NETWORK_ENV = "NBRPC_NO_PRIVATE_NETWORK"
+LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THREADS",
+              "max_timeout": "NBRPC_MAX_TIMEOUT"}
 # Room the template process keeps in its environment for a worker's (see ``template``).
 TEMPLATE_ROOM_ENV = "NBRPC_TEMPLATE_ROOM"
 

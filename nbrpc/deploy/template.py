@@ -38,6 +38,7 @@ import time
 
 from .._util import JsonLines, kill_pids
 from ..errors import WorkerStartError
+from . import private_network
 from .settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV
 
 READY_TIMEOUT = 60.0
@@ -97,19 +98,25 @@ class Forked:
 class Template:
     """The driver's handle on its template process."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], inside: bool = False):
+        """``inside``: in this process's private network (``private_network``), as its local workers are."""
         _become_subreaper()
+        self.inside = inside
         mine, theirs = socket.socketpair()
         self.env = env
         # numpy's OpenBLAS starts its thread pool as it loads; the workers get theirs back.
         spawn_env = {**env, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1"),
                      TEMPLATE_ROOM_ENV: "." * _ENV_ROOM}
         self.env_room = _environ_size(spawn_env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbrpc.member.template_process", str(theirs.fileno()), " " * _ARGV_ROOM],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env=spawn_env, cwd=os.getcwd(), start_new_session=True,
-        )
+        def spawn() -> subprocess.Popen:
+            return subprocess.Popen(
+                [sys.executable, "-m", "nbrpc.member.template_process", str(theirs.fileno()), " " * _ARGV_ROOM],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, env=spawn_env, cwd=os.getcwd(), start_new_session=True,
+            )
+
+        # A process inherits the network namespace of the thread that starts it.
+        self.proc = private_network.NETWORK.run(spawn) if inside else spawn()
         theirs.close()
         self.sock, self.lines = mine, JsonLines(mine)
         self.ready: dict | None = None
@@ -212,9 +219,11 @@ def _running() -> Template:
     so later workers fork from one that matches them."""
     global _template
     env = {**os.environ, **FAST_ALLOC_ENV}
-    if _template is None or not _template.alive() or start_env(_template.env) != start_env(env):
+    inside = private_network.NETWORK.for_local_workers()
+    if _template is None or not _template.alive() or start_env(_template.env) != start_env(env) \
+            or _template.inside != inside:
         _discard()
-        _template = Template(env)
+        _template = Template(env, inside)
     return _template
 
 

@@ -11,16 +11,31 @@ from __future__ import annotations
 import collections
 import itertools
 
+from ..drawing.summary import in_window
 from ..schemas import CallRecord, TraceSnapshot
 
-__all__ = ["chrome_trace", "merge"]
+__all__ = ["chrome_trace", "in_window", "merge", "own_call"]
 
 _CALLER_FIELDS = ("caller", "callee", "kind", "name", "sent", "replied", "request", "reply",
                   "parent", "context", "rref", "error")
 
 
-def merge(reports: list[dict], clocks_found: dict, start: float, end: float) -> TraceSnapshot:
-    """Join members' halves into call records on the driver's clock (pure)."""
+# Calls of torch's that nbrpc's bookkeeping makes, not the user: the RRef type queries
+# that naming an RRef helper call makes. (nbrpc's own functions are never recorded:
+# ``recording.functions.own``.)
+BOOKKEEPING = ("_rref_typeof_on_owner",)
+
+
+def own_call(call: dict) -> bool:
+    """Whether a call (record or caller half) is nbrpc's bookkeeping rather than the user's."""
+    return (call.get("name") or "").rsplit(".", 1)[-1] in BOOKKEEPING
+
+
+def merge(reports: list[dict], clocks_found: dict, start: float, end: float,
+          own: bool = False, straddle: bool = False) -> TraceSnapshot:
+    """Join members' halves into call records on the driver's clock (pure): the calls
+    ``in_window`` (with ``straddle``, also those under way at ``start``), without nbrpc's
+    own (``own_call``) unless ``own``."""
     callers: dict[str, dict] = {}
     callees: dict[str, dict] = {}
     dropped = 0
@@ -32,9 +47,9 @@ def merge(reports: list[dict], clocks_found: dict, start: float, end: float) -> 
         dropped += sum(n for t, n in r["evicted"] if start <= t + offset <= end)
     calls: list[CallRecord] = []
     for key, c in callers.items():
-        if not start <= c["sent"] <= end:
-            continue
         e = callees.pop(key, None) or {}
+        if not in_window({**c, "ended": e.get("ended")}, start, end, straddle) or (not own and own_call(c)):
+            continue
         record = {"id": c.get("id", key), **{f: c[f] for f in _CALLER_FIELDS}}
         record["began"], record["ended"] = e.get("began"), e.get("ended")
         record["thread"] = e.get("thread")

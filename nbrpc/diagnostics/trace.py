@@ -14,7 +14,7 @@ from pathlib import Path
 from .._util import Hooks
 from ..calls.fanout import ask_members
 from ..drawing import report, summary
-from ..errors import NoClusterError
+from ..errors import NoClusterError, NotRecordingError
 from ..recording import clocks, recorder
 from ..recording.recorder import enable, identity, quiet
 from ..schemas import TraceSnapshot
@@ -40,18 +40,26 @@ def measure_clocks(timeout: float = 5.0) -> dict[str, tuple[float, float]]:
         return clocks.estimate_all({m["name"]: m["clock"] for m in found}, timeout)
 
 
+# How far before a window's start its straddling calls are looked for: longer than
+# torch's default RPC timeout (60 s), so a call that hangs until it times out is kept.
+STRADDLE = 120.0
+
+
 def snapshot(start: float, end: float, clocks_found: dict | None = None,
-             timeout: float = 10.0) -> TraceSnapshot:
-    """Every member's calls sent in [start, end] (driver's clock), joined."""
+             timeout: float = 10.0, straddle: bool = False, own: bool = False) -> TraceSnapshot:
+    """Every member's calls sent in [start, end] (driver's clock), joined; with
+    ``straddle``, also those sent up to ``STRADDLE`` seconds before and still under way
+    at ``start`` (a window that slides keeps the calls it cuts, and those in flight).
+    nbrpc's own calls (``records.own_call``) are left out unless ``own``."""
     if clocks_found is None:
         clocks_found = measure_clocks(timeout)
-    reports = gather(start, clocks_found, timeout)
+    reports = gather(start - STRADDLE if straddle else start, clocks_found, timeout)
     missing = {r["name"] for r in reports} - set(clocks_found)
     if missing:  # joined since the clocks were measured
         with quiet():
             clocks_found = {**clocks_found, **clocks.estimate_all(
                 {r["name"]: r["clock"] for r in reports if r["name"] in missing}, timeout)}
-    return records.merge(reports, clocks_found, start, end)
+    return records.merge(reports, clocks_found, start, end, straddle=straddle, own=own)
 
 
 # -- the user's API ---------------------------------------------------------------------
@@ -127,12 +135,13 @@ def trace_snapshot(last: float | None = None, timeout: float = 10.0) -> TraceSna
         raise NoClusterError("no cluster is running; start one with trace=True "
                              "(nbrpc.start(trace=True) or %rpc_init --trace)")
     if not traces:
-        raise RuntimeError(
+        raise NotRecordingError(
             "this cluster is not recording its calls (it was started without trace=True): "
             "record a block with `with nbrpc.trace() as t:` and read t.snapshot(), or start "
             "the cluster with nbrpc.start(trace=True) / %rpc_init --trace")
     end = clocks.now()
-    snap = snapshot(end - last if last is not None else float("-inf"), end, None, timeout)
+    snap = snapshot(end - last if last is not None else float("-inf"), end, None, timeout,
+                    straddle=last is not None)
     if last is None:  # from the first call kept
         snap["start"] = min((c["sent"] for c in snap["calls"]), default=end)
     return snap

@@ -40,13 +40,28 @@ def rref_history(snapshot: dict) -> dict[str, list[dict]]:
     return history
 
 
+def fork_text(forks: collections.Counter) -> str:
+    """Forks grouped by (sender, receiver), most first: ``ps → trainer1 ×120; ...``."""
+    if not forks:
+        return "-"
+    pairs = sorted(forks.items(), key=lambda kv: (-kv[1], natural_key(str(kv[0][0])), natural_key(str(kv[0][1]))))
+    shown = [f"{a} \u2192 {b}" + (f" \u00d7{n}" if n > 1 else "") for (a, b), n in pairs[:FORK_PAIRS]]
+    more = len(pairs) - FORK_PAIRS
+    total = sum(forks.values())
+    head = f"{total} fork{'s' * (total != 1)}: " if total > 1 else ""
+    return head + "; ".join(shown) + (f"; and {more} more pairs" if more > 0 else "")
+
+
+FORK_PAIRS = 6  # (sender, receiver) pairs a details row names
+
+
 def rref_details(snapshot: dict) -> dict[str, dict]:
     """Hover details of every RRef, by id."""
     history = rref_history(snapshot)
     details = {}
     for r in snapshot.get("rrefs", []):
         events = history.get(r["id"], [])
-        forks = [f"{e.get('from')} \u2192 {e.get('to')}" for e in events if e.get("kind") == "fork"]
+        forks = collections.Counter((e.get("from"), e.get("to")) for e in events if e.get("kind") == "fork")
         fetches = sum(1 for e in events if e.get("kind") == "fetch")
         rows = [
             ["id", r["id"]],
@@ -58,7 +73,7 @@ def rref_details(snapshot: dict) -> dict[str, dict]:
             ["holders", ", ".join(r.get("holders") or []) or "-"],
             ["call site", _text(r.get("call_site"))],
             ["confirmed", "yes" if r.get("confirmed") else "not yet"],
-            ["forks", ", ".join(forks) or "-"],
+            ["forks", fork_text(forks)],
             ["fetches", str(fetches)],
         ]
         details[r["id"]] = {"title": f"RRef {r['id']}", "rows": rows}

@@ -31,7 +31,9 @@ LANE_COLUMNS = 6
 NODE_R = 7
 AGG_R = 22  # the per-owner node of an aggregated view
 AGG_DROP = 40
-FN_W, FN_H = 150, 26  # an autograd function's box
+FN_W, FN_H = 150, 26  # an autograd function's box (the narrowest; wider for longer labels)
+FN_W_MAX = 300
+CHAR_W = 6.6  # an 11 px sans-serif character, a little generously (labels must fit their box)
 FN_GAP_X, LAYER_H = 12, 52
 GRAD_H = 16  # room under a leaf for its gradient norm
 LANE_MIN_W = 2 * LANE_PAD + LANE_COLUMNS * CELL
@@ -66,6 +68,18 @@ class Layout:
     width: float
     height: float
     layers: dict[str, int] = field(default_factory=dict)
+    box_w: dict[str, float] = field(default_factory=dict)  # an autograd lane's box width
+
+
+def label_chars(width: float) -> int:
+    """How many characters of an 11 px label fit a box ``width`` px wide."""
+    return max(4, int((width - 12) / CHAR_W))
+
+
+def box_width(labels) -> float:
+    """A function box wide enough for the longest of ``labels``, within FN_W..FN_W_MAX."""
+    longest = max((len(t) for t in labels), default=0)
+    return min(FN_W_MAX, max(FN_W, 12 + CHAR_W * longest))
 
 
 def natural_key(text: str) -> tuple:
@@ -97,11 +111,18 @@ def rref_order(snapshot: dict) -> dict[str, list[dict]]:
     return by_owner
 
 
-def rref_layout(snapshot: dict, aggregate: bool = False) -> Layout:
-    """Lanes and RRef positions; with ``aggregate``, one node per owner (id ``owner``)."""
+def has_forks(snapshot: dict) -> bool:
+    """Whether the snapshot's events hold a fork between two different workers."""
+    return any(e.get("kind") == "fork" and e.get("from") and e.get("to") and e.get("from") != e.get("to")
+               for e in snapshot.get("events", []))
+
+
+def rref_layout(snapshot: dict, aggregate: bool = False, forks: bool = True) -> Layout:
+    """Lanes and RRef positions; with ``aggregate``, one node per owner (id ``owner``).
+    The band for fork arcs is there only when ``forks`` are drawn and there are some."""
     workers = rref_workers(snapshot)
     by_owner = rref_order(snapshot)
-    top = MARGIN + FORK_BAND
+    top = MARGIN + (FORK_BAND if forks and has_forks(snapshot) else 0)
     lanes, positions = {}, {}
     tallest = 0.0
     for i, name in enumerate(workers):
@@ -202,16 +223,21 @@ def autograd_layout(snapshot: dict) -> Layout:
     lanes, positions = {}, {}
     x = MARGIN
     height = HEADER_H + LANE_PAD + depth * LAYER_H + GRAD_H
+    labels: dict[str, list[str]] = collections.defaultdict(list)
+    for n in snapshot.get("nodes", []):
+        labels[n["worker"]].append(n.get("param") or n.get("name") or "?")
+    box_w = {}
     for i, w in enumerate(workers):
-        lane_w = max(LANE_MIN_W, 2 * LANE_PAD + widest[w] * FN_W + max(widest[w] - 1, 0) * FN_GAP_X)
+        fn_w = box_w[w] = box_width(labels[w])
+        lane_w = max(LANE_MIN_W, 2 * LANE_PAD + widest[w] * fn_w + max(widest[w] - 1, 0) * FN_GAP_X)
         lanes[w] = Lane(w, i, x, top, lane_w, height)
         for d in range(depth):
             row = rows.get((w, d), [])
-            span = len(row) * FN_W + max(len(row) - 1, 0) * FN_GAP_X
+            span = len(row) * fn_w + max(len(row) - 1, 0) * FN_GAP_X
             left = x + (lane_w - span) / 2
             for k, fn in enumerate(row):
-                positions[fn] = (left + k * (FN_W + FN_GAP_X) + FN_W / 2,
+                positions[fn] = (left + k * (fn_w + FN_GAP_X) + fn_w / 2,
                                  top + HEADER_H + LANE_PAD + d * LAYER_H + FN_H / 2 + 6)
         x += lane_w + LANE_GAP
     width = max(x - LANE_GAP + MARGIN, 2 * MARGIN + LANE_MIN_W)
-    return Layout(lanes, positions, width, top + height + MARGIN, layers=layer)
+    return Layout(lanes, positions, width, top + height + MARGIN, layers=layer, box_w=box_w)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import timeline_layout as tl
 from . import timeline_svg as ts
+from .svg import THEME_CSS
 
 # The timeline's own script and style, beside its widget.
 ASSETS = Path(__file__).parent.parent / "widgets"
@@ -62,10 +63,10 @@ def write_report(snapshot: dict, path: str | os.PathLike, *, threads: bool = Fal
     state = {
         "svg": drawing, "table": ts.summary_html(snapshot), "selected": "", "follow": False,
         "details": ts.busy_details(place) if place.aggregated else ts.call_details(snapshot),
-        "status": "",
+        "status": "", "fit": True,
     }
     js = (ASSETS / "timeline.js").read_text(encoding="utf-8").replace("export default { render };", "")
-    page = PAGE.format(title=ts.esc(title), css=(ASSETS / "timeline.css").read_text(encoding="utf-8"),
+    page = PAGE.format(title=ts.esc(title), css=(ASSETS / "timeline.css").read_text(encoding="utf-8") + THEME_CSS,
                        static=ts.static_html(snapshot, ts.draw(snapshot, place), place),
                        state=_script_safe(json.dumps(state)), js=_script_safe(js))
     Path(path).write_text(page, encoding="utf-8")

@@ -3,8 +3,13 @@
 The output is deterministic: numbers rounded to one decimal, items in layout order,
 no random or per-process ids (so two displays of the same graph on a page never
 clash, and an executed notebook's stored output does not change between runs).
-Colours are presentation attributes, not CSS, so GitHub and nbviewer draw it right.
-Interactive items carry ``data-*`` attributes that the front end uses:
+Colours are presentation attributes, not CSS, so GitHub and nbviewer draw it right;
+each themed item also carries a role class (``nbrpc-ink``, ``nbrpc-muted``,
+``nbrpc-line``, ``nbrpc-rule``, ``nbrpc-ground``...) that ``THEME_CSS`` maps to
+JupyterLab's CSS variables, so a page that has them (light, dark, high contrast)
+overrides the attributes, and one that has not keeps them: every text colour reads at
+4.5:1 or more against what it sits on, in either case. Interactive items carry
+``data-*`` attributes that the front end uses:
 
 - ``data-id`` on every hoverable item (an RRef id, ``@owner`` for an aggregated
   owner node, an autograd function id), matching the keys of the details JSON;
@@ -24,8 +29,27 @@ from .layout import AGG_R, FN_H, FN_W, FORK_BAND, HEADER_H, NODE_R, Layout
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
            "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
-INK, MUTED, RPC = "#333333", "#777777", "#7b3294"
+INK, MUTED, RPC = "#333333", "#595959", "#7b3294"
 FONT = 'font-family="-apple-system, Segoe UI, Helvetica, Arial, sans-serif" font-size="11"'
+# Role classes -> JupyterLab's theme variables; the fallbacks are the attributes' colours.
+# A CSS rule beats a presentation attribute, so where the variables exist they win.
+THEME_CSS = (
+    ".nbrpc-svg .nbrpc-ink{fill:var(--jp-ui-font-color1,#333)}"
+    ".nbrpc-svg .nbrpc-muted{fill:var(--jp-ui-font-color1,#595959)}"
+    ".nbrpc-svg .nbrpc-line{stroke:var(--jp-ui-font-color2,#595959)}"
+    ".nbrpc-svg .nbrpc-faint{stroke:var(--jp-ui-font-color3,#999)}"
+    ".nbrpc-svg .nbrpc-edge{stroke:var(--jp-ui-font-color1,#333)}"
+    ".nbrpc-svg .nbrpc-rule{stroke:var(--jp-border-color2,#e0e0e0)}"
+    ".nbrpc-svg .nbrpc-ground{fill:var(--jp-layout-color0,#fff)}"
+    ".nbrpc-svg .nbrpc-ground-alt{fill:var(--jp-layout-color1,#f6f7f9)}"
+    ".nbrpc-svg .nbrpc-cut{stroke:var(--jp-layout-color0,#fff)}"
+    ".nbrpc-svg .nbrpc-veil{fill:var(--jp-layout-color0,#fff)}"
+    ".nbrpc-svg .nbrpc-tick{fill:var(--jp-ui-font-color2,#595959)}"
+    # stuck calls and their findings in the wait-for graph
+    ".nbrpc-svg text.nbrpc-alarm,.nbrpc-svg polygon.nbrpc-alarm{fill:var(--jp-error-color1,#b71c1c)}"
+    ".nbrpc-svg path.nbrpc-alarm,.nbrpc-svg line.nbrpc-alarm,.nbrpc-svg rect.nbrpc-alarm"
+    "{stroke:var(--jp-error-color1,#b71c1c)}"
+)
 
 
 def num(value: float) -> str:
@@ -40,6 +64,24 @@ def esc(text) -> str:
 
 def colour(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
+
+
+def luminance(hex_colour: str) -> float:
+    """WCAG relative luminance of ``#rrggbb``."""
+    channels = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG contrast ratio of two ``#rrggbb`` colours (1 to 21)."""
+    la, lb = sorted((luminance(a), luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def text_on(fill: str) -> str:
+    """Black or white, whichever reads better on ``fill``."""
+    return "#000000" if contrast("#000000", fill) >= contrast("#ffffff", fill) else "#ffffff"
 
 
 def weight(count: int) -> float:
@@ -65,22 +107,32 @@ def _open(width: float, height: float, kind: str) -> str:
             f'{FONT}>')
 
 
-def _arrow(x: float, y: float, from_x: float, from_y: float, fill: str, size: float = 6) -> str:
+def theme_style() -> str:
+    """A ``<style>`` that themes the drawings on a page with JupyterLab's variables and
+    lets a drawing shrink to the width it has (static HTML, the report)."""
+    return (f"<style>{THEME_CSS}.nbrpc-fit svg.nbrpc-svg{{max-width:100%;height:auto}}"
+            ".nbrpc-fit .nbrpc-tl-plot{max-width:none}</style>")
+
+
+def _arrow(x: float, y: float, from_x: float, from_y: float, fill: str, size: float = 6,
+           role: str = "") -> str:
     """A triangle pointing at (x, y), coming from (from_x, from_y); no markers, no ids."""
     angle = math.atan2(y - from_y, x - from_x)
     spread = 0.45
     points = [(x, y)]
     for side in (-spread, spread):
         points.append((x - size * math.cos(angle + side), y - size * math.sin(angle + side)))
-    return f'<polygon points="{" ".join(f"{num(a)},{num(b)}" for a, b in points)}" fill="{fill}"/>'
+    cls = f' class="{role}"' if role else ""
+    return f'<polygon{cls} points="{" ".join(f"{num(a)},{num(b)}" for a, b in points)}" fill="{fill}"/>'
 
 
 def _lane(lane: layout.Lane, lines: list[str], fill: str) -> str:
-    head = (f'<text x="{num(lane.center)}" y="{num(lane.y + 16)}" text-anchor="middle" '
-            f'font-weight="bold" fill="{INK}">{esc(clip(lane.worker, 22))}</text>')
+    chars = layout.label_chars(lane.width)
+    head = (f'<text class="nbrpc-ink" x="{num(lane.center)}" y="{num(lane.y + 16)}" text-anchor="middle" '
+            f'font-weight="bold" fill="{INK}">{esc(clip(lane.worker, chars))}</text>')
     sub = "".join(
-        f'<text x="{num(lane.center)}" y="{num(lane.y + 29 + 11 * i)}" text-anchor="middle" '
-        f'font-size="10" fill="{MUTED}">{esc(clip(line, 28))}</text>'
+        f'<text class="nbrpc-muted" x="{num(lane.center)}" y="{num(lane.y + 29 + 11 * i)}" '
+        f'text-anchor="middle" font-size="10" fill="{MUTED}">{esc(clip(line, chars + 2))}</text>'
         for i, line in enumerate(lines))
     return (f'<g class="nbrpc-lane" data-lane="{esc(lane.worker)}" data-workers="{esc(lane.worker)}">'
             f'<rect x="{num(lane.x)}" y="{num(lane.y)}" width="{num(lane.width)}" '
@@ -121,7 +173,7 @@ def rref_svg(snapshot: dict, *, show_forks: bool = True, worker: str | None = No
             r for r in snapshot.get("rrefs", [])
             if r.get("owner") == worker or worker in (r.get("holders") or [])])
     aggregate = aggregate_above is not None and len(snapshot.get("rrefs", [])) > aggregate_above
-    places = layout.rref_layout(snapshot, aggregate=aggregate)
+    places = layout.rref_layout(snapshot, aggregate=aggregate, forks=show_forks)
     colours = {name: colour(lane.index) for name, lane in places.lanes.items()}
     workers = {w["name"]: w for w in snapshot.get("workers", [])}
     owned = layout.rref_order(snapshot)
@@ -169,7 +221,7 @@ def _rrefs(snapshot: dict, places: Layout, colours: dict, titles: bool, quiet: b
     hidden = ' display="none"' if quiet else ""
     # Shared attributes sit on the groups: a thousand RRefs make a smaller page.
     edges = ['<g class="nbrpc-edges" fill="none" stroke-opacity="0.35">']
-    nodes = [f'<g class="nbrpc-nodes" stroke="{INK}" stroke-width="0.8">']
+    nodes = [f'<g class="nbrpc-nodes nbrpc-edge" stroke="{INK}" stroke-width="0.8">']
     for r in sorted(snapshot.get("rrefs", []), key=lambda r: layout.natural_key(r["id"])):
         x, y = places.positions[r["id"]]
         owner, holders = r["owner"], list(dict.fromkeys(r.get("holders") or []))
@@ -207,11 +259,14 @@ def _aggregated(snapshot: dict, places: Layout, colours: dict, titles: bool) -> 
                          f'stroke-width="{num(weight(holders[h]))}"/>')
         related = esc(" ".join(dict.fromkeys([owner, *sorted(holders, key=layout.natural_key)])))
         nodes.append(f'<g class="nbrpc-node" data-id="@{esc(owner)}" data-workers="{related}">'
-                     f'<circle cx="{num(x)}" cy="{num(y)}" r="{AGG_R}" fill="{colours[owner]}" '
-                     f'stroke="{INK}" stroke-width="0.8"/>'
+                     f'<circle class="nbrpc-edge" cx="{num(x)}" cy="{num(y)}" r="{AGG_R}" '
+                     f'fill="{colours[owner]}" stroke="{INK}" stroke-width="0.8"/>'
                      f'<text x="{num(x)}" y="{num(y + 4)}" text-anchor="middle" font-weight="bold" '
-                     f'fill="#ffffff">{len(owned)}</text>{title(details.get(owner))}</g>')
+                     f'fill="{text_on(colours[owner])}">{len(owned)}</text>{title(details.get(owner))}</g>')
     return [*edges, "</g>", *nodes, "</g>"]
+
+
+FORK_LIFT = 12  # how much higher a leftward fork arc rises than the rightward one
 
 
 def _fork_arcs(snapshot: dict, places: Layout) -> str:
@@ -227,15 +282,19 @@ def _fork_arcs(snapshot: dict, places: Layout) -> str:
         # other, so a -> b and b -> a do not overlap.
         x1, x2 = a.center - 12, b.center + 12
         top = a.y
-        rise = min(FORK_BAND - 6, 8 + 5 * abs(a.index - b.index))
+        # a -> b and b -> a share a midpoint: the leftward arc rises higher, so their
+        # counts sit one above the other, not on top of each other.
+        back = FORK_LIFT if a.index > b.index else 0
+        rise = min(FORK_BAND - 6 - FORK_LIFT, 8 + 5 * abs(a.index - b.index)) + back
         cx, cy = (x1 + x2) / 2, top - 2 * rise  # the arc's apex is at top - rise
         label = f"{count} fork{'s' * (count != 1)} {src} \u2192 {dst}"
         parts.append(f'<g class="nbrpc-fork" data-workers="{esc(src)} {esc(dst)}">'
                      f'<path d="M{num(x1)},{num(top)} Q{num(cx)},{num(cy)} {num(x2)},{num(top)}" '
-                     f'stroke="{MUTED}" stroke-dasharray="4 3" stroke-width="{num(weight(count))}"/>'
-                     f'{_arrow(x2, top, cx, cy, MUTED)}'
-                     f'<text x="{num(cx)}" y="{num(top - rise - 3)}" text-anchor="middle" font-size="10" '
-                     f'fill="{MUTED}">{count}</text><title>{esc(label)}</title></g>')
+                     f'class="nbrpc-line" stroke="{MUTED}" stroke-dasharray="4 3" '
+                     f'stroke-width="{num(weight(count))}"/>'
+                     f'{_arrow(x2, top, cx, cy, MUTED, role="nbrpc-tick")}'
+                     f'<text class="nbrpc-tick" x="{num(cx)}" y="{num(top - rise - 3)}" text-anchor="middle" '
+                     f'font-size="10" fill="{MUTED}">{count}</text><title>{esc(label)}</title></g>')
     parts.append("</g>")
     return "".join(parts)
 
@@ -277,8 +336,8 @@ def _autograd_edge(edge: dict, places: Layout, nodes: dict) -> str:
     if edge.get("kind") == "rpc":
         return (f'<g class="nbrpc-rpc" {ends}><path d="{path}" stroke="{RPC}" stroke-width="2.2" '
                 f'stroke-dasharray="6 4"/>{_arrow(x2, y2, x2, y2 - bend, RPC, 8)}</g>')
-    return (f'<g class="nbrpc-local" {ends}><path d="{path}" stroke="{MUTED}" stroke-width="1.2"/>'
-            f'{_arrow(x2, y2, x2, y2 - bend, MUTED)}</g>')
+    return (f'<g class="nbrpc-local" {ends}><path class="nbrpc-line" d="{path}" stroke="{MUTED}" '
+            f'stroke-width="1.2"/>{_arrow(x2, y2, x2, y2 - bend, MUTED, role="nbrpc-tick")}</g>')
 
 
 def _function(node: dict, places: Layout, colours: dict, grads: dict, details: dict | None) -> str:
@@ -288,16 +347,18 @@ def _function(node: dict, places: Layout, colours: dict, grads: dict, details: d
     is_rpc = name.startswith(("SendRpcBackward", "RecvRpcBackward"))
     stroke, width = (RPC, "1.6") if is_rpc else (fill, "1")
     label = node.get("param") or name
+    box = places.box_w.get(node["worker"], FN_W)
+    # Lightly tinted boxes in both themes: the label (theme ink) reads on them either way.
     parts = [f'<g class="nbrpc-node" data-id="{esc(node["id"])}" data-workers="{esc(node["worker"])}">'
-             f'<rect x="{num(x - FN_W / 2)}" y="{num(y - FN_H / 2)}" width="{FN_W}" height="{FN_H}" rx="4" '
-             f'fill="{fill}" fill-opacity="{"0.45" if node.get("param") else "0.15"}" stroke="{stroke}" '
+             f'<rect x="{num(x - box / 2)}" y="{num(y - FN_H / 2)}" width="{num(box)}" height="{FN_H}" rx="4" '
+             f'fill="{fill}" fill-opacity="{"0.3" if node.get("param") else "0.12"}" stroke="{stroke}" '
              f'stroke-width="{width}"/>'
-             f'<text x="{num(x)}" y="{num(y + 4)}" text-anchor="middle" fill="{INK}">'
-             f'{esc(clip(label, 24))}</text>']
+             f'<text class="nbrpc-ink" x="{num(x)}" y="{num(y + 4)}" text-anchor="middle" fill="{INK}">'
+             f'{esc(clip(label, layout.label_chars(box)))}</text>']
     grad = grads.get((node["worker"], node.get("param"))) if node.get("param") else None
     if grad is not None:
         norm = esc(describe.norm_text(grad.get("norm")))
-        parts.append(f'<text class="nbrpc-grad" x="{num(x)}" y="{num(y + FN_H / 2 + 11)}" '
+        parts.append(f'<text class="nbrpc-grad nbrpc-tick" x="{num(x)}" y="{num(y + FN_H / 2 + 11)}" '
                      f'text-anchor="middle" font-size="10" fill="{MUTED}">\u2016grad\u2016 {norm}</text>')
     parts.append(title(details))
     parts.append("</g>")
@@ -305,6 +366,8 @@ def _function(node: dict, places: Layout, colours: dict, grads: dict, details: d
 
 
 def static_html(svg: str, summary: str) -> str:
-    """The ``text/html`` fallback: the SVG in a scrollable box, the summary under it."""
-    return (f'<div class="nbrpc-graph-static" style="max-width:100%;overflow:auto">{svg}'
-            f'<div style="font-size:11px;color:{MUTED}">{esc(summary)}</div></div>')
+    """The ``text/html`` fallback: the SVG fitted to the output's width (themed where
+    JupyterLab's variables are), the summary under it."""
+    return (f'<div class="nbrpc-graph-static nbrpc-fit" style="max-width:100%;overflow:auto">'
+            f'{theme_style()}{svg}'
+            f'<div style="font-size:11px;color:var(--jp-ui-font-color1,{MUTED})">{esc(summary)}</div></div>')

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from .layout import natural_key, worker_order
+from .summary import in_window
 
 # Geometry, in SVG user units (px).
 MARGIN = 10
@@ -57,13 +58,15 @@ def colour(name: str) -> str:
 
 
 def window(snapshot: dict, last: float | None) -> dict:
-    """The snapshot's calls sent in its last ``last`` seconds (all of it for None)."""
+    """The snapshot's calls of its last ``last`` seconds (all of it for None): those sent
+    in them, and those sent before that were still under way (or are in flight)."""
     if last is None:
         return snapshot
     if not last > 0:
         raise ValueError(f"last must be a positive number of seconds, got {last!r}")
     start = max(snapshot["start"], snapshot["end"] - last)
-    return dict(snapshot, start=start, calls=[c for c in snapshot["calls"] if c["sent"] >= start])
+    return dict(snapshot, start=start, calls=[c for c in snapshot["calls"]
+                                              if in_window(c, start, snapshot["end"])])
 
 
 def members(snapshot: dict) -> list[str]:
@@ -78,11 +81,17 @@ def ran(call: dict) -> bool:
     return call.get("began") is not None and call.get("ended") is not None
 
 
+def started(call: dict) -> bool:
+    """The callee began it: it has a bar, to its end or (in flight) to the window's end."""
+    return call.get("began") is not None
+
+
 def span(snapshot: dict) -> tuple[float, float]:
-    """The time range drawn: the snapshot's window, widened to every recorded time."""
+    """The time range drawn: the snapshot's window (calls that straddle its start are cut
+    there), its end widened to every recorded time."""
     times = [t for c in snapshot.get("calls", [])
              for t in (c.get("sent"), c.get("began"), c.get("ended"), c.get("replied")) if t is not None]
-    t0 = min([snapshot.get("start", 0.0), *times])
+    t0 = snapshot["start"] if "start" in snapshot else min(times, default=0.0)
     t1 = max([snapshot.get("end", t0), *times])
     return t0, (t1 if t1 > t0 else t0 + 1e-3)
 
@@ -233,6 +242,7 @@ class Bar:
     height: float = ROW_H
     share: float = 1.0  # aggregated: the fraction of its time the lane was busy
     waits: tuple[tuple[float, float], ...] = ()  # (x, width): waiting on calls it made itself
+    running: bool = False  # still running at the window's end: drawn to it
 
 
 @dataclass(frozen=True)
@@ -335,8 +345,8 @@ def timeline_layout(snapshot: dict, threads: bool = False, aggregate_above: int 
     # Rows per lane, from the intervals drawn there (aggregated: two rows' height).
     drawn: dict[str, list[tuple[str, float, float]]] = collections.defaultdict(list)
     for c in calls:
-        if ran(c) and not aggregated:
-            drawn[_callee_lane(c, threads)].append((c["id"], c["began"], c["ended"]))
+        if started(c) and not aggregated:
+            drawn[_callee_lane(c, threads)].append((c["id"], c["began"], _run_end(c, t1)))
     rows_of = {key: pack_rows(drawn[key]) for key, _, _ in keys}
     lanes: dict[str, TimeLane] = {}
     y = MARGIN + TITLE_H
@@ -367,25 +377,31 @@ def call_marks(calls: list[dict], place: TimelineLayout, rows_of: dict[str, dict
     by_name: collections.Counter = collections.Counter()
     for c in calls:
         caller_key = _caller_lane(c, by_id, lanes, threads)
-        if ran(c):
+        if started(c):
             key, name = _callee_lane(c, threads), c.get("name") or "?"
             top = lanes[key].y + LANE_PAD + rows_of[key][c["id"]] * (ROW_H + ROW_GAP)
-            by_name[name] += c["ended"] - c["began"]
-            waits = tuple((place.x(max(a, c["began"])), (min(b, c["ended"]) - max(a, c["began"])) * scale)
-                          for a, b in nested.get(c["id"], []) if min(b, c["ended"]) > max(a, c["began"]))
+            ended = _run_end(c, place.t1)
+            by_name[name] += ended - c["began"]
+            waits = tuple((place.x(max(a, c["began"])), (min(b, ended) - max(a, c["began"])) * scale)
+                          for a, b in nested.get(c["id"], []) if min(b, ended) > max(a, c["began"]))
             place.bars.append(Bar(c["id"], key, place.x(c["began"]),
-                                  max(MIN_BAR_W, (c["ended"] - c["began"]) * scale), top, name, colour(name),
-                                  bool(c.get("error")), waits=waits))
+                                  max(MIN_BAR_W, (ended - c["began"]) * scale), top, name, colour(name),
+                                  bool(c.get("error")), waits=waits, running=c.get("ended") is None))
             if caller_key != key:
                 mid, cy = top + ROW_H / 2, lanes[caller_key].wait_y
                 place.segments.append(Segment(c["id"], "send", place.x(c["sent"]), cy, place.x(c["began"]), mid))
-                if c.get("replied") is not None:
+                if c.get("replied") is not None and c.get("ended") is not None:
                     place.segments.append(Segment(c["id"], "reply", place.x(c["ended"]), mid,
                                                   place.x(c["replied"]), cy))
         end = c.get("replied") if c.get("replied") is not None else place.t1
         wy = lanes[caller_key].wait_y
         place.segments.append(Segment(c["id"], "wait", place.x(c["sent"]), wy, place.x(end), wy))
     place.names = sorted(by_name, key=lambda n: (-by_name[n], natural_key(n)))
+
+
+def _run_end(call: dict, t1: float) -> float:
+    """Where a started call's bar ends: its end, or the window's end while it runs."""
+    return call["ended"] if call.get("ended") is not None else max(t1, call["began"])
 
 
 def busy_bars(calls: list[dict], place: TimelineLayout, threads: bool) -> list[Bar]:

@@ -21,11 +21,14 @@ from __future__ import annotations
 from . import summary
 from . import timeline_layout as tl
 from .describe import size_text
-from .svg import FONT, INK, MUTED, clip, esc, num, title
+from .svg import FONT, INK, MUTED, clip, esc, num, theme_style, title
 
 SEND, REPLY, WAIT = "#555555", "#999999", "#b8b8b8"
 LANE_FILLS = ("#f6f7f9", "#ffffff")
+GROUNDS = ("nbrpc-ground-alt", "nbrpc-ground")  # the lanes' theme roles (svg.THEME_CSS)
+LINE_ROLES = {"wait": "nbrpc-faint", "send": "nbrpc-line", "reply": "nbrpc-faint"}
 LEGEND_NAMES = 8
+LEGEND_CHARS = 30
 
 
 def duration(seconds: float | None) -> str:
@@ -79,6 +82,8 @@ def call_details(snapshot: dict) -> dict[str, dict]:
                 rows.append([label, str(c[key])])
         if began is None:
             rows.append(["note", "the callee's part was not recorded"])
+        elif ended is None:
+            rows.append(["note", "still running when this was recorded"])
         details[c["id"]] = {"title": f"{c.get('name') or '?'} on {c.get('callee')}", "rows": rows}
     return details
 
@@ -116,12 +121,17 @@ def headline(snapshot: dict, place: tl.TimelineLayout | None = None) -> str:
     return line
 
 
-STAT_COLUMNS = ("function", "callee", "calls", "total", "median", "queue", "bytes", "errors")
+# "wall": the time during which one of the row's calls was under way (overlaps once);
+# "summed": their times added up (ten overlapping 1 s calls: wall 1 s, summed 10 s).
+STAT_COLUMNS = ("function", "callee", "calls", "wall", "summed", "median", "queue", "bytes", "errors")
+STAT_HELP = {"wall": "time during which at least one of these calls was under way",
+             "summed": "the calls' times added up; overlapping calls each count"}
 
 
 def stat_cells(row: dict) -> list[str]:
-    total = None if row["median"] is None else row["total"]
-    return [row["name"], row["callee"], str(row["count"]), duration(total), duration(row["median"]),
+    known = row["median"] is not None
+    return [row["name"], row["callee"], str(row["count"]), duration(row.get("wall") if known else None),
+            duration(row["total"] if known else None), duration(row["median"]),
             duration(row["queue"]), size_text(row["bytes"]), str(row["errors"])]
 
 
@@ -142,7 +152,9 @@ def summary_text(snapshot: dict, place: tl.TimelineLayout | None = None, limit: 
 def summary_html(snapshot: dict, limit: int = 50) -> str:
     """The table per function and callee, as HTML (under the widget and in reports)."""
     rows = summary.summarize(snapshot)
-    head = "".join(f'<th style="padding:1px 8px 1px 0;text-align:left">{c}</th>' for c in STAT_COLUMNS)
+    head = "".join(f'<th style="padding:1px 8px 1px 0;text-align:left"'
+                   f'{f" title={chr(34)}{esc(STAT_HELP[c])}{chr(34)}" if c in STAT_HELP else ""}>{c}</th>'
+                   for c in STAT_COLUMNS)
     body = []
     for r in rows[:limit]:
         cells = stat_cells(r)
@@ -174,18 +186,19 @@ def draw(snapshot: dict, place: tl.TimelineLayout, titles: bool = True) -> str:
              f'data-t1="{place.t1 - place.origin:.6f}" '
              f'data-plot-x="{num(place.plot_x)}" data-plot-y="{num(place.plot_y)}" '
              f'data-plot-w="{num(place.plot_w)}" data-plot-h="{num(place.plot_h)}">',
-             f'<text class="nbrpc-tl-title" x="{tl.MARGIN}" y="{tl.MARGIN + 12}" fill="{INK}">'
+             f'<text class="nbrpc-tl-title nbrpc-ink" x="{tl.MARGIN}" y="{tl.MARGIN + 12}" fill="{INK}">'
              f'{esc(clip(headline(snapshot, place), 150))}</text>']
     parts.append('<g class="nbrpc-tl-lanes">')
     for lane in place.lanes.values():
         bold = ' font-weight="bold"' if lane.thread is None else ""
         parts.append(f'<g class="nbrpc-lane" data-lane="{esc(lane.key)}" data-workers="{esc(lane.member)}">'
                      f'<rect x="{tl.MARGIN}" y="{num(lane.y)}" width="{num(tl.LABEL_W + place.plot_w)}" '
-                     f'height="{num(lane.height)}" fill="{LANE_FILLS[lane.index % 2]}" stroke="#e3e5e8" '
-                     f'stroke-width="0.5"/>'
-                     f'<text x="{tl.MARGIN + 6}" y="{num(lane.y + lane.height / 2 + 4)}" fill="{INK}"'
+                     f'height="{num(lane.height)}" class="{GROUNDS[lane.index % 2]} nbrpc-rule" '
+                     f'fill="{LANE_FILLS[lane.index % 2]}" stroke="#e3e5e8" stroke-width="0.5"/>'
+                     f'<text class="nbrpc-ink" x="{tl.MARGIN + 6}" y="{num(lane.y + lane.height / 2 + 4)}" '
+                     f'fill="{INK}"'
                      f'{bold}>{esc(clip(lane.label, 24))}</text></g>')
-    parts += ["</g>", _axis(place), *_plot(place, calls, details), _legend(place), "</svg>"]
+    parts += ["</g>", _axis(place), *_plot(place, calls, details), _legend(place, titles), "</svg>"]
     return "".join(parts)
 
 
@@ -204,14 +217,18 @@ def _plot(place: tl.TimelineLayout, calls: dict, details: dict) -> list[str]:
     for kind, stroke, width in (("wait", WAIT, 1.5), ("send", SEND, 0.8), ("reply", REPLY, 0.8)):
         if lines[kind]:
             opacity = "" if kind == "wait" or faint == "1" else f' stroke-opacity="{faint}"'
-            parts.append(f'<g class="nbrpc-tl-{kind}" stroke="{stroke}" stroke-width="{width}"{opacity} '
+            parts.append(f'<g class="nbrpc-tl-{kind} {LINE_ROLES[kind]}" stroke="{stroke}" '
+                         f'stroke-width="{width}"{opacity} '
                          f'vector-effect="non-scaling-stroke">{"".join(lines[kind])}</g>')
-    parts.append('<g class="nbrpc-tl-bars" stroke="#ffffff" stroke-width="0.5">')
+    parts.append('<g class="nbrpc-tl-bars nbrpc-cut" stroke="#ffffff" stroke-width="0.5">')
     for bar in place.bars:
         call = calls.get(bar.id, {})
         related = " ".join(dict.fromkeys(x for x in (call.get("caller"), place.lanes[bar.lane].member) if x))
         stroke = ' stroke="#c0392b" stroke-width="1.5"' if bar.failed else ""
-        parts.append(f'<rect class="nbrpc-tl-bar" data-id="{esc(bar.id)}" data-workers="{esc(related)}" '
+        if bar.running:  # in flight: pale, outlined, open to the right
+            stroke += ' fill-opacity="0.55" stroke-dasharray="3 2"'
+        cls = "nbrpc-tl-bar nbrpc-tl-running" if bar.running else "nbrpc-tl-bar"
+        parts.append(f'<rect class="{cls}" data-id="{esc(bar.id)}" data-workers="{esc(related)}" '
                      f'x="{bar.x:.2f}" y="{num(bar.y - py)}" width="{bar.width:.2f}" height="{num(bar.height)}" '
                      f'fill="{bar.fill}"{stroke}>{title(details.get(bar.id))}</rect>')
     parts.append("</g>")
@@ -219,7 +236,7 @@ def _plot(place: tl.TimelineLayout, calls: dict, details: dict) -> list[str]:
              for bar in place.bars for x, w in bar.waits]
     if waits:
         # A call's own calls (a to_here inside it): it waited there, it did not work.
-        parts.append(f'<g class="nbrpc-tl-waiting" fill="#ffffff" fill-opacity="0.65" '
+        parts.append(f'<g class="nbrpc-tl-waiting nbrpc-veil" fill="#ffffff" fill-opacity="0.65" '
                      f'pointer-events="none">{"".join(waits)}</g>')
     parts.append("</svg>")
     return parts
@@ -228,43 +245,68 @@ def _plot(place: tl.TimelineLayout, calls: dict, details: dict) -> list[str]:
 def _axis(place: tl.TimelineLayout) -> str:
     """Grid lines over the lanes and labelled ticks under them (the front end redraws it)."""
     top, bottom = place.plot_y, place.plot_y + place.plot_h
-    parts = [f'<g class="nbrpc-tl-axis" font-size="10" fill="{MUTED}">',
-             f'<line x1="{num(place.plot_x)}" y1="{num(bottom)}" x2="{num(place.plot_x + place.plot_w)}" '
-             f'y2="{num(bottom)}" stroke="{MUTED}" stroke-width="0.8"/>']
+    parts = [f'<g class="nbrpc-tl-axis nbrpc-tick" font-size="10" fill="{MUTED}">',
+             f'<line class="nbrpc-line" x1="{num(place.plot_x)}" y1="{num(bottom)}" '
+             f'x2="{num(place.plot_x + place.plot_w)}" y2="{num(bottom)}" stroke="{MUTED}" stroke-width="0.8"/>']
     a, b = place.t0 - place.origin, place.t1 - place.origin
     for t, label in tl.ticks(a, b):
         x = place.plot_x + (t - a) / (b - a) * place.plot_w
-        parts.append(f'<line x1="{num(x)}" y1="{num(top)}" x2="{num(x)}" y2="{num(bottom + 4)}" '
-                     f'stroke="#d0d4d9" stroke-width="0.6"/>'
+        parts.append(f'<line class="nbrpc-rule" x1="{num(x)}" y1="{num(top)}" x2="{num(x)}" '
+                     f'y2="{num(bottom + 4)}" stroke="#d0d4d9" stroke-width="0.6"/>'
                      f'<text class="nbrpc-tl-tick" x="{num(x)}" y="{num(bottom + 15)}" '
                      f'text-anchor="middle">{esc(label)}</text>')
     parts.append("</g>")
     return "".join(parts)
 
 
-def _legend(place: tl.TimelineLayout) -> str:
+def _legend(place: tl.TimelineLayout, titles: bool = True) -> str:
     y = place.plot_y + place.plot_h + tl.AXIS_H + 4
-    parts = [f'<g class="nbrpc-tl-legend" font-size="10" fill="{INK}">']
+    parts = [f'<g class="nbrpc-tl-legend nbrpc-ink" font-size="10" fill="{INK}">']
     if place.aggregated:
         parts.append(f'<rect x="{num(place.plot_x)}" y="{num(y)}" width="10" height="10" fill="{tl.BUSY}"/>'
                      f'<text x="{num(place.plot_x + 14)}" y="{num(y + 9)}">share of the time busy: '
                      f'{place.calls:,} calls, aggregated (hover for calls and shares)</text>')
         return "".join(parts) + "</g>"
     x = place.plot_x
-    for name in place.names[:LEGEND_NAMES]:
-        label = clip(name, 26)
-        parts.append(f'<rect x="{num(x)}" y="{num(y)}" width="10" height="10" fill="{tl.colour(name)}"/>'
-                     f'<text x="{num(x + 14)}" y="{num(y + 9)}">{esc(label)}</text>')
-        x += 24 + 6 * len(label)
-        if x > place.plot_x + place.plot_w - 60:
+    names = place.names[:LEGEND_NAMES]
+    for name, label in zip(names, legend_labels(names)):
+        width = 24 + 6 * len(label)
+        if x + width > place.plot_x + place.plot_w + tl.RIGHT_PAD:
             break
+        parts.append(f'<rect x="{num(x)}" y="{num(y)}" width="10" height="10" fill="{tl.colour(name)}"/>'
+                     f'<text x="{num(x + 14)}" y="{num(y + 9)}">{esc(label)}'
+                     f'{f"<title>{esc(name)}</title>" if titles and label != name else ""}</text>')
+        x += width
     parts.append("</g>")
     return "".join(parts)
 
 
+def legend_labels(names: list[str], chars: int = LEGEND_CHARS) -> list[str]:
+    """Labels of at most ``chars`` characters, one per name and all different: a long
+    name keeps its start and its end, the method whole where it fits
+    (``BatchUp….update_and_fetch_model``), where methods of one class differ; names that
+    still clash get a number."""
+    labels = []
+    for name in names:
+        if len(name) <= chars:
+            labels.append(name)
+        else:  # the method whole where it fits, as much of the class as is left
+            method = "." + name.rsplit(".", 1)[1] if "." in name else ""
+            tail = len(method) if 0 < len(method) <= chars - 6 else chars - 1 - chars // 3
+            labels.append(name[:chars - 1 - tail] + "\u2026" + name[-tail:])
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return out
+
+
 def static_html(snapshot: dict, drawing: str, place: tl.TimelineLayout | None = None) -> str:
-    """``text/html``: the SVG in a scrollable box, the headline and the table under it."""
-    return (f'<div class="nbrpc-timeline-static" style="max-width:100%;overflow:auto">{drawing}'
-            f'<div style="font-size:11px;color:{MUTED};margin:4px 0">{esc(headline(snapshot, place))}</div>'
-            f'{summary_html(snapshot)}</div>')
+    """``text/html``: the SVG fitted to the output's width (themed where JupyterLab's
+    variables are), the headline and the table under it."""
+    return (f'<div class="nbrpc-timeline-static nbrpc-fit" style="max-width:100%;overflow:auto">'
+            f'{theme_style()}{drawing}'
+            f'<div style="font-size:11px;color:var(--jp-ui-font-color1,{MUTED});margin:4px 0">'
+            f'{esc(headline(snapshot, place))}</div>{summary_html(snapshot)}</div>')
 

@@ -1,18 +1,24 @@
 """The IPython extension: ``%load_ext nbrpc`` registers the RPC magics."""
 
 
-# Each shell's CellOutput and HangWatch, by the shell's id (one in a kernel).
+# Each shell's CellOutput, HangWatch and RpcAdvice, by the shell's id (one in a kernel).
 _cell_outputs: dict = {}
 _hang_watches: dict = {}
+_advice: dict = {}
 
 
 def load_ipython_extension(ipython):
     from ..deploy import template
+    from .advice import RpcAdvice
     from .display import CellOutput
     from .hangs import HangWatch
     from .magics import RpcMagics
 
     ipython.register_magics(RpcMagics)
+    # torch's "Call init_rpc first" becomes one line that says to run %rpc_init.
+    if id(ipython) not in _advice:
+        _advice[id(ipython)] = advice = RpcAdvice()
+        advice.register(ipython)
     # What workers write in calls and background threads shows in the running cell.
     _cell_outputs[id(ipython)] = cell_output = CellOutput()
     cell_output.register(ipython)
@@ -40,6 +46,9 @@ def hang_watch(ipython=None):
 def unload_ipython_extension(ipython):
     # IPython cannot unregister magics; the cluster, if any, keeps running, and its
     # workers' output goes to stdout and stderr, tagged.
+    advice = _advice.pop(id(ipython), None)
+    if advice is not None:
+        advice.unregister(ipython)
     cell_output = _cell_outputs.pop(id(ipython), None)
     if cell_output is not None:
         cell_output.unregister(ipython)

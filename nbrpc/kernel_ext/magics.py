@@ -154,12 +154,22 @@ class RpcMagics(Magics):
     @argument("--show", choices=("findings", "always"), default=None,
               help="what a cell that waits on the cluster for 1 s shows by itself: the hangs found "
                    "(findings, the default), or its pending calls too (always)")
+    @argument("--graph", action="store_true",
+              help="draw them as a live wait-for graph (lanes per member, an arrow per pending call, "
+                   "the hangs in red), refreshing also while later cells wait")
+    @argument("--static", action="store_true", help="with --graph: draw once as SVG, no refreshing")
+    @argument("--interval", type=float, default=None, help="with --graph: seconds between refreshes (default 1)")
     @line_magic
     def rpc_waits(self, line: str = ""):
-        """Show the cluster's pending calls and the hangs found now (``nbrpc.waits()``)."""
+        """Show the cluster's pending calls and the hangs found now (``nbrpc.waits()``),
+        as text or (``--graph``) as a live wait-for graph."""
         from . import hang_watch
 
         args = _parse(self.rpc_waits, line)
+        if (args.static or args.interval is not None) and not args.graph:
+            raise UsageError("%rpc_waits: --static and --interval go with --graph")
+        if args.graph:
+            return self._waits_graph(args)
         if args.show is not None:
             hang_watch(self.shell).always = args.show == "always"
             print(f"nbrpc: a waiting cell shows {'its pending calls and ' if args.show == 'always' else ''}"
@@ -167,6 +177,17 @@ class RpcMagics(Magics):
             return
         snap = probes.waits(_running())
         print(hangs.Report(snap["findings"], snap["calls"]) if snap["calls"] else "nbrpc: no call is pending")
+
+    def _waits_graph(self, args):
+        if args.show is not None:
+            raise UsageError("%rpc_waits: --show and --graph are separate uses; give one")
+        interval = 1.0 if args.interval is None else args.interval
+        if not interval > 0:
+            raise UsageError(f"%rpc_waits: --interval must be a positive number of seconds, got {interval:g}")
+        _running()
+        from ..widgets.waits_graph import WaitsGraph, waits_static
+
+        return waits_static() if args.static else WaitsGraph(interval=interval)
 
     @line_magic
     def rpc_shutdown(self, line: str = ""):

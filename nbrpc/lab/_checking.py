@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import NOT_INITIALIZED, not_initialized
+
 FILL_IN = "fill in the TODO cell above, run it, then run this check again"
 
 
@@ -61,6 +63,7 @@ class _NotDone(_Wrong):
 
 # Known errors (regular expressions) -> what usually causes them; the first match wins.
 _HINTS = [
+    ("(?i)" + NOT_INITIALIZED.pattern, "run the %rpc_init cell near the top of the lab first, then this check"),
     (r"unsupported operand type\(s\) for [-+]: .*'NoneType'",
      "a call whose callee's part was not recorded has began and ended None: skip it"),
     (r"can't call localValue\(\) on user",
@@ -132,6 +135,8 @@ def _unfinished(error: Exception) -> str | None:
 
 def _describe(error: Exception) -> str:
     """One line about ``error``; a worker's error is named with the worker."""
+    if not_initialized(error):  # torch's advice (call init_rpc) is wrong in a notebook
+        return "RuntimeError: RPC is not running yet (no %rpc_init in this kernel)"
     text = re.sub(r"For UserRRef\(rref_id=.*?\)\), ", "", str(error))  # ids nobody needs
     text = re.sub(r' at "[^"]*":\d+, please report a bug to PyTorch\.', "", text)
     remote = re.search(r"On WorkerInfo\(id=\d+, name=([^)]+)\):\n(.+)", text)

@@ -67,9 +67,9 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     import json
     import shutil
     import signal
-    import tempfile
 
     from .._util import LOOPBACK
+    from ..deploy import scratch as folders
     from ..deploy.launchers import addresses, rendezvous
     from ..deploy.launchers.base import write_unbound_connection_file
 
@@ -79,7 +79,7 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     settings = WorkerSettings.from_wire(grant["settings"], f"{LOOPBACK}:{store_port}",
                                         addresses.interface_of(ip))
     os.environ.update(settings.env)  # the cluster's extra variables, for the user's code
-    scratch = tempfile.mkdtemp(prefix=f"nbrpc-{grant['name']}-")
+    scratch = folders.make(grant["name"])
     connection_file = os.path.join(scratch, "kernel.json")
     write_unbound_connection_file(connection_file, ip)
 

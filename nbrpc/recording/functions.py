@@ -75,6 +75,7 @@ def _internal(module: str) -> str | None:
     return "internal" if module.removeprefix("__torch__.").startswith("torch.distributed") else None
 
 
+
 def helper_name(rref, method: str) -> str:
     try:
         return f"{torch_compat.rref_type(rref).__qualname__}.{method}"

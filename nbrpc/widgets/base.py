@@ -16,6 +16,7 @@ from pathlib import Path
 import anywidget
 import traitlets
 
+from ..drawing.svg import THEME_CSS
 from ._live import SyncLock
 
 HERE = Path(__file__).parent
@@ -40,7 +41,7 @@ class GraphWidget(SyncLock, anywidget.AnyWidget):
     """Base of ``RRefGraph`` and ``AutogradGraph``: Python draws, ``graph.js`` interacts."""
 
     _esm = HERE / "graph.js"
-    _css = HERE / "graph.css"
+    _css = (HERE / "graph.css").read_text(encoding="utf-8") + THEME_CSS
 
     kind = traitlets.Unicode("rref", help="which graph: rref or autograd").tag(sync=True)
     svg = traitlets.Unicode("", help="the drawing, made by nbrpc.drawing.svg").tag(sync=True)
@@ -50,6 +51,7 @@ class GraphWidget(SyncLock, anywidget.AnyWidget):
     worker = traitlets.Unicode(
         "", help="show only items that concern this worker ('' for all)").tag(sync=True)
     show_forks = traitlets.Bool(False, help="draw fork history (RRef graph)").tag(sync=True)
+    fit = traitlets.Bool(True, help="shrink the drawing to the output's width (else 1:1)").tag(sync=True)
     status = traitlets.Unicode(
         "", help="one line under the toolbar: what is shown, live or not").tag(sync=True)
 

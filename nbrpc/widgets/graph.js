@@ -3,8 +3,9 @@
 // Python draws the SVG (trait `svg`) and the hover details (trait `details`, keyed by
 // each item's data-id). This module puts the SVG in the page and swaps it in place on
 // every refresh, and adds hover details, click-to-pin (synced back as `selected`), the
-// fork-history toggle (`show_forks`) and the worker filter (`worker`). All four
-// survive refreshes because they live in the model and in this closure, not in the SVG.
+// fork-history toggle (`show_forks`), the worker filter (`worker`) and fit / 1:1 (`fit`).
+// All of them survive refreshes because they live in the model and in this closure, not
+// in the SVG.
 
 /**
  * @typedef {{ title: string, rows: [string, string][] }} Details
@@ -53,6 +54,64 @@ function table(details, id) {
   return box;
 }
 
+/**
+ * Put a hover card next to the pointer where it shows whole. The card is fixed to the
+ * window, so the output area around a widget (which clips what sticks out of it) does
+ * not cut it: across, it stays inside the view; down, inside the view when it fits
+ * there, else over the output, inside the notebook's scrolling area and the window.
+ * Right of and below the pointer when there is room, else left of or above it.
+ * @param {HTMLElement} tip
+ * @param {HTMLElement} view
+ * @param {MouseEvent} event
+ */
+function placeTip(tip, view, event) {
+  const gap = 14;
+  const box = view.getBoundingClientRect();
+  tip.style.maxWidth = `${Math.max(160, Math.min(460, box.width - 8))}px`;
+  const w = tip.offsetWidth;
+  const h = tip.offsetHeight;
+  const scroller = view.closest(".jp-WindowedPanel-outer, .jp-Notebook, .jp-NotebookPanel");
+  const area = scroller ? scroller.getBoundingClientRect() : { top: 0, bottom: window.innerHeight };
+  const left = Math.max(box.left, 0);
+  const right = Math.min(box.right, window.innerWidth);
+  const room = Math.max(event.clientY - box.top, box.bottom - event.clientY) - gap;
+  const top = Math.max(h <= room ? box.top : area.top, 0);
+  const bottom = Math.min(h <= room ? box.bottom : area.bottom, window.innerHeight);
+  let x = event.clientX + gap + w <= right ? event.clientX + gap : event.clientX - gap - w;
+  let y = event.clientY + gap + h <= bottom ? event.clientY + gap : event.clientY - gap - h;
+  x = Math.max(left, Math.min(x, right - w));
+  y = Math.max(top, Math.min(y, bottom - h));
+  tip.style.left = `${Math.round(x)}px`;
+  tip.style.top = `${Math.round(y)}px`;
+  // A transformed or contained ancestor makes "fixed" relative to itself: correct for it.
+  const got = tip.getBoundingClientRect();
+  if (Math.abs(got.left - x) > 0.5 || Math.abs(got.top - y) > 0.5) {
+    tip.style.left = `${Math.round(2 * x - got.left)}px`;
+    tip.style.top = `${Math.round(2 * y - got.top)}px`;
+  }
+}
+
+/**
+ * The fit / 1:1 button: fitted, a drawing shrinks to the output's width; at 1:1 it
+ * keeps its own size and the box scrolls. The choice lives in the model (`fit`).
+ * @param {Model} model
+ * @param {HTMLElement} host
+ */
+function fitButton(model, host) {
+  const button = /** @type {HTMLButtonElement} */ (make("button", "nbrpc-fit-toggle"));
+  const show = () => {
+    const fit = model.get("fit") !== false;
+    host.classList.toggle("nbrpc-fit", fit);
+    button.textContent = fit ? "1:1" : "fit";
+    button.title = fit ? "show the drawing at its own size (scroll to see it all)" : "fit the drawing to the width";
+  };
+  button.addEventListener("click", () => {
+    model.set("fit", model.get("fit") === false);
+    model.save_changes();
+  });
+  return { button, show };
+}
+
 /** @param {{ model: Model, el: HTMLElement }} context */
 function render({ model, el }) {
   const view = make("div", "nbrpc-graph");
@@ -68,6 +127,8 @@ function render({ model, el }) {
   const host = make("div", "nbrpc-host");
   const tip = make("div", "nbrpc-tip");
   const pin = make("div", "nbrpc-pin");
+  const fit = fitButton(model, host);
+  bar.append(fit.button);
   if (model.get("kind") === "rref") bar.append(forkBox);
   bar.append(filterBox, status);
   view.append(bar, host, pin, tip);
@@ -171,9 +232,7 @@ function render({ model, el }) {
       showTip();
     }
     if (hovered !== null) {
-      const box = view.getBoundingClientRect();
-      tip.style.left = `${event.clientX - box.left + 14}px`;
-      tip.style.top = `${event.clientY - box.top + 14}px`;
+      placeTip(tip, view, event);
     }
   }
 
@@ -228,9 +287,11 @@ function render({ model, el }) {
   model.on("change:worker", applyFilter);
   model.on("change:show_forks", onShowForks);
   model.on("change:status", onStatus);
+  model.on("change:fit", fit.show);
   swap();
   onShowForks();
   onStatus();
+  fit.show();
 
   return () => {
     model.off("change:svg", swap);
@@ -239,6 +300,7 @@ function render({ model, el }) {
     model.off("change:worker", applyFilter);
     model.off("change:show_forks", onShowForks);
     model.off("change:status", onStatus);
+    model.off("change:fit", fit.show);
   };
 }
 

@@ -63,12 +63,20 @@ class RRefGraph(LiveView, GraphWidget):
 
     def update(self, snapshot: dict) -> None:
         """Show ``snapshot``; the front end swaps the drawing in place."""
-        drawing = svg.rref_svg(snapshot, show_forks=True, bundle_above=self.aggregate_above, titles=False)
+        # Fork arcs get their band over the lanes only while shown: no empty space above.
+        drawing = svg.rref_svg(snapshot, show_forks=self.show_forks, bundle_above=self.aggregate_above,
+                               titles=False)
         details = describe.rref_details(snapshot)
         with self._sync_lock(), self.hold_sync():
             self.snapshot = snapshot
             self.svg, self.details = drawing, details
             self.status = self._status_line()
+
+    @traitlets.observe("show_forks")
+    def _forks_toggled(self, change) -> None:
+        snapshot = getattr(self, "snapshot", None)
+        if snapshot is not None:
+            self.update(snapshot)
 
     def refresh(self) -> None:
         """Take a new snapshot now."""

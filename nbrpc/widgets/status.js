@@ -12,6 +12,8 @@
 /** @param {{ model: Model, el: HTMLElement }} context */
 function render({ model, el }) {
   const table = document.createElement("div");
+  // JupyterLab's rendered-HTML class: the table looks as %rpc_status's output does.
+  table.className = "jp-RenderedHTMLCommon nbrpc-status-table";
   const status = document.createElement("div");
   status.className = "nbrpc-status-line";
   el.append(table, status);

@@ -3,8 +3,8 @@
 // Python draws the SVG (trait `svg`), the hover details (`details`, keyed by each
 // bar's data-id) and the summary table (`table`). This module swaps the SVG in on
 // every refresh and adds zoom (wheel), pan (drag), reset (double-click or the button),
-// hover details, click-to-pin (synced back as `selected`) and, while `follow` is on,
-// keeps the newest calls in view. The zoom lives in this closure as a time range on the
+// hover details, click-to-pin (synced back as `selected`), fit / 1:1 (`fit`) and, while
+// `follow` is on, keeps the newest calls in view. The zoom lives in this closure as a time range on the
 // snapshot's clock, so a refresh keeps it. write_report runs this same module in a
 // plain page, with a model that only answers `get`.
 
@@ -92,6 +92,64 @@ function table(details, id) {
   return box;
 }
 
+/**
+ * Put a hover card next to the pointer where it shows whole. The card is fixed to the
+ * window, so the output area around a widget (which clips what sticks out of it) does
+ * not cut it: across, it stays inside the view; down, inside the view when it fits
+ * there, else over the output, inside the notebook's scrolling area and the window.
+ * Right of and below the pointer when there is room, else left of or above it.
+ * @param {HTMLElement} tip
+ * @param {HTMLElement} view
+ * @param {MouseEvent} event
+ */
+function placeTip(tip, view, event) {
+  const gap = 14;
+  const box = view.getBoundingClientRect();
+  tip.style.maxWidth = `${Math.max(160, Math.min(460, box.width - 8))}px`;
+  const w = tip.offsetWidth;
+  const h = tip.offsetHeight;
+  const scroller = view.closest(".jp-WindowedPanel-outer, .jp-Notebook, .jp-NotebookPanel");
+  const area = scroller ? scroller.getBoundingClientRect() : { top: 0, bottom: window.innerHeight };
+  const left = Math.max(box.left, 0);
+  const right = Math.min(box.right, window.innerWidth);
+  const room = Math.max(event.clientY - box.top, box.bottom - event.clientY) - gap;
+  const top = Math.max(h <= room ? box.top : area.top, 0);
+  const bottom = Math.min(h <= room ? box.bottom : area.bottom, window.innerHeight);
+  let x = event.clientX + gap + w <= right ? event.clientX + gap : event.clientX - gap - w;
+  let y = event.clientY + gap + h <= bottom ? event.clientY + gap : event.clientY - gap - h;
+  x = Math.max(left, Math.min(x, right - w));
+  y = Math.max(top, Math.min(y, bottom - h));
+  tip.style.left = `${Math.round(x)}px`;
+  tip.style.top = `${Math.round(y)}px`;
+  // A transformed or contained ancestor makes "fixed" relative to itself: correct for it.
+  const got = tip.getBoundingClientRect();
+  if (Math.abs(got.left - x) > 0.5 || Math.abs(got.top - y) > 0.5) {
+    tip.style.left = `${Math.round(2 * x - got.left)}px`;
+    tip.style.top = `${Math.round(2 * y - got.top)}px`;
+  }
+}
+
+/**
+ * The fit / 1:1 button: fitted, a drawing shrinks to the output's width; at 1:1 it
+ * keeps its own size and the box scrolls. The choice lives in the model (`fit`).
+ * @param {Model} model
+ * @param {HTMLElement} host
+ */
+function fitButton(model, host) {
+  const button = /** @type {HTMLButtonElement} */ (make("button", "nbrpc-fit-toggle"));
+  const show = () => {
+    const fit = model.get("fit") !== false;
+    host.classList.toggle("nbrpc-fit", fit);
+    button.textContent = fit ? "1:1" : "fit";
+    button.title = fit ? "show the drawing at its own size (scroll to see it all)" : "fit the drawing to the width";
+  };
+  button.addEventListener("click", () => {
+    model.set("fit", model.get("fit") === false);
+    model.save_changes();
+  });
+  return { button, show };
+}
+
 /** @param {{ model: Model, el: HTMLElement }} context */
 function render({ model, el }) {
   const view = make("div", "nbrpc-timeline-view");
@@ -104,7 +162,8 @@ function render({ model, el }) {
   const tip = make("div", "nbrpc-tip");
   const pin = make("div", "nbrpc-pin");
   const summary = make("div", "nbrpc-tl-summary");
-  bar.append(reset, hint, status);
+  const fit = fitButton(model, host);
+  bar.append(fit.button, reset, hint, status);
   view.append(bar, host, pin, summary, tip);
   el.append(view);
 
@@ -145,11 +204,11 @@ function render({ model, el }) {
     if (!(b > a)) return;
     const [x0, y0, w, h] = ["data-plot-x", "data-plot-y", "data-plot-w", "data-plot-h"].map(num);
     const bottom = y0 + h;
-    const nodes = [svgNode("line", { x1: x0, y1: bottom, x2: x0 + w, y2: bottom, stroke: "#777777", "stroke-width": 0.8 })];
+    const nodes = [svgNode("line", { x1: x0, y1: bottom, x2: x0 + w, y2: bottom, stroke: "#595959", "stroke-width": 0.8, class: "nbrpc-line" })];
     const step = tickStep(b - a);
     for (let k = Math.ceil(a / step - 1e-9); k * step <= b + 1e-12; k++) {
       const x = x0 + ((k * step - a) / (b - a)) * w;
-      nodes.push(svgNode("line", { x1: x, y1: y0, x2: x, y2: bottom + 4, stroke: "#d0d4d9", "stroke-width": 0.6 }));
+      nodes.push(svgNode("line", { x1: x, y1: y0, x2: x, y2: bottom + 4, stroke: "#d0d4d9", "stroke-width": 0.6, class: "nbrpc-rule" }));
       const label = svgNode("text", { class: "nbrpc-tl-tick", x, y: bottom + 15, "text-anchor": "middle" });
       label.textContent = tickLabel(k * step, step);
       nodes.push(label);
@@ -277,9 +336,7 @@ function render({ model, el }) {
       showTip();
     }
     if (hovered !== null) {
-      const box = view.getBoundingClientRect();
-      tip.style.left = `${event.clientX - box.left + 14}px`;
-      tip.style.top = `${event.clientY - box.top + 14}px`;
+      placeTip(tip, view, event);
     }
   }
 
@@ -341,9 +398,11 @@ function render({ model, el }) {
   model.on("change:selected", onSelected);
   model.on("change:status", onStatus);
   model.on("change:table", onTable);
+  if (model.on) model.on("change:fit", fit.show);
   swap();
   onStatus();
   onTable();
+  fit.show();
 
   return () => {
     model.off("change:svg", swap);
@@ -351,6 +410,7 @@ function render({ model, el }) {
     model.off("change:selected", onSelected);
     model.off("change:status", onStatus);
     model.off("change:table", onTable);
+    model.off("change:fit", fit.show);
   };
 }
 

@@ -12,6 +12,7 @@ from ..deploy.cluster import current
 from ..diagnostics.trace import trace_snapshot
 from ..drawing import timeline_layout as tl
 from ..drawing import timeline_svg as ts
+from ..drawing.svg import THEME_CSS
 from ..errors import NoClusterError
 from ._live import LiveView, SyncLock
 from .base import HERE
@@ -73,7 +74,7 @@ class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
     """
 
     _esm = HERE / "timeline.js"
-    _css = HERE / "timeline.css"
+    _css = (HERE / "timeline.css").read_text(encoding="utf-8") + THEME_CSS
 
     svg = traitlets.Unicode("", help="the drawing, made by nbrpc.drawing.timeline_svg").tag(sync=True)
     details = traitlets.Dict(help="hover details by call id: {title, rows}").tag(sync=True)
@@ -82,6 +83,7 @@ class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
         "", help="id of the call pinned by a click in the front end ('' for none)").tag(sync=True)
     status = traitlets.Unicode("", help="one line over the timeline: what is shown, live or not").tag(sync=True)
     follow = traitlets.Bool(False, help="live: keep the newest calls in view").tag(sync=True)
+    fit = traitlets.Bool(True, help="shrink the drawing to the output's width (else 1:1)").tag(sync=True)
     interval = traitlets.Float(1.0, help="seconds between refreshes while live")
     THREAD = "nbrpc-timeline"
     START_HINT = "start one with %rpc_init --trace"

@@ -26,6 +26,7 @@ The parts:
 from __future__ import annotations
 
 import enum
+import linecache
 import os
 import pickle
 import sys
@@ -137,10 +138,29 @@ def _cache_code(ident: Identity, func: types.FunctionType) -> None:
         payload = REGISTRY.code_payloads.get(code)
         if payload is None:  # shared by every function made from this code (lambdas in a loop)
             # cloudpickle sends "<dynamic-code>" as the file name: the cell's own name
-            # goes with it, so stacks and diagnoses on the receiver can name the cell.
-            payload = REGISTRY.code_payloads[code] = cloudpickle.dumps((code, code.co_filename))
+            # goes with it, so stacks and diagnoses on the receiver can name the cell,
+            # and its lines, so tracebacks there show them.
+            payload = REGISTRY.code_payloads[code] = cloudpickle.dumps(
+                (code, code.co_filename, _source_of(code)))
         ident.payload, ident.code = payload, code
         ident.version += 1
+
+
+SOURCE_LINES_SENT = 2000  # a longer file (a script run as __main__) goes without its source
+
+
+def _source_of(code: types.CodeType) -> list[str] | None:
+    """The lines of the cell (or file) ``code`` was written in: the receiver shows them
+    in the tracebacks of errors the function raises there."""
+    lines = linecache.getlines(code.co_filename)
+    return lines if lines and len(lines) <= SOURCE_LINES_SENT else None
+
+
+def _keep_lines(filename: str, lines: list[str] | None) -> None:
+    """Put a received definition's lines in ``linecache`` under its file name (no mtime:
+    ``checkcache`` keeps them), unless this process has that file itself."""
+    if lines and not os.path.exists(filename):
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
 def fill_ins(func: types.FunctionType) -> dict:
@@ -205,8 +225,9 @@ def _function_shell(origin: str, token: int, version: int, name: str | None, pay
         found = _known(origin, token, version)
         if found is not None:
             return found
-        code, filename = pickle.loads(payload)
+        code, filename, lines = pickle.loads(payload)
         code = _filed(code, filename)
+        _keep_lines(filename, lines)
         closure = tuple(cp.make_empty_cell() for _ in code.co_freevars) or None
         func = types.FunctionType(code, namespace(), fname, None, closure)
         func.__qualname__, func.__module__, func.__doc__ = qualname, "__main__", doc

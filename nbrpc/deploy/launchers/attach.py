@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from ..._util import kill_pids
 from ...errors import DeviceMapError, JoinRefusedError, WorkerStartError
 from ...group import devices, membership
+from .. import scratch
 from ..settings import check_name
 from . import addresses
 from .base import Admission, Worker, close_clients, connect, mark_stopped
@@ -286,7 +286,7 @@ class AttachLauncher:
 
 def _save_connection(name: str, kernel: dict) -> str:
     """Write a worker's kernel connection info where a kernel client can load it."""
-    folder = tempfile.mkdtemp(prefix=f"nbrpc-{name}-")
+    folder = scratch.make(name)
     path = os.path.join(folder, "kernel.json")
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         json.dump(kernel, f)

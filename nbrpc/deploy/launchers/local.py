@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from ..._compat import jupyter_compat
 from ..._util import LOOPBACK, kill_pids, pid_alive, pid_stopped
 from ...errors import WorkerStartError
 from ...group import membership
-from .. import template
+from .. import private_network, scratch, template
 from ..settings import FAST_ALLOC_ENV
 from .base import Admission, Worker, close_clients, connect, mark_stopped, write_unbound_connection_file
 
@@ -189,11 +188,11 @@ def launch(worker: LocalWorker, env: dict[str, str], workdir: str, warm_start: b
     The process is forked from the warm template (``nbrpc.deploy.template``) unless warm
     start is off or the template cannot serve it; then it is a fresh Python.
     """
-    scratch = tempfile.mkdtemp(prefix=f"nbrpc-{worker.name}-")  # only this user can enter it
-    worker.connection_file = os.path.join(scratch, "kernel.json")
+    folder = scratch.make(worker.name)  # only this user can enter it
+    worker.connection_file = os.path.join(folder, "kernel.json")
     # The kernel's sockets are files in that directory, out of other local users' reach.
-    write_unbound_connection_file(worker.connection_file, os.path.join(scratch, "kernel"), "ipc")
-    worker.log_path = os.path.join(scratch, "output.log")
+    write_unbound_connection_file(worker.connection_file, os.path.join(folder, "kernel"), "ipc")
+    worker.log_path = os.path.join(folder, "output.log")
     argv = ["-f", worker.connection_file]
     full_env = {**os.environ, **FAST_ALLOC_ENV, **env}
     with open(worker.log_path, "wb") as log:
@@ -203,11 +202,16 @@ def launch(worker: LocalWorker, env: dict[str, str], workdir: str, warm_start: b
                                      workdir, worker.log_path)
             if forked is not None:
                 worker._popen, worker.pid = forked, forked.pid
+                scratch.add_owner(folder, worker.pid)
                 return
-        worker._popen = launch_kernel(
-            [sys.executable, "-m", "nbrpc.member.worker", *argv], stdout=log, stderr=log, env=full_env, cwd=workdir
-        )
+        def start() -> subprocess.Popen:
+            return launch_kernel([sys.executable, "-m", "nbrpc.member.worker", *argv],
+                                 stdout=log, stderr=log, env=full_env, cwd=workdir)
+
+        network = private_network.NETWORK  # a process starts in its starting thread's network
+        worker._popen = network.run(start) if network.for_local_workers() else start()
     worker.pid = worker._popen.pid
+    scratch.add_owner(folder, worker.pid)
 
 
 def wait_ready(client: BlockingKernelClient, timeout: float, cancel: threading.Event | None = None) -> None:

@@ -1,0 +1,41 @@
+"""What a student sees when a cell uses torch's RPC before ``%rpc_init``.
+
+torch says "RPC has not been initialized. Call torch.distributed.rpc.init_rpc first.":
+right in a script, wrong in a notebook, where ``%rpc_init`` starts RPC (and the workers).
+``RpcAdvice`` is an IPython custom exception handler for ``RuntimeError``: that error
+becomes one line saying to run ``%rpc_init`` first; every other error shows as it would
+have (its own ``_render_traceback_``, or IPython's traceback).
+"""
+
+from __future__ import annotations
+
+from ..errors import RUN_RPC_INIT, not_initialized
+
+
+class RpcAdvice:
+    """Registered on a shell by ``register``; ``unregister`` gives the handler slot back."""
+
+    def __init__(self):
+        self._shell = None
+        self._before = None
+
+    def register(self, shell) -> None:
+        if shell.custom_exceptions:  # someone else's handler: leave it in place
+            return
+        self._shell = shell
+        shell.set_custom_exc((RuntimeError,), self.handle)
+
+    def unregister(self, shell) -> None:
+        if self._shell is shell:
+            shell.set_custom_exc((), None)
+            self._shell = None
+
+    @staticmethod
+    def handle(shell, etype, value, tb, tb_offset=None):
+        """Show ``value`` in one line if it is torch's "not initialized", else as usual."""
+        if not_initialized(value):
+            line = f"\x1b[31mRuntimeError\x1b[0m: {RUN_RPC_INIT}"
+            shell._showtraceback(etype, RuntimeError(RUN_RPC_INIT), [line])
+            return [line]
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+        return None

@@ -1,0 +1,109 @@
+"""Errors a student meets, in a real notebook kernel: one line that says what to do."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import execute
+
+from nbrpc.errors import RUN_RPC_INIT, not_initialized
+from nbrpc.lab import _checking
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_of(kc, code: str) -> dict:
+    """The error output of running ``code`` (its ename, evalue, traceback lines)."""
+    messages, reply = execute(kc, code)
+    assert reply["status"] == "error", reply
+    errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+    assert len(errors) == 1, messages
+    return errors[0]
+
+
+def one_line(error: dict) -> str:
+    lines = [ANSI.sub("", line) for line in error["traceback"]]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("call", [
+    "rpc.rpc_sync('worker1', max, args=(1, 2))",
+    "rpc.remote('worker1', max, args=(1, 2))",
+    "rpc.get_worker_info()",
+])
+def test_rpc_before_rpc_init_says_run_rpc_init_first(kernel, call):
+    _, kc = kernel
+    execute(kc, "%load_ext nbrpc\nimport torch.distributed.rpc as rpc")
+    error = error_of(kc, call)
+    line = one_line(error)
+    assert line == f"RuntimeError: {RUN_RPC_INIT}"
+    assert "%rpc_init first" in line and "init_rpc" not in line
+    # any other error keeps its traceback
+    other = error_of(kc, "def f():\n    raise RuntimeError('mine')\nf()")
+    assert other["evalue"] == "mine" and len(other["traceback"]) > 1
+
+
+def test_misused_magics_are_one_line(kernel):
+    _, kc = kernel
+    execute(kc, "%load_ext nbrpc")
+    line = one_line(error_of(kc, "%rpc_timeline --live"))
+    assert line.startswith("NoClusterError: no cluster is running") and "%rpc_init" in line
+    # IPython prints a UsageError on stderr, alone
+    messages, reply = execute(kc, "%rpc_timeline --bogus")
+    assert reply["status"] == "error" and not [m for m in messages if m["msg_type"] == "error"]
+    printed = ANSI.sub("", "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream"))
+    assert printed.strip().count("\n") == 0 and printed.startswith("UsageError: ")
+    assert "unrecognized arguments: --bogus" in printed
+    line = one_line(error_of(kc, "%rref_graph"))
+    assert line.startswith("NoClusterError: ") and "%rpc_init" in line
+
+
+def test_live_timeline_without_trace_is_one_line(kernel):
+    """The cluster records nothing (no --trace): one line saying how to record."""
+    _, kc = kernel
+    messages, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 1", timeout=180)
+    assert reply["status"] == "ok", messages
+    try:
+        line = one_line(error_of(kc, "%rpc_timeline --live"))
+        assert line.startswith("NotRecordingError: this cluster is not recording its calls")
+        assert "%rpc_init --trace" in line
+    finally:
+        _, reply = execute(kc, "%rpc_shutdown", timeout=120)
+        assert reply["status"] == "ok"
+
+
+def test_a_lab_check_says_run_rpc_init_first():
+    error = RuntimeError("RPC has not been initialized. Call torch.distributed.rpc.init_rpc first.")
+    assert not_initialized(error) and not not_initialized(RuntimeError("anything else"))
+
+    def student_function():
+        raise error
+
+    with pytest.raises(_checking._Wrong) as info:
+        _checking._call(student_function, what="student_function()")
+    message = str(info.value)
+    assert "init_rpc first" not in message and "%rpc_init" in message
+    # the hint, which check() prints under the message
+    hint = next(h for needle, h in _checking._HINTS if re.search(needle, f"RuntimeError: {error}"))
+    assert hint.startswith("run the %rpc_init cell")
+
+
+def test_a_remote_traceback_points_at_the_cell_and_line(kernel):
+    """A function defined in a cell fails on a worker: the traceback names the cell's file
+    and line, with the source line, as for local code (not ``<dynamic-code>``)."""
+    _, kc = kernel
+    messages, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 1", timeout=180)
+    assert reply["status"] == "ok", messages
+    try:
+        _, reply = execute(kc, "def scale(x):\n    y = x * 2\n    raise ValueError(f'no {y}')")
+        cell = reply["execution_count"]
+        error = error_of(kc, "import torch.distributed.rpc as rpc\nrpc.rpc_sync('worker1', scale, args=(3,))")
+        text = ANSI.sub("", "\n".join(error["traceback"]))
+        assert cell and re.search(r'File "[^"]*ipykernel_\d+/\d+\.py", line 3, in scale', text), text
+        assert "raise ValueError(f'no {y}')" in text and "<dynamic-code>" not in text
+        assert error["ename"] == "ValueError"
+    finally:
+        _, reply = execute(kc, "%rpc_shutdown", timeout=120)
+        assert reply["status"] == "ok"

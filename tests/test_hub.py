@@ -1,0 +1,301 @@
+"""nbrpc behind a real JupyterHub: real users, each student's server spawned as that user.
+
+The hub (``jupyterhub`` with ``configurable-http-proxy``, the local process spawner and
+the dummy authenticator) runs as root, as a department server's does; the students are
+Unix users made by the test. Each student's server starts through the hub's API; each
+student opens an nbrpc kernel through the hub's proxy and runs ``%rpc_init -n 2`` over
+the kernel's websocket, as the notebook page does. Checked: every student's kernel and
+workers run as that student, one student's token opens nothing of another's server,
+and stopping a server from the hub ends its kernel and workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import wait_gone, wait_until
+from users import ROOT, SYSTEM_PYTHON, unavailable
+
+from nbrpc._util import listening_socket
+
+pytestmark = pytest.mark.hub
+
+STUDENTS = ("nbrpc-hub-a", "nbrpc-hub-b", "nbrpc-hub-c")
+HUB_START = 120.0
+SERVER_START = 180.0
+
+CONFIG = """
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
+c.JupyterHub.db_url = "sqlite:///{folder}/hub.sqlite"
+c.JupyterHub.cookie_secret_file = "{folder}/cookie_secret"
+c.JupyterHub.pid_file = "{folder}/hub.pid"
+c.ConfigurableHTTPProxy.pid_file = "{folder}/proxy.pid"
+c.JupyterHub.cleanup_servers = False  # a restarted hub finds the students' servers running
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = {password!r}
+c.Authenticator.allowed_users = set({students!r})
+c.JupyterHub.spawner_class = "localprocess"
+c.Spawner.cmd = [{python!r}, "-m", "jupyterhub.singleuser"]
+c.Spawner.start_timeout = {server_start}
+c.Spawner.http_timeout = {server_start}
+c.Spawner.environment = {environment!r}
+c.JupyterHub.services = [{{"name": "tests", "api_token": {token!r}}}]
+c.JupyterHub.load_roles = [{{"name": "tests", "services": ["tests"],
+                            "scopes": ["admin:users", "admin:servers", "tokens", "access:servers"]}}]
+"""
+
+
+def _free_port() -> int:
+    with listening_socket() as s:
+        return s.getsockname()[1]
+
+
+class Hub:
+    def __init__(self, folder, pids):
+        self.folder = folder
+        self.token = secrets.token_hex(16)
+        self.port = _free_port()
+        self.kernels = folder / "share" / "jupyter" / "kernels" / "nbrpc"
+        self.kernels.mkdir(parents=True)
+        spec = {"argv": [SYSTEM_PYTHON, str(ROOT / "nbrpc" / "deploy" / "kernel.py"), "-f", "{connection_file}"],
+                "display_name": "Python 3 (nbrpc)", "language": "python"}
+        (self.kernels / "kernel.json").write_text(json.dumps(spec))
+        for part in (folder, folder / "share", folder / "share" / "jupyter", folder / "share" / "jupyter" / "kernels",
+                     self.kernels):
+            os.chmod(part, 0o755)
+        environment = {"PYTHONPATH": os.pathsep.join([str(ROOT), _site_packages()]),
+                       "JUPYTER_PATH": str(folder / "share" / "jupyter"), "NBRPC_MAX_WORKERS": "4",
+                       "NBRPC_TEST_RUN": os.environ.get("NBRPC_TEST_RUN", ""), "PATH": "/usr/bin:/bin"}
+        config = folder / "jupyterhub_config.py"
+        config.write_text(CONFIG.format(
+            port=self.port, hub_port=_free_port(), proxy_api_port=_free_port(), folder=folder,
+            password="class", students=list(STUDENTS), python=SYSTEM_PYTHON, server_start=int(SERVER_START),
+            environment=environment, token=self.token))
+        self.config, self.pids = config, pids
+        self.log = open(folder / "hub.log", "ab")
+        self._start()
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(self.config)], cwd=self.folder,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pids.add(self.proc.pid)
+        wait_until(lambda: self._answers(), timeout=HUB_START, interval=0.5) or pytest.fail(
+            f"the hub did not answer within {HUB_START:g} s:\n{self.tail()}")
+
+    def restart(self) -> None:
+        """Stop the hub (and the proxy it started), then start it again."""
+        self._stop()
+        self._start()
+
+    def tail(self) -> str:
+        return (self.folder / "hub.log").read_text(errors="replace")[-4000:]
+
+    def _answers(self) -> bool:
+        try:
+            return self.api("GET", "/hub/api/")[0] == 200
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body=None, token: str | None = None):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {token or self.token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                text = reply.read().decode()
+                return reply.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    def start_server(self, name: str) -> str:
+        """Start ``name``'s server; return a token of that user's."""
+        status, _ = self.api("POST", f"/hub/api/users/{name}/server")
+        assert status in (201, 202), f"spawn of {name}: {status}\n{self.tail()}"
+        ready = wait_until(lambda: self.api("GET", f"/hub/api/users/{name}")[1]["servers"].get("", {})
+                           .get("ready"), timeout=SERVER_START, interval=1.0)
+        assert ready, f"{name}'s server did not start:\n{self.tail()}"
+        status, made = self.api("POST", f"/hub/api/users/{name}/tokens", {"note": "tests"})
+        assert status == 201, made
+        return made["token"]
+
+    def server_pid(self, name: str) -> int:
+        return [p.pid for p in psutil.process_iter(["cmdline", "username"])
+                if p.info["username"] == name and "jupyterhub.singleuser" in " ".join(p.info["cmdline"] or ())][0]
+
+    def close(self) -> None:
+        self._stop()
+        self.log.close()
+
+    def _stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def _site_packages() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+@pytest.fixture
+def hub(pids):
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    if not shutil.which("configurable-http-proxy"):
+        pytest.skip("needs configurable-http-proxy (npm), which .ci/system-packages.sh installs")
+    for name in STUDENTS:
+        home = f"/tmp/hub-home-{name}"
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--home-dir", home, "--shell", "/usr/sbin/nologin", name],
+                           check=True)
+        entry = pwd.getpwnam(name)
+        shutil.rmtree(entry.pw_dir, ignore_errors=True)
+        os.makedirs(entry.pw_dir, mode=0o700)
+        os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
+    # Outside pytest's folders, which only we can enter: the students' servers read the kernel spec.
+    folder = Path(tempfile.mkdtemp(prefix="hub-"))
+    try:
+        running = Hub(folder, pids)
+        yield running
+        running.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        for name in STUDENTS:
+            shutil.rmtree(pwd.getpwnam(name).pw_dir, ignore_errors=True)
+
+
+async def _run_cells(url: str, token: str, cells: list[str], timeout: float = 300) -> list[dict]:
+    """Execute ``cells`` over a kernel's websocket; each cell's stdout and reply status."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    socket = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"}))
+    results = []
+    try:
+        for code in cells:
+            msg_id = uuid.uuid4().hex
+            await socket.write_message(json.dumps({
+                "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "", "session": "tests",
+                           "version": "5.3"},
+                "parent_header": {}, "metadata": {}, "channel": "shell",
+                "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                            "allow_stdin": False, "stop_on_error": True}}))
+            out, status, idle = [], None, False
+            deadline = time.monotonic() + timeout
+            while status is None or not idle:  # the reply (shell) and idle (IOPub) come in either order
+                raw = await asyncio.wait_for(socket.read_message(), deadline - time.monotonic())
+                assert raw is not None, "the kernel's websocket closed"
+                message = json.loads(raw)
+                if message["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if message["msg_type"] == "stream":
+                    out.append(message["content"]["text"])
+                elif message["msg_type"] == "error":
+                    out.append(f"{message['content']['ename']}: {message['content']['evalue']}")
+                elif message["msg_type"] == "execute_reply":
+                    status = message["content"]["status"]
+                elif message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                    idle = True
+            results.append({"out": "".join(out), "status": status})
+    finally:
+        socket.close()
+        try:  # the closing handshake, so that its socket is closed before the loop ends
+            while await asyncio.wait_for(socket.read_message(), 10) is not None:
+                pass
+        except (asyncio.TimeoutError, OSError):
+            pass
+    return results
+
+
+CELLS = [
+    "%load_ext nbrpc",
+    "%rpc_init -n 2",
+    "import json, os, nbrpc\nimport torch.distributed.rpc as rpc\n"
+    "print(json.dumps({'uid': os.getuid(), 'kernel': os.getpid(), "
+    "'workers': [w.pid for w in nbrpc.current().workers], "
+    "'worker_uids': [rpc.rpc_sync(n, os.getuid) for n in ('worker1', 'worker2')]}))",
+]
+
+
+def test_three_students_each_run_a_cluster_through_the_hub_as_themselves(hub, pids):
+    tokens = {name: hub.start_server(name) for name in STUDENTS}
+    seen, urls = {}, {}
+    for name in STUDENTS:
+        pids.add_tree(hub.server_pid(name))
+        status, made = hub.api("POST", f"/user/{name}/api/kernels", {"name": "nbrpc"}, token=tokens[name])
+        assert status == 201, made
+        url = urls[name] = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{made['id']}/channels"
+        results = asyncio.run(_run_cells(url, tokens[name], CELLS))
+        assert [r["status"] for r in results] == ["ok", "ok", "ok"], results
+        assert "master + worker1, worker2 up in" in results[1]["out"]
+        seen[name] = json.loads(results[2]["out"].strip().splitlines()[-1])
+        pids.add(seen[name]["kernel"], *seen[name]["workers"])
+    for name, got in seen.items():
+        uid = pwd.getpwnam(name).pw_uid
+        assert got["uid"] == uid and got["worker_uids"] == [uid, uid]
+        assert {psutil.Process(p).uids().real for p in [got["kernel"], *got["workers"]]} == {uid}
+
+        # The cluster's RPC is in a private network, the kernel on the server's.
+        networks = {p: os.readlink(f"/proc/{p}/ns/net") for p in [got["kernel"], *got["workers"]]}
+        assert networks[got["kernel"]] == os.readlink("/proc/self/ns/net")
+        assert len({networks[p] for p in got["workers"]} - {networks[got["kernel"]]}) == 1
+
+    # One student's token opens nothing of another's server.
+    a, b = STUDENTS[:2]
+    status, _ = hub.api("GET", f"/user/{a}/api/kernels", token=tokens[b])
+    assert status == 403
+
+    # Stopping a server from the hub ends its kernel and its workers within 10 s.
+    status, _ = hub.api("DELETE", f"/hub/api/users/{a}/server")
+    assert status in (202, 204)
+    stopped = time.monotonic()
+    assert not wait_gone([seen[a]["kernel"], *seen[a]["workers"]], timeout=10)
+    assert time.monotonic() - stopped < 10
+    # The others' clusters go on, and the hub is not in their path: restarted, it finds their
+    # servers, and their clusters answer through its new proxy.
+    for name in STUDENTS[1:]:
+        assert all(psutil.pid_exists(p) for p in seen[name]["workers"])
+    hub.restart()
+    for name in STUDENTS[1:]:
+        assert all(psutil.pid_exists(p) for p in [seen[name]["kernel"], *seen[name]["workers"]])
+        call = "print(sum(rpc.rpc_sync(n, pow, args=(2, 3)) for n in ('worker1', 'worker2')))"
+        answered = wait_until(functools.partial(_answer, urls[name], tokens[name], call), timeout=60, interval=1.0)
+        assert answered == [{"out": "16\n", "status": "ok"}]
+
+
+def _answer(url: str, token: str, code: str):
+    """The cell's result once the proxy routes to the server again; None until then."""
+    from tornado.httpclient import HTTPClientError
+
+    try:
+        return asyncio.run(_run_cells(url, token, [code], timeout=60))
+    except (HTTPClientError, OSError):  # the route is not back yet (404, refused)
+        return None
