@@ -65,9 +65,16 @@ def test_unknown_worker_in_rpc_calls(cluster, call):
     message = str(info.value)
     assert "'worker3'" in message
     assert "the workers are: master, worker1, worker2" in message
-    # what torch raises for an unknown name or rank (its test_send_to_rank expects it)
-    with pytest.raises(RuntimeError, match="no worker with id 5 in this RPC group"):
-        CALLS[call](5)
+    # what torch raises for an unknown name or rank (its test_send_to_rank expects it).
+    # Ranks are never reused (see membership), so this cluster's workers need not be 1
+    # and 2: a fixed number could be one of them. The unknown ranks are one past the
+    # highest member's, and one this process's earlier clusters used, if any.
+    ranks = {rpc.get_worker_info(name).id for name in ("master", "worker1", "worker2")}
+    assert ranks == {0} | {w.rank for w in cluster.workers}
+    unknown = [max(ranks) + 1] + sorted(set(range(max(ranks))) - ranks)[-1:]
+    for rank in unknown:
+        with pytest.raises(RuntimeError, match=f"no worker with id {rank} in this RPC group"):
+            CALLS[call](rank)
 
 
 def test_unknown_worker_in_run_runs_nowhere(cluster, shell):
