@@ -8,7 +8,11 @@ the nbrpc cluster, which splits nbrpc's overhead into its ``rpc_sync`` wrapper's
 share and the rest; and ``remote_untracked``:
 ``rpc.remote`` with the driver's RRef tracking off, for tracking's share; and
 ``recording``: the same small calls with call recording on and off in every member
-(``nbrpc.trace``), for recording's cost.
+(``nbrpc.trace``), for recording's cost; and ``handoff``: the same small calls served
+as nbrpc serves every call (``calls.serving``: an async_execution function, handed to
+a serving thread when torch's threads are scarce) and as torch would (a plain
+function, on torch's RPC thread), for the serving's cost; ``handoff_forced``: the same,
+every call handed to a serving thread.
 """
 
 # nbrpc first, as in a notebook: it sets THP_MEM_ALLOC_ENABLE before torch loads.
@@ -24,7 +28,9 @@ from pathlib import Path
 import commands
 import targets
 import timing
+from targets import set_inline_limit
 
+from nbrpc._compat import torch_compat
 from nbrpc.calls import interrupts, wrappers
 from nbrpc.calls.fanout import ask_members
 from nbrpc.recording import recorder, rref_ledger
@@ -36,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 # recording costs, and turns this short see the same machine.
 RECORDING_STRIDE = 10
 _recording_measurements = itertools.count()
+_handoff_measurements = itertools.count()
 
 
 # The "cell_*" measurements call the same code as the raw pair's importable targets,
@@ -74,6 +81,10 @@ def _measure(op: str, count: int):
     if op == "cell_bytes":
         timing.measure("worker1", "cell_sync", 1)
         return {name: _call_bytes(func) for name, func in timing.CELL.items()}
+    if op in ("handoff", "handoff_forced"):
+        # worker1 serves; None: its default limit, found again
+        wrappers.rpc_sync("worker1", set_inline_limit, args=(0 if op == "handoff_forced" else None,))
+        return _served_and_plain(count)
     return timing.measure("worker1", op, count)
 
 
@@ -106,6 +117,30 @@ def _recording_on_and_off(count: int) -> dict[str, list[float]]:
         if recorder.RECORDER.recording:
             ask_members(recorder.enable, (False,))
     return samples
+
+
+def _served_and_plain(count: int) -> dict[str, list[float]]:
+    """``count`` small calls' seconds, half of them served as nbrpc serves every call
+    and half sent as a plain function, in turns of ``RECORDING_STRIDE`` calls, sent
+    alike otherwise (a call id, no wait of nbrpc's)."""
+    calls = {"served": _stoppable_sync(plain=False), "plain": _stoppable_sync(plain=True)}
+    timing.sync_latencies("worker1", timing.WAKE_UP_CALLS, calls["served"])
+    samples = {"served": [], "plain": []}
+    side = ("served", "plain")[next(_handoff_measurements) % 2]
+    for _ in range(max(1, count // RECORDING_STRIDE)):
+        timing.sync_latencies("worker1", 1, calls[side])
+        samples[side] += timing.sync_latencies("worker1", RECORDING_STRIDE, calls[side])
+        side = "plain" if side == "served" else "served"
+    return samples
+
+
+def _stoppable_sync(plain: bool):
+    def call(to, func, args=()):
+        stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), plain=plain)
+        return torch_compat.invoke_rpc(to, stoppable, torch_compat.RPCExecMode.SYNC, args, None,
+                                       torch_compat.UNSET_RPC_TIMEOUT).wait()
+
+    return call
 
 
 def _worker_env() -> dict[str, str]:

@@ -1,5 +1,6 @@
 """nbrpc next to raw torch RPC, side by side in one run (``make bench``;
-``python benchmarks/run.py --recording``: call recording's cost alone).
+``python benchmarks/run.py --recording``: call recording's cost alone; ``--handoff``:
+the cost of running each call's function on a serving thread alone).
 
 Calls: idle CPU per member, small ``rpc_sync`` latency, ``rpc.remote`` latency (RRef
 tracking on), ``rpc_async`` throughput and a 100 MB tensor round trip, through an
@@ -64,6 +65,10 @@ def main() -> int:
         row = recording_overhead()
         print(render([row]))
         return verdict([row["metric"]] if row["pass"] is False else [])
+    if "--handoff" in sys.argv[1:]:  # only the serving threads' cost
+        rows = handoff_overhead()
+        print(render(rows))
+        return verdict([row["metric"] for row in rows if row["pass"] is False])
     calls = compare_calls()
     rows = summarize(calls)
     breakdown = latency_breakdown(calls)
@@ -170,6 +175,7 @@ def compare_calls() -> dict:
                                "raw": (raw_uv, "latency"), "nbrpc_shm": (nbrpc_shm, "latency"),
                                "raw_shm": (raw_shm, "latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
         recording = _recording_turns(nbrpc_uv)
+        handoff = _handoff_turns(nbrpc_uv)
         progress(f"rpc.remote latency, {LATENCY_ROUNDS} rounds")
         remote = _take_turns({"nbrpc": (nbrpc_uv, "remote"),
                               "nbrpc_untracked": (nbrpc_uv, "remote_untracked"),
@@ -184,7 +190,7 @@ def compare_calls() -> dict:
         tensor = _take_turns({side: (group, "tensor") for side, group in groups.items()},
                              TENSOR_ROUNDS, TENSOR_TRIPS)
         progress("stopping the RPC groups")
-    return {"idle": idle, "latency": latency, "recording": recording, "remote": remote,
+    return {"idle": idle, "latency": latency, "recording": recording, "handoff": handoff, "remote": remote,
             "local_rref": local_rref, "throughput": throughput, "tensor": tensor, "cells": cells}
 
 
@@ -299,6 +305,46 @@ def recording_row(recording: dict[str, list]) -> dict:
                 ratio=statistics.median(ratios))
 
 
+def handoff_overhead() -> list[dict]:
+    """Small ``rpc_sync`` latency with the function served as nbrpc serves it and as
+    torch would, in one nbrpc cluster (``python run.py --handoff``)."""
+    progress("starting an nbrpc cluster")
+    with processes.nbrpc_cluster(threads=THREADS, timeout=TIMEOUT) as cluster:
+        cluster.wait_ready()
+        _measure(cluster, "latency", 200)
+        handoff = _handoff_turns(cluster)
+    print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return handoff_rows(handoff)
+
+
+def _handoff_turns(cluster: processes.Group) -> dict[str, dict]:
+    turns = {}
+    for op in ("handoff", "handoff_forced"):
+        progress(f"rpc_sync latency, {op}: served by nbrpc and plain, {RECORDING_ROUNDS} rounds")
+        rounds = [_measure(cluster, op, RECORDING_CALLS) for _ in range(RECORDING_ROUNDS)]
+        turns[op] = {"served": [r["served"] for r in rounds], "plain": [r["plain"] for r in rounds]}
+    _measure(cluster, "handoff", 10)  # back to the default limit
+    return turns
+
+
+def handoff_rows(turns: dict[str, dict]) -> list[dict]:
+    """Served against plain: the median of each round's ratio, as for recording. The
+    first row is what every call pays; the second, what a call pays when torch's
+    threads are scarce and it is handed to a serving thread (no target: it replaces a
+    wait for a free thread, or a deadlock)."""
+    rows = []
+    for op, what, bound in (("handoff", "as nbrpc serves every call", 1.03),
+                            ("handoff_forced", "handed to a serving thread", None)):
+        samples = turns[op]
+        served, plain = (_pooled_median(samples[side]) * 1e3 for side in ("served", "plain"))
+        ratios = [statistics.median(a) / statistics.median(b) for a, b in zip(samples["served"], samples["plain"])]
+        rows.append(_row(f"rpc_sync latency, function {what} vs on torch's RPC thread as a plain "
+                         f"function, medians of {_count(samples['plain']):,}; ratio: median of "
+                         f"{len(ratios)} rounds' (ms)", served, plain, "nbrpc/raw", "<=", bound,
+                         columns=("served", "plain"), ratio=statistics.median(ratios)))
+    return rows
+
+
 def idle_cpu(group: processes.Group) -> float:
     """Percent of a core each member of ``group`` uses while nothing is asked of it."""
     group.resume()
@@ -368,6 +414,7 @@ def summarize(calls: dict) -> list[dict]:
         _row(f"rpc_sync latency, median of {calls_counted:,} (ms)",
              latency["nbrpc"], latency["raw"], "nbrpc/raw", "<=", 1.05),
         recording_row(calls["recording"]),
+        *handoff_rows(calls["handoff"]),
         _row(f"rpc_sync latency, --transport shm vs raw shm, median of {calls_counted:,} (ms)",
              latency["nbrpc_shm"], latency["raw_shm"], "nbrpc/raw", "<=", 1.05),
         _row(f"rpc.remote + to_here, tracking on, median of {_count(calls['remote']['nbrpc']):,} (ms)",

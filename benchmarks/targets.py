@@ -49,3 +49,11 @@ def helper(x):
 def scaled(x):
     return math.floor(helper(x) * SCALE)
 '''
+
+
+def set_inline_limit(limit):
+    """How many calls torch's RPC threads may run themselves in this nbrpc member
+    (``calls.serving``; 0: hand every call off, None: the default)."""
+    from nbrpc.calls import serving
+
+    serving.pool.inline_limit = limit

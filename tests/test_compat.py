@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -54,11 +55,38 @@ def test_the_autograd_context_is_found_without_an_exception_outside_one(cluster)
     with dist_autograd.context() as context_id:
         assert torch_compat.context_id_or_none() == context_id
         seen = []
-        thread = __import__("threading").Thread(target=lambda: seen.append(torch_compat.context_id_or_none()))
+        thread = threading.Thread(target=lambda: seen.append(torch_compat.context_id_or_none()))
         thread.start()
         thread.join()
         assert seen == [None]  # a context is per thread, though one exists in the process
     assert torch_compat.context_id_or_none() is None
+
+
+def test_the_autograd_context_of_a_thread_is_read_and_set_as_torch_does(cluster):
+    """``thread_context_id`` and ``set_thread_context_id`` (C++ functions through ctypes)
+    agree with torch's own view of a thread's context; ``new_future`` is torch's future."""
+    import torch.distributed.autograd as dist_autograd
+
+    assert torch_compat.thread_context_id() == -1
+    with dist_autograd.context() as context_id:
+        assert torch_compat.thread_context_id() == context_id
+        seen = []
+
+        def elsewhere():
+            seen.append(torch_compat.thread_context_id())
+            torch_compat.set_thread_context_id(context_id)
+            seen.append(dist_autograd._current_context()._context_id())
+            torch_compat.set_thread_context_id(-1)
+            seen.append(torch_compat.thread_context_id())
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert seen == [-1, context_id, -1]
+    assert torch_compat.thread_context_id() == -1
+    fut = torch_compat.new_future([])
+    fut.set_result(3)
+    assert isinstance(fut, torch._C.Future) and fut.wait() == 3
 
 
 def test_cloudpickles_private_names_do_what_definitions_needs():

@@ -82,8 +82,11 @@ def test_the_stuck_cell_shows_the_finding_then_a_summary_and_the_error_says_it(k
 
         # A call that ends after its caller gave up: what it wrote shows marked late.
         _, reply = execute(kc, "def slow():\n"
-                               "    for _ in range(25): time.sleep(0.1)\n"
-                               "    print('finished after all')\n"
+                               "    try:\n"
+                               "        for _ in range(25): time.sleep(0.1)\n"
+                               "    finally:  # the timeout stops slow: its finally writes after the cell\n"
+                               "        time.sleep(1.5)\n"
+                               "        print('finished after all')\n"
                                "import time", timeout=30)
         gave_up, reply = execute(kc, "rpc.rpc_sync('worker1', slow, timeout=1)")
         assert reply["status"] == "error" and reply["ename"] == "RpcTimeoutError"
@@ -149,7 +152,12 @@ def test_the_pool_deadlock_across_two_workers_is_named_in_the_cell(kernel):
                            "def b():\n"
                            "    return rpc.rpc_sync('worker1', h, timeout=8)\n"
                            "def a():\n"
-                           "    return rpc.rpc_sync('worker2', b, timeout=10)\n", timeout=180)
+                           "    return rpc.rpc_sync('worker2', b, timeout=10)\n"
+                           # calls.serving prevents this deadlock: staged with its hand-off off
+                           "import nbrpc\n"
+                           "nbrpc.current().run('from nbrpc.calls import serving; '\n"
+                           "                    'serving.pool.inline_limit = 1000', 'all')\n",
+                           timeout=180)
     assert reply["status"] == "ok", reply
     msg_id = kc.execute(POOL_CELL)
     messages = _until_idle(kc, msg_id, 60)

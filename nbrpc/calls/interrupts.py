@@ -1,18 +1,27 @@
-"""Stop a remote call when its caller is interrupted (the notebook's stop button).
+"""Stop a remote call when its caller is interrupted (the notebook's stop button) or
+gives up on it (its timeout), nested calls included.
 
 Parts:
 
 - ``Stoppable``: what the caller sends instead of a Python function. It carries a
-  call id; on the worker it records which RPC thread runs the call, runs it, and
-  forgets the thread again. What the call writes is sent to the driver before its
-  reply leaves (see ``output``).
-- ``stop(call_id)``: run on the worker by a small RPC from the caller; raises
-  ``KeyboardInterrupt`` in the thread running that call, and in no other.
-- ``send_stop``: the caller's side of it.
+  call id and goes as an ``@async_execution`` function: torch's thread hands it to a
+  serving thread (``serving``), which records itself as running the call (a
+  ``Served``), runs it, and forgets it again. What the call writes is sent to the
+  driver before its reply leaves (see ``output``).
+- ``Served``: one call this member runs: its thread, whether it was stopped, the calls
+  it makes itself and waits on (``calling`` / ``called``), and the lock its thread
+  waits on for one of them, if any (``waiting``).
+- ``stop(call_id)``: run on the worker by a small RPC from the caller. It stops the
+  call's own calls first (on their members, the same way), then wakes the call's
+  thread if it waits on one of them, else raises ``KeyboardInterrupt`` in it; and
+  answers, after at most ``STOP_GRACE`` s, what became of the call: ``STOPPED``,
+  ``STILL_RUNNING`` or ``NOT_RUNNING``.
+- ``send_stop``: the caller's side of it; a Future of that answer.
 
 An asynchronous exception lands at the next bytecode the thread runs: pure-Python
 loops and ``time.sleep`` in small steps stop at once, a long C call (one big
-``time.sleep``, a large matrix product) stops when it returns.
+``time.sleep``, a large matrix product, a lock's ``acquire`` without a timeout) stops
+when it returns; a wait on another call stops at once.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import ctypes
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -28,13 +38,17 @@ import torch
 from .._compat import torch_compat
 from ..recording import recorder
 from ..recording.pending import PENDING
-from . import output
+from . import output, serving
 
-_lock = threading.Lock()
-# call id -> id of the thread running it, in this process (as a worker).
-_running: dict[str, int] = {}
-# Calls stopped before they started here (their stop overtook them in the queue).
-_stopped_early: set[str] = set()
+# What ``stop`` answers.
+STOPPED = "stopped"  # the call ended after the stop
+STILL_RUNNING = "still running"  # it had not ended ``STOP_GRACE`` s after the stop
+NOT_RUNNING = "not running"  # it had ended already, or had not begun (it will not run)
+# How long ``stop`` waits for a stopped call to end before it answers (seconds): after
+# the stop button, and after a timeout (whose error should not wait much longer).
+STOP_GRACE = 2.0
+TIMEOUT_STOP_GRACE = 0.5
+# Calls stopped before they started here (their stop overtook them): at most this many kept.
 EARLY_LIMIT = 10_000
 
 _ids = itertools.count()
@@ -54,28 +68,77 @@ def can_stop(func: Callable) -> bool:
     )
 
 
+class Served:
+    """A call this member runs (see the module's docstring)."""
+
+    __slots__ = ("call_id", "thread", "stopped", "raised", "calling", "waiting", "ended")
+
+    def __init__(self, call_id: str, thread: int):
+        self.call_id, self.thread = call_id, thread
+        self.stopped = False
+        self.raised = False  # an asynchronous KeyboardInterrupt was set in its thread
+        self.calling: dict[str, object] = {}  # call id -> destination, of its own calls
+        self.waiting = None  # the lock its thread waits on for one of them
+        self.ended: threading.Event | None = None  # made by a stop that waits for the end
+
+
+class _Registry:
+    """The calls this member runs, by call id and by thread."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running: dict[str, Served] = {}
+        self.by_thread: dict[int, Served] = {}
+        self.stopped_early: set[str] = set()
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+_served = _Registry()
+os.register_at_fork(after_in_child=_served.reset)
+
+
+def served_here() -> Served | None:
+    """The call this thread runs for a caller, if any."""
+    return _served.by_thread.get(threading.get_ident()) if _served.by_thread else None
+
+
 class Stoppable:
     """``func`` sent with a call id, so that ``stop(call_id)`` can reach its thread."""
 
     # (call id, whether a reply is pickled) of a recorded call: see ``recorder``.
     trace: tuple | None = None
 
-    def __init__(self, func: Callable, call_id: str, trace: tuple | None = None):
+    def __init__(self, func: Callable, call_id: str, trace: tuple | None = None, plain: bool = False):
         self.func, self.call_id = func, call_id
         # torch's RPC profiler names the call by the function it is given.
         self.__qualname__ = _what(func)
         if trace is not None:
             self.trace = trace
+        self.plain = plain  # a plain function to torch, which runs it on its RPC thread (benchmarks)
+        if not plain:
+            # torch sends it as an @rpc.functions.async_execution function: the callee's
+            # RPC thread gets a Future back at once (see ``serving``).
+            self._wrapped_async_rpc_function = True
 
     def __reduce__(self):
         # The function, the id and a recorded call's trace only: the smallest message,
         # and the least to unpickle.
+        if self.plain:
+            return Stoppable, (self.func, self.call_id, self.trace, True)
         if self.trace is None:
             return Stoppable, (self.func, self.call_id)
         return Stoppable, (self.func, self.call_id, self.trace)
 
     def __call__(self, *args, **kwargs):
         torch_compat.keep_thread_state()
+        if self.plain:
+            return self.serve(*args, **kwargs)
+        return serving.serve(self.serve, args, kwargs)
+
+    def serve(self, *args, **kwargs):
+        """Run the call on this thread; its value, or the ``RemoteException`` torch sends."""
         output.begin()
         PENDING.serving(self.call_id, self.func)
         try:
@@ -99,52 +162,148 @@ class Stoppable:
             output.end()
 
     def _run(self, args, kwargs):
-        me = threading.get_ident()
+        served = Served(self.call_id, threading.get_ident())
         try:
-            with _lock:
-                if self.call_id in _stopped_early:
-                    _stopped_early.discard(self.call_id)
+            with _served.lock:
+                if self.call_id in _served.stopped_early:
+                    _served.stopped_early.discard(self.call_id)
                     raise KeyboardInterrupt
-                _running[self.call_id] = me
+                _served.running[self.call_id] = served
+                outer = _served.by_thread.get(served.thread)
+                _served.by_thread[served.thread] = served
             try:
                 return self.func(*args, **kwargs)
             finally:
-                _forget(self.call_id, me)
+                _forget(served, outer)
         except KeyboardInterrupt:
-            # A plain exception, so torch answers the (gone) caller as for any error
-            # and the RPC thread goes on serving calls.
-            raise RuntimeError(f"{_what(self.func)} was stopped: its caller was interrupted") from None
+            # A plain exception, so torch answers the (gone) caller as for any error.
+            raise RuntimeError(f"{_what(self.func)} was stopped: its caller was interrupted "
+                               "or gave up on it") from None
 
 
-def _forget(call_id: str, thread: int) -> None:
-    with _lock:
-        if _running.pop(call_id, None) is None:
-            # stop() took it: a stop that came as the function returned must not hit
-            # this thread's next call.
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
+def _forget(served: Served, outer: Served | None) -> None:
+    with _served.lock:
+        _served.running.pop(served.call_id, None)
+        if outer is None:
+            _served.by_thread.pop(served.thread, None)
+        else:  # a call served inline by a thread that serves another (a call to itself)
+            _served.by_thread[served.thread] = outer
+        if served.raised:
+            # A stop that came as the function returned must not hit the thread's next call.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(served.thread), None)
+        if served.ended is not None:
+            served.ended.set()
 
 
-def stop(call_id: str) -> bool:
-    """Raise ``KeyboardInterrupt`` in the thread running call ``call_id`` (run on the
-    worker over RPC); True if it was running."""
-    with _lock:
-        thread = _running.pop(call_id, None)
-        if thread is None:
-            if len(_stopped_early) >= EARLY_LIMIT:
-                _stopped_early.clear()
-            _stopped_early.add(call_id)
-            return False
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(thread), ctypes.py_object(KeyboardInterrupt))
-        return True
+# -- the calls a served call makes ------------------------------------------------------
 
 
-def send_stop(to, call_id: str) -> None:
-    """Ask worker ``to`` to stop call ``call_id``; does not wait for the answer."""
+def calling_from_here(to, call_id: str | None) -> Served | None:
+    """This thread made call ``call_id`` (None: one that cannot be stopped) to ``to``:
+    if it serves a call, a stop of that call stops this one too; that call, or None."""
+    served = served_here() if call_id is not None else None
+    if served is not None:
+        with _served.lock:
+            served.calling[call_id] = to
+    return served
+
+
+def called(served: Served | None, call_id: str) -> None:
+    """``served``'s call ``call_id`` has its answer (None: no served call made it)."""
+    if served is None:
+        return
+    with _served.lock:
+        served.calling.pop(call_id, None)
+
+
+def waiting(served: Served, lock) -> bool:
+    """``served``'s thread waits on ``lock`` (None: no longer); False if it was stopped."""
+    with _served.lock:
+        served.waiting = lock
+        return not served.stopped
+
+
+# -- stopping --------------------------------------------------------------------------
+
+
+def _stop_here(call_id: str) -> tuple[Served | None, list]:
+    """Mark call ``call_id`` stopped and reach its thread; its own calls, to stop too."""
+    with _served.lock:
+        served = _served.running.get(call_id)
+        if served is None:
+            if len(_served.stopped_early) >= EARLY_LIMIT:
+                _served.stopped_early.clear()
+            _served.stopped_early.add(call_id)
+            return None, []
+        if served.stopped:
+            return served, []
+        served.stopped = True
+        served.ended = threading.Event()
+        nested = list(served.calling.items())
+        if served.waiting is not None:
+            release(served.waiting)  # it raises KeyboardInterrupt as it wakes
+        else:
+            served.raised = True
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(served.thread), ctypes.py_object(KeyboardInterrupt))
+    return served, nested
+
+
+def release(lock) -> None:
+    """Release ``lock``, unless something released it already."""
     try:
-        torch_compat.invoke_rpc(to, stop, torch_compat.RPCExecMode.ASYNC, (call_id,), None, 10.0)
-    except (RuntimeError, ValueError):  # the worker is gone (or unknown): nothing runs there
+        lock.release()
+    except RuntimeError:  # its answer came at the same moment
         pass
+
+
+def _stop(call_id: str, grace: float) -> str:
+    served, nested = _stop_here(call_id)
+    if served is None:
+        return NOT_RUNNING
+    answers = [send_stop(to, nested_id, grace) for nested_id, to in nested]
+    for answer in answers:  # the nested calls end first: the waiting one wakes
+        try:
+            answer.wait()
+        except RuntimeError:
+            pass
+    return STOPPED if served.ended.wait(grace) else STILL_RUNNING
+
+
+def stop(call_id: str, grace: float = STOP_GRACE) -> torch.futures.Future:
+    """Stop call ``call_id`` on this member (run over RPC); a Future of what became of it
+    within ``grace`` s (``STOPPED``, ``STILL_RUNNING``, ``NOT_RUNNING``). An
+    ``@async_execution`` function, so the waiting happens on a serving thread."""
+    torch_compat.keep_thread_state()
+    return serving.hand_off(_stop, (call_id, grace), {})
+
+
+stop._wrapped_async_rpc_function = stop  # what @rpc.functions.async_execution marks
+
+
+def send_stop(to, call_id: str, grace: float = STOP_GRACE) -> torch.futures.Future:
+    """Ask member ``to`` to stop call ``call_id``: a Future of its answer (``stop``); its
+    error if ``to`` is gone or does not answer."""
+    try:
+        return torch_compat.invoke_rpc(to, stop, torch_compat.RPCExecMode.ASYNC, (call_id, grace), None,
+                                       grace + 8.0)
+    except (RuntimeError, ValueError) as e:  # the worker is gone (or unknown)
+        fut = torch.futures.Future()
+        fut.set_exception(e)
+        return fut
+
+
+def stop_outcome(fut: torch.futures.Future, timeout: float = STOP_GRACE + 1.0) -> str | None:
+    """The answer ``send_stop`` got, waiting at most ``timeout`` s; None without one."""
+    deadline = time.monotonic() + timeout
+    while not fut.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not fut.done():
+        return None
+    try:
+        return fut.value()
+    except RuntimeError:
+        return None
 
 
 def _what(func: Callable) -> str:

@@ -9,7 +9,7 @@ Wrappers, installed in every member by ``group.join``:
   button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
   could not pickle and in failures of workers whose process has ended. An
-  interrupted call is stopped on its worker too (see ``interrupts``).
+  interrupted or timed-out call is stopped on its worker too, nested calls included.
 - ``rpc.rpc_async``: returns a ``NamedFuture`` (torch's devices), whose ``wait`` does the same.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
@@ -41,7 +41,7 @@ from ..errors import (
 from ..recording import recorder, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import agent_devices, destinations, helpers, interrupts, output
+from . import agent_devices, destinations, helpers, interrupts, output, stopping
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
@@ -94,12 +94,13 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     record = _record("rpc_sync", to, func)
     fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
-    key = PENDING.calling(to, func, call_id, "rpc_sync")
+    key, served = PENDING.calling(to, func, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
     try:
-        _wait(fut, to)
+        _wait(fut, to, served)
         value = fut.wait()
     except RuntimeError as e:
-        _raise_named(e, to, _label("rpc_sync", to, func), timeout, record.answered, key)
+        stop = stopping.stop_on_timeout(e, to, call_id)
+        _raise_named(e, to, _label("rpc_sync", to, func), timeout, record.answered, key, stop)
     except KeyboardInterrupt as e:
         record.failed(e)
         raise _stopped(to, _label("rpc_sync", to, func), call_id, key) from None
@@ -108,6 +109,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
         raise
     finally:
         PENDING.answered(key)
+        interrupts.called(served, call_id)
     record.answered()
     return value
 
@@ -139,15 +141,19 @@ class NamedFuture(torch.futures.Future):
         self._call = (to, label, timeout, call_id)
         self._record = record or UNRECORDED
         self._key = key  # in PENDING while in flight
+        self._served = interrupts.calling_from_here(to, call_id)  # what made it, on this member
+        self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
         PENDING.answered(self._key)
+        interrupts.called(self._served, self._call[3])
         try:
             value = fut.value()
         except Exception as e:
+            self._stopping = stopping.stop_if_timed_out(e, self._call[0], self._call[3])
             # Only a look: ``wait`` raises the remote exception itself.
             self._record.answered(remote_errors.original(e, take=False) or e)
             self.set_exception(e)
@@ -158,10 +164,10 @@ class NamedFuture(torch.futures.Future):
     def wait(self):
         to, label, timeout, call_id = self._call
         try:
-            _wait(self, to)
+            _wait(self, to, interrupts.served_here())
             return super().wait()
         except RuntimeError as e:
-            _raise_named(e, to, label, timeout, key=self._key)
+            _raise_named(e, to, label, timeout, None, self._key, stopping.outcome(self._stopping))
         except KeyboardInterrupt:
             raise _stopped(to, label, call_id, self._key) from None
 
@@ -264,10 +270,11 @@ def _send(send: Callable, func, args, record: _Record | _Unrecorded, replies: bo
         record.sent(func, args)
 
 
-def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None, key=None) -> NoReturn:
+def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None, key=None,
+                 stop: str | None = None) -> NoReturn:
     """Raise ``error`` as nbrpc names it (``_named``; itself when nothing more is known),
     chained to torch's; ``note(named)`` tells the call's record first."""
-    named = _named(error, to, label, timeout, key)
+    named = _named(error, to, label, timeout, key, stop)
     if note is not None:
         note(named)
     if named is error:
@@ -346,25 +353,21 @@ def _label(how: str, to, func) -> str:
     return f"{how}({name!r}, {getattr(func, '__qualname__', repr(func))})"
 
 
-def _wait(fut, to) -> None:
-    """On the main thread, wait for ``fut`` (torch's or concurrent's) in a way Ctrl-C can
-    interrupt; elsewhere, leave the waiting to the caller.
-
-    A lock released by the future's done-callback: acquiring a lock with a timeout is
-    interruptible and costs no CPU while it waits, where polling ``done()`` took a core
-    from the threads that answer the call.
-    """
-    if threading.current_thread() is threading.main_thread() and not fut.done():
+def _wait(fut, to, served: interrupts.Served | None = None) -> None:
+    """On the main thread, or serving a call (``served``, whose stop ends the wait), wait
+    for ``fut`` in a way Ctrl-C can interrupt: a lock released by its done-callback (a
+    lock's timed acquire costs no CPU, where polling ``done()`` took a core)."""
+    if not fut.done() and (served is not None or threading.current_thread() is threading.main_thread()):
         done = _thread.allocate_lock()
         done.acquire()
         fut.add_done_callback(_releasing(done))
-        _await(done, to)
+        stopping.wait_served(served, done, lambda: _await(done, to))
 
 
 def _releasing(done) -> Callable:
     def release(_) -> None:
         torch_compat.keep_thread_state()  # a torch thread: its next callback runs sooner
-        done.release()
+        interrupts.release(done)  # unless a stop of the waiting call released it first
 
     return release
 
@@ -394,18 +397,14 @@ def _in_background(call: Callable, to):
 
 def _stopped(to, label: str, call_id: str | None, key: str | None = None) -> KeyboardInterrupt:
     """The error for an interrupted call, after asking its worker to stop it."""
-    why = PENDING.explained(key)  # before the stop changes what the callee does
-    if call_id is None:
-        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped{why}")
-    interrupts.send_stop(to, call_id)
-    name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too{why}")
+    # The diagnosis first: the stop changes what the callee does.
+    return stopping.stopped(to, label, call_id, PENDING.explained(key))
 
 
-def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None = None) -> Exception:
+def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None = None, stop=None) -> Exception:
     """Return a clearer error for a dead worker or a timeout, the remote exception
     itself where it was of a class torch could not keep, else ``error`` itself;
-    ``label`` names the call (``rpc_sync('worker1', f)``)."""
+    ``label`` names the call, ``stop`` what became of it after a timeout's stop."""
     original = remote_errors.original(error)
     if original is not None:
         return original
@@ -436,8 +435,8 @@ def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None 
         seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
         torch_said = text.split("\n\nAt:", 1)[0].strip()
         msg = (
-            f"{label} got no answer within {seconds:g} s (it may still "
-            "be running there). Pass timeout=SECONDS to the call, or start the cluster "
+            f"{label} got no answer within {seconds:g} s ({stopping.outcome_text(stop, name)}). "
+            "Pass timeout=SECONDS to the call, or start the cluster "
             f"with a longer default (%rpc_init --timeout SECONDS){PENDING.explained(key)}. Torch said: {torch_said}"
         )
         return RpcTimeoutError(msg)

@@ -1,0 +1,95 @@
+"""What becomes of a call its caller stops waiting for, and the words for it.
+
+- ``stopped``: the error for an interrupted call (the stop button), once its worker
+  answered the request to stop it (``interrupts.stop``).
+- ``stop_on_timeout``: after torch gave up on a call, stop it on its worker too.
+- ``wait_served``: a served call's wait on one of its own calls, which a stop of the
+  served call ends at once.
+- ``outcome_text``: the worker's answer in words; a message claims a stop only when
+  the worker said the function ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import interrupts
+
+# A stop was asked, and its answer did not come.
+NO_ANSWER = "no answer"
+
+
+def stopped(to, label: str, call_id: str | None, why: str = "") -> KeyboardInterrupt:
+    """The error for an interrupted call, after asking its worker to stop it: it says
+    what the worker answered, never more; ``why`` ends it (the diagnosis)."""
+    if call_id is None:
+        return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped{why}")
+    stopping = interrupts.send_stop(to, call_id)
+    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    if interrupts.served_here() is not None:
+        # A nested call, stopped with the call that made it: whoever stopped that one
+        # waits for this stop's answer; waiting here too could hold a lock it needs.
+        return KeyboardInterrupt(f"{label} was interrupted; {name!r} was asked to stop it{why}")
+    outcome = interrupts.stop_outcome(stopping) or NO_ANSWER
+    if outcome == interrupts.STOPPED:
+        return KeyboardInterrupt(f"{label} was interrupted, and stopped on {name!r} too{why}")
+    return KeyboardInterrupt(f"{label} was interrupted; {outcome_text(outcome, name)}{why}")
+
+
+def outcome_text(outcome: str | None, name: str) -> str:
+    """What became of a call ``name`` was asked to stop, in words (None: no stop was
+    asked, or its answer is not known here)."""
+    if outcome is None:
+        return "it may still be running there"
+    if outcome == interrupts.STOPPED:
+        return f"nbrpc stopped it on {name!r}"
+    if outcome == interrupts.NOT_RUNNING:
+        return f"it was not running on {name!r} (it had ended, or will not begin)"
+    if outcome == interrupts.STILL_RUNNING:
+        return (f"{name!r} was asked to stop it but it still runs there: a long C call (one "
+                "big time.sleep, a lock's acquire without a timeout) stops only when it returns")
+    return f"{name!r} did not answer the request to stop it, so it may still be running there"
+
+
+def timed_out(error: Exception) -> bool:
+    return isinstance(error, RuntimeError) and "RPC ran for more than set timeout" in str(error)
+
+
+def stop_on_timeout(error: Exception, to, call_id: str | None) -> str | None:
+    """After torch gave up on call ``call_id`` (its timeout), stop it on ``to``; what
+    became of it (see ``interrupts.stop``), or None."""
+    if call_id is None or not timed_out(error):
+        return None
+    stopping = interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
+    if interrupts.served_here() is not None:
+        return None  # a nested call: see stopped
+    return interrupts.stop_outcome(stopping, interrupts.TIMEOUT_STOP_GRACE + 1.0) or NO_ANSWER
+
+
+def stop_if_timed_out(error: Exception, to, call_id: str | None):
+    """After torch gave up on call ``call_id`` (an ``rpc_async``'s), stop it on ``to``
+    without waiting: the stop's Future (``outcome`` reads it), or None."""
+    if call_id is None or not timed_out(error):
+        return None
+    return interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
+
+
+def outcome(stop) -> str | None:
+    """The answer to a stop ``send_stop`` sent (None: none sent, or no answer)."""
+    return None if stop is None else interrupts.stop_outcome(stop) or NO_ANSWER
+
+
+def wait_served(served: interrupts.Served | None, done, wait: Callable[[], None]) -> None:
+    """``wait()`` until ``done`` (a held lock) is released, by the answer or by a stop of
+    ``served`` if any (then ``KeyboardInterrupt``)."""
+    if served is None:
+        wait()
+        return
+    if not interrupts.waiting(served, done):
+        raise KeyboardInterrupt
+    try:
+        wait()
+    finally:
+        stopped = not interrupts.waiting(served, None)
+    if stopped:
+        raise KeyboardInterrupt
