@@ -1,6 +1,7 @@
 """nbrpc next to raw torch RPC, side by side in one run (``make bench``;
 ``python benchmarks/run.py --recording``: call recording's cost alone; ``--handoff``:
-the cost of running each call's function on a serving thread alone).
+the cost of running each call's function on a serving thread alone; ``--cuda``: small
+calls through a device map alone, where torch sees a GPU).
 
 Calls: idle CPU per member, small ``rpc_sync`` latency, ``rpc.remote`` latency (RRef
 tracking on), ``rpc_async`` throughput and a 100 MB tensor round trip, through an
@@ -65,6 +66,10 @@ def main() -> int:
         row = recording_overhead()
         print(render([row]))
         return verdict([row["metric"]] if row["pass"] is False else [])
+    if "--cuda" in sys.argv[1:]:  # only the small calls through a device map (a GPU)
+        table, failed = compare_cuda_calls()
+        print(table)
+        return verdict(failed)
     if "--handoff" in sys.argv[1:]:  # only the serving threads' cost
         rows = handoff_overhead()
         print(render(rows))

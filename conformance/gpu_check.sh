@@ -21,7 +21,7 @@
 #
 # PYTHON (default python3) must have torch; the wheels go to SITE (default /tmp/site),
 # which PYTHONPATH then holds, after the repository itself. OUT defaults to build/gpu_check.
-# CHECK_ONLY=1 lists the steps without running them; SKIP_INSTALL=1 uses PYTHON's own packages.
+# STEPS="a c" runs only those steps; CHECK_ONLY=1 lists the steps without running them; SKIP_INSTALL=1 uses PYTHON's own packages.
 set -u
 
 PYTHON=${PYTHON:-python3}
@@ -63,6 +63,7 @@ EOF
 step() {
     # step NAME CAP COMMAND: run COMMAND (bash) with a time cap, its output in $OUT/NAME.log.
     local name=$1 cap=$2 command=$3 began rc
+    case " ${STEPS:-a b c d} " in *" ${name%%-*} "*) ;; *) return 0 ;; esac
     began=$(date +%s)
     if [ -n "${CHECK_ONLY:-}" ]; then
         printf '%s (cap %s s): %s\n' "$name" "$cap" "$command" | tee -a "$OUT/summary.txt"
@@ -98,9 +99,9 @@ export JUPYTER_PATH="$SITE/kernel/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
 
 step a-gpu-tests "$CAP_TESTS" "
     set -x
-    $PYTHON -m pytest -p no:cacheprovider -q tests/test_compat.py::test_init_rpc_has_the_steps_that_join_repeats tests/test_membership.py
+    $PYTHON -m pytest -p no:cacheprovider -p no:benchmark -q tests/test_compat.py::test_init_rpc_has_the_steps_that_join_repeats tests/test_membership.py
     audit=\$?
-    $PYTHON -m pytest -p no:cacheprovider -q -m gpu -n 4 $GPU_TEST_FILES
+    $PYTHON -m pytest -p no:cacheprovider -p no:benchmark -q -m gpu -n 4 $GPU_TEST_FILES
     gpu=\$?
     exit \$(( audit || gpu ))"
 
@@ -111,8 +112,10 @@ step b-conformance "$CAP_CONFORMANCE" "
     exit \$rc"
 
 step c-bench-cuda "$CAP_BENCH" "
+    $PYTHON benchmarks/run.py --cuda
+    calls=\$?
     $PYTHON benchmarks/cuda_rpc.py
-    rc=\$?
+    rc=\$(( calls || \$? ))
     cp build/bench_cuda.json '$OUT/' 2>/dev/null
     exit \$rc"
 
