@@ -257,6 +257,45 @@ def test_a_frozen_member_is_reported_within_a_second(shell, cluster):
     assert cell.error is None and int(cell.value) == 2
 
 
+def test_a_member_holding_the_gil_is_reported_frozen_within_a_second(shell, cluster):
+    # ctypes.PyDLL keeps the GIL through the C call: worker1's probe thread cannot run.
+    run(shell, "def hold_gil():\n"
+               "    import ctypes\n"
+               "    ctypes.PyDLL(None).sleep(5)\n"
+               "    return 5\n")
+    cell = Cell(shell, "rpc.rpc_sync('worker1', hold_gil, timeout=30)")
+    try:
+        time.sleep(1.2)  # the call reaches worker1 and has held the GIL for over STUCK
+        began = time.monotonic()
+        snap = nbrpc.waits()
+        took = time.monotonic() - began
+        assert took < 1.0, took
+        worker1 = next(m for m in snap["members"] if m["name"] == "worker1")
+        assert worker1["state"] == "frozen", worker1
+        assert [m["state"] for m in snap["members"] if m["name"] == "worker2"] == ["running"]
+        found = next((f for f in snap["findings"] if f["kind"] == "dead_member"), None)
+        assert found is not None, snap
+        assert found["members"] == [cluster.driver_name, "worker1"]
+        assert found["message"].startswith(f"{cluster.driver_name} waits on hold_gil on worker1 (cell ")
+        assert "), but worker1 is frozen (no answer within " in found["message"]
+        assert "a thread holds the GIL" in found["message"]
+        # Never waited on: each look at it takes under a second, stacks too.
+        began = time.monotonic()
+        stacks = nbrpc.stacks()
+        assert time.monotonic() - began < 1.0
+        assert stacks["worker1"]["state"] == "frozen" and "threads" not in stacks["worker1"]
+        assert stacks["worker2"]["state"] == "running" and stacks["worker2"]["threads"]
+        assert cell.thread.is_alive()  # all of it while worker1 still holds the GIL
+    finally:
+        cell.join()
+    assert cell.error is None and cell.value == 5
+    # Once it lets go, worker1 answers again, and the late answers to the probes it
+    # missed are not taken for new ones.
+    snap = nbrpc.waits()
+    assert [m["state"] for m in snap["members"]] == ["running"] * 3
+    assert snap["calls"] == [] and snap["findings"] == []
+
+
 def test_a_call_that_only_runs_long_is_no_finding(shell):
     run(shell, "def train_step():\n"
                "    end = time.monotonic() + 3\n"

@@ -93,6 +93,10 @@ class Probes:
 
     def __init__(self) -> None:
         self._channels: dict[str, _Channel] = {}
+        # Workers that let a probe go unanswered: asked again only once they answer it,
+        # so that a frozen member costs one wait, not one per look (nor per caller queued
+        # behind the lock).
+        self._silent: set[str] = set()
         self._lock = threading.Lock()
         # The latest snapshots' graphs: a timeout or a death is explained by the last
         # one that saw the chain whole.
@@ -122,6 +126,10 @@ class Probes:
                 if channel is None:
                     out[w.name] = {"state": "frozen", "why": "no kernel connection"}
                     continue
+                if w.name in self._silent and not any(True for _ in channel.replies()):
+                    out[w.name] = {"state": "frozen", "why": _no_answer(timeout)}
+                    continue
+                self._silent.discard(w.name)
                 waiting[w.name] = (w, channel, channel.send())
             self._gather(waiting, out, time.monotonic() + timeout)
             for name, (w, _, _) in waiting.items():
@@ -131,8 +139,8 @@ class Probes:
                 elif w.stopped():
                     out[name] = {"state": "frozen", "why": "stopped by a signal (SIGSTOP)"}
                 else:
-                    out[name] = {"state": "frozen", "why": f"no answer within {timeout:g} s: a thread "
-                                                          "holds the GIL, or the process is stopped"}
+                    out[name] = {"state": "frozen", "why": _no_answer(timeout)}
+                    self._silent.add(name)
             return out
 
     @staticmethod
@@ -159,6 +167,11 @@ class Probes:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+            self._silent.clear()
+
+
+def _no_answer(timeout: float) -> str:
+    return f"no answer within {timeout:g} s: a thread holds the GIL, or the process is stopped"
 
 
 def _driver_cells() -> stacks_mod.Cells:
