@@ -4,7 +4,8 @@ Each namespace is a host with its own address on a bridge (see ``netns``). The
 driver is a Python process in ``drv``; workers join it from ``w1`` and ``w2`` with
 ``nbrpc worker --join``, or are started there over OpenSSH. The tests check RPC,
 RRefs and ``%%rpc_on`` across hosts, refusals (token, name), what listens where,
-a forged kernel message, a cut network link, and a killed driver.
+a forged kernel message, a cut network link, a killed driver, and ``nbrpc.waits()``
+and ``nbrpc.stacks()`` of an SSH worker whose RPC threads are all blocked, or that is frozen.
 
 They need root and iproute2 (and openssh-server for the SSH test); elsewhere they
 skip, saying why.
@@ -432,6 +433,75 @@ def test_ssh_hosts(hosts, sshd, pids):
     driver.run("ip.run_line_magic('rpc_shutdown', '')")
     assert time.monotonic() - began < SHUTDOWN_LIMIT
     assert not wait_gone(remote + local_ssh, 10), "workers or ssh processes survived shutdown"
+
+
+def test_waits_and_stacks_of_an_ssh_worker_whose_rpc_threads_are_all_blocked(hosts, sshd, pids):
+    """A worker on another host answers ``nbrpc.waits()`` and ``nbrpc.stacks()`` over its
+    kernel's control channel while each of its RPC threads waits on an event; frozen, it
+    is reported so within a second."""
+    threads = 2
+    driver = hosts.driver()
+    driver.run(SETUP + "import threading\nfrom IPython.core.interactiveshell import InteractiveShell\n"
+               "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'nbrpc')")
+    driver.run(f"ip.run_line_magic('rpc_init', '--hosts hostb:1 --ssh \"{sshd}\" --threads {threads} "
+               f"--timeout {RPC_TIMEOUT:g} --startup-timeout {START:g}')", timeout=START + 30)
+    (remote, ssh_pid), = driver.run("c = nbrpc.current()\nresult = [(w.pid, w.launcher.pid) for w in c.workers]")
+    pids.add(remote, ssh_pid)
+    # nbrpc's hand-off to threads of its own (calls.serving) off: torch's pool is exhausted.
+    driver.run("c.run('from nbrpc.calls import serving\\nserving.pool.inline_limit = 1000', 'worker1')")
+    # Through the shell, as a notebook's cell: the worker's stacks then show its lines.
+    cell = ("import threading\nimport torch.distributed.rpc as rpc\ngate = threading.Event()\n"
+            "def park():\n    gate.wait(60)\n    return 3\n"
+            f"futs = [rpc.rpc_async('worker1', park) for _ in range({threads + 1})]\n")
+    driver.run(f"done = ip.run_cell({cell!r})\ndone.raise_error()\nfuts = ip.user_ns['futs']")
+    look = ("began = time.monotonic()\nsnap = nbrpc.waits()\nwaits_took = time.monotonic() - began\n"
+            "began = time.monotonic()\nstacks = nbrpc.stacks()\nstacks_took = time.monotonic() - began\n"
+            "result = [waits_took, stacks_took, snap, stacks]")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            waits_took, stacks_took, snap, stacks = driver.run(look)
+            found = [f for f in snap["findings"] if f["kind"] == "pool_exhausted"]
+            if found or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert found, snap
+        assert waits_took < 1.0 and stacks_took < 1.0, (waits_took, stacks_took)
+        print(f"remote member: waits() {waits_took:.3f} s, stacks() {stacks_took:.3f} s")
+        worker1 = next(m for m in snap["members"] if m["name"] == "worker1")
+        assert (worker1["state"], worker1["threads"], worker1["busy"]) == ("running", threads, threads)
+        assert found[0]["members"] == ["worker1"]
+        assert f"all {threads} RPC threads of worker1 are busy (running park)" in found[0]["message"]
+        blocked = [c for c in snap["calls"] if c["callee"] == "worker1" and c.get("blocked_at")]
+        assert len(blocked) == threads and {c["function"] for c in blocked} == {"park"}
+        assert {c["blocked_at"]["code"] for c in blocked} == {"gate.wait(60)"}
+        assert (stacks["worker1"]["state"], stacks["worker1"]["pid"]) == ("running", remote)
+        serving = [t for t in stacks["worker1"]["threads"] if t["serving"] == "park"]
+        assert len(serving) == threads
+        for thread in serving:
+            cells = [f for f in thread["frames"] if "cell" in f]
+            assert cells[-1]["code"] == "gate.wait(60)" and cells[-1]["function"] == "park"
+    finally:
+        driver.run("c.run('gate.set()', 'worker1')")
+    assert driver.run("result = [f.wait() for f in futs]", timeout=RPC_TIMEOUT) == [3] * (threads + 1)
+
+    # Frozen on its host (the driver cannot see its process): no answer, within a second.
+    os.kill(remote, signal.SIGSTOP)
+    try:
+        for _ in range(2):  # the second look does not wait on it again
+            waits_took, stacks_took, snap, stacks = driver.run(look)
+            assert waits_took < 1.0 and stacks_took < 1.0, (waits_took, stacks_took)
+            assert [m["state"] for m in snap["members"] if m["name"] == "worker1"] == ["frozen"]
+            assert stacks["worker1"]["state"] == "frozen"
+            assert stacks["worker1"]["why"].startswith("no answer within ")
+    finally:
+        os.kill(remote, signal.SIGCONT)
+    assert driver.run("deadline = time.monotonic() + 10\n"
+                      "while nbrpc.stacks(['worker1'])['worker1']['state'] != 'running':\n"
+                      "    assert time.monotonic() < deadline\n    time.sleep(0.1)\n"
+                      "result = rpc.rpc_sync('worker1', os.getpid)") == remote
+    driver.run("ip.run_line_magic('rpc_shutdown', '')")
+    assert not wait_gone([remote, ssh_pid], 10), "the worker or its ssh process survived shutdown"
 
 
 # -- launchers of other people: torchrun ------------------------------------------------
