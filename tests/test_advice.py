@@ -91,8 +91,9 @@ def test_a_lab_check_says_run_rpc_init_first():
 
 
 def test_a_remote_traceback_points_at_the_cell_and_line(kernel):
-    """A function defined in a cell fails on a worker: the traceback names the cell's file
-    and line, with the source line, as for local code (not ``<dynamic-code>``)."""
+    """A function defined in a cell fails on a worker: the traceback names the cell and
+    line, with the source line, as IPython does for local code (not ``<dynamic-code>``,
+    not the cell's temporary file), and nbrpc's own call wrappers are left out."""
     _, kc = kernel
     messages, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 1", timeout=180)
     assert reply["status"] == "ok", messages
@@ -101,9 +102,21 @@ def test_a_remote_traceback_points_at_the_cell_and_line(kernel):
         cell = reply["execution_count"]
         error = error_of(kc, "import torch.distributed.rpc as rpc\nrpc.rpc_sync('worker1', scale, args=(3,))")
         text = ANSI.sub("", "\n".join(error["traceback"]))
-        assert cell and re.search(r'File "[^"]*ipykernel_\d+/\d+\.py", line 3, in scale', text), text
-        assert "raise ValueError(f'no {y}')" in text and "<dynamic-code>" not in text
-        assert error["ename"] == "ValueError"
+        assert cell and f"Cell In[{cell}], line 3, in scale\n    raise ValueError(f'no {{y}}')" in text, text
+        assert "ipykernel_" not in text and "<dynamic-code>" not in text, text
+        assert "nbrpc/calls" not in text and "wrappers.py" not in text, text
+        assert error["ename"] == "ValueError" and "On WorkerInfo(id=1, name=worker1)" in error["evalue"]
+        # the calling cell's own frame stays, named as IPython names it
+        assert re.search(rf"Cell In\[{cell + 1}\], line 2", text), text
+        # a remote error that comes home as RuntimeError gets the same treatment
+        execute(kc, "def fail():\n    raise RuntimeError('remote boom')")
+        error = error_of(kc, "rpc.rpc_sync('worker1', fail)")
+        text = ANSI.sub("", "\n".join(error["traceback"]))
+        assert f"Cell In[{cell + 2}], line 2, in fail\n    raise RuntimeError('remote boom')" in text, text
+        # an error raised here, not remotely, shows as IPython shows it
+        local = error_of(kc, "scale(1)")
+        text = ANSI.sub("", "\n".join(local["traceback"]))
+        assert local["evalue"] == "no 2" and re.search(rf"Cell In\[{cell}\], line 3", text), text
     finally:
         _, reply = execute(kc, "%rpc_shutdown", timeout=120)
         assert reply["status"] == "ok"
