@@ -120,3 +120,26 @@ def test_a_remote_traceback_points_at_the_cell_and_line(kernel):
     finally:
         _, reply = execute(kc, "%rpc_shutdown", timeout=120)
         assert reply["status"] == "ok"
+
+
+def test_a_remote_traceback_in_a_worker_cell_points_at_that_workers_cell(kernel):
+    """A function defined by ``%%rpc_on worker1`` fails on worker2: the traceback names
+    worker1's cell (its execution count there) and line, with the source line."""
+    _, kc = kernel
+    messages, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 2", timeout=180)
+    assert reply["status"] == "ok", messages
+    try:
+        messages, reply = execute(kc, "%%rpc_on worker1\nimport torch.distributed.rpc as rpc\n"
+                                      "def halve(x):\n    raise ValueError(f'odd {x}')\n"
+                                      "print('count', len(In) - 1)")
+        assert reply["status"] == "ok", messages
+        printed = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+        count = int(re.search(r"count (\d+)", printed).group(1))
+        error = error_of(kc, "%%rpc_on worker1\nrpc.rpc_sync('worker2', halve, args=(3,))")
+        text = ANSI.sub("", "\n".join(error["traceback"]))
+        assert "worker1" in text and "ValueError" in text, text
+        assert f"Cell In[{count}], line 3, in halve\n    raise ValueError(f'odd {{x}}')" in text, text
+        assert "ipykernel_" not in text and "nbrpc/calls" not in text, text
+    finally:
+        _, reply = execute(kc, "%rpc_shutdown", timeout=120)
+        assert reply["status"] == "ok"
