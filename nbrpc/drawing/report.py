@@ -65,7 +65,8 @@ def write_report(snapshot: dict, path: str | os.PathLike, *, threads: bool = Fal
         "details": ts.busy_details(place) if place.aggregated else ts.call_details(snapshot),
         "status": "", "fit": True,
     }
-    js = (ASSETS / "timeline.js").read_text(encoding="utf-8").replace("export default { render };", "")
+    js = "".join((ASSETS / name).read_text(encoding="utf-8") for name in ("view_parts.js", "timeline.js"))
+    js = js.replace("export default { render };", "")
     page = PAGE.format(title=ts.esc(title), css=(ASSETS / "timeline.css").read_text(encoding="utf-8") + THEME_CSS,
                        static=ts.static_html(snapshot, ts.draw(snapshot, place), place),
                        state=_script_safe(json.dumps(state)), js=_script_safe(js))

@@ -22,6 +22,12 @@ from ._live import SyncLock
 HERE = Path(__file__).parent
 
 
+def esm(name: str) -> str:
+    """A front end's ES module: the parts the front ends share (``view_parts.js``: plain
+    declarations, no bundler) followed by the module's own text."""
+    return "".join((HERE / part).read_text(encoding="utf-8") for part in ("view_parts.js", name))
+
+
 class StaticView:
     """A graph as static HTML and text only (``%rref_graph --static``, saved notebooks)."""
 
@@ -40,7 +46,7 @@ class StaticView:
 class GraphWidget(SyncLock, anywidget.AnyWidget):
     """Base of ``RRefGraph`` and ``AutogradGraph``: Python draws, ``graph.js`` interacts."""
 
-    _esm = HERE / "graph.js"
+    _esm = esm("graph.js")
     _css = (HERE / "graph.css").read_text(encoding="utf-8") + THEME_CSS
 
     kind = traitlets.Unicode("rref", help="which graph: rref or autograd").tag(sync=True)

@@ -15,7 +15,7 @@ from ..drawing import timeline_svg as ts
 from ..drawing.svg import THEME_CSS
 from ..errors import NoClusterError
 from ._live import LiveView, SyncLock
-from .base import HERE
+from .base import HERE, esm
 
 # Consecutive failed refreshes after which a live timeline gives up.
 
@@ -73,7 +73,7 @@ class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
         Above this many calls, draw each lane's busy share over time instead of bars.
     """
 
-    _esm = HERE / "timeline.js"
+    _esm = esm("timeline.js")
     _css = (HERE / "timeline.css").read_text(encoding="utf-8") + THEME_CSS
 
     svg = traitlets.Unicode("", help="the drawing, made by nbrpc.drawing.timeline_svg").tag(sync=True)
