@@ -143,3 +143,19 @@ def test_a_remote_traceback_in_a_worker_cell_points_at_that_workers_cell(kernel)
     finally:
         _, reply = execute(kc, "%rpc_shutdown", timeout=120)
         assert reply["status"] == "ok"
+
+
+def test_cell_frames_names_known_cells_and_folds_wrapper_frames():
+    from nbrpc.wire.remote_errors import cell_frames
+
+    text = ("On WorkerInfo(id=1, name=worker1):\nTraceback (most recent call last):\n"
+            '  File "/site/nbrpc/calls/interrupts.py", line 146, in serve\n'
+            "    return self._run(args, kwargs)\n           ^^^^^^^^^^^^^^^^^^^^^^^\n"
+            '  File "/tmp/ipykernel_1/42.py", line 3, in scale\n    raise ValueError(y)\n'
+            '  File "/usr/lib/python3.11/json/__init__.py", line 7, in loads\n    return x\n'
+            "ValueError: 6")
+    named = cell_frames({"/tmp/ipykernel_1/42.py": ("Cell", "In[7]")}.get, text)
+    assert named == ("On WorkerInfo(id=1, name=worker1):\nTraceback (most recent call last):\n"
+                     "  Cell In[7], line 3, in scale\n    raise ValueError(y)\n"
+                     '  File "/usr/lib/python3.11/json/__init__.py", line 7, in loads\n    return x\n'
+                     "ValueError: 6")
