@@ -117,6 +117,9 @@ class RemoteError(RuntimeError):
     def _render_traceback_(self) -> list[str]:
         lines = []
         for name, (ename, evalue, traceback) in self.failures.items():
-            lines.append(f"\x1b[31m[{name}]\x1b[0m raised {ename}: {evalue}")
+            # The traceback ends with the whole message (a remote error's carries the
+            # remote traceback's text): the heading keeps its first line.
+            head = evalue.split("\n", 1)[0] if traceback else evalue
+            lines.append(f"\x1b[31m[{name}]\x1b[0m raised {ename}: {head}")
             lines.extend(traceback)
         return lines

@@ -24,7 +24,7 @@ from ..calls import output
 from ..deploy import probes
 from ..deploy.settings import WorkerSettings
 from ..group import devices, membership
-from ..wire import serialization
+from ..wire import remote_errors, serialization
 from . import streams
 
 WATCH_INTERVAL = 0.5
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
     app.outstream_class = streams.OUTSTREAM_CLASS
     app.initialize(argv)
     probes.serve(app, settings.name)  # answers while every RPC thread is blocked
+    _show_remote_errors(app.shell)
     if on_kernel is not None:
         on_kernel(app)
     host, port = settings.store.rsplit(":", 1)
@@ -54,6 +55,17 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
                settings.track, settings.trace)
     streams.install(app, settings.name)
     app.start()
+
+
+def _show_remote_errors(shell) -> None:
+    """A remote error in a ``%%rpc_on`` cell names this kernel's cells as IPython would
+    (``remote_errors.show_in_cell``); any other error shows as usual."""
+
+    def handle(shell, etype, value, tb, tb_offset=None):
+        if remote_errors.show_in_cell(shell, etype, value, tb, tb_offset) is None:
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+
+    shell.set_custom_exc((Exception,), handle)
 
 
 def join_driver(address: str, token: str, name: str | None = None) -> None:

@@ -6,11 +6,17 @@ does so inside a C++ callback, which turns any class but a few builtins into a
 for a moment; ``original`` finds it again from the ``RuntimeError``'s text, so the
 caller's wrappers (``calls``) raise the exception itself, of the caller's own class
 (a class defined in a cell comes home as the notebook's class, see ``definitions``).
+
+``show_in_cell`` shows such an error in a kernel's cell: the remote traceback's frames of
+that kernel's cells read ``Cell In[N], line L``, as IPython names local frames, and
+nbrpc's call wrappers are left out. It takes the kernel's shell as it is (it imports no
+IPython): the notebook's extension calls it, and a worker's kernel, for its own cells.
 """
 
 from __future__ import annotations
 
 import collections
+import re
 import threading
 
 from .._compat import torch_compat
@@ -36,6 +42,58 @@ def _handle_exception(result):
                 while len(_kept) > _KEPT:
                     _kept.popitem(last=False)
         raise
+
+
+# A frame of a remote traceback's text (Python's traceback module wrote it on the worker).
+_REMOTE_FRAME = re.compile(r'File "([^"\n]+)", line (\d+)')
+# torch's text of a remote error (``torch_compat.remote_exception``), after the class name.
+_REMOTE_TEXT = re.compile(r"On WorkerInfo\(id=\d+, name=[^)\n]*\):\n")
+# nbrpc's call wrappers (here and in the worker's text): their frames say nothing of the user's code.
+_WRAPPERS = re.compile(r"[/\\]nbrpc[/\\]calls[/\\]\w+\.py")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def show_in_cell(shell, etype, value, tb, tb_offset=None) -> list[str] | None:
+    """Show ``value``, a remote error, in ``shell``'s cell and return the traceback lines
+    shown; None (nothing shown) if it is not one."""
+    if not _REMOTE_TEXT.search(str(value)) or hasattr(value, "_render_traceback_"):
+        return None
+    stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    stb = [cell_frames(shell.compile.format_code_name, entry) for entry in stb if not _wrapper_frame(entry)]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def _wrapper_frame(entry: str) -> bool:
+    """Whether ``entry`` (of IPython's structured traceback) is a frame of nbrpc's wrappers."""
+    first = _ANSI.sub("", entry).lstrip().split("\n", 1)[0]
+    return first.startswith("File ") and _WRAPPERS.search(first) is not None
+
+
+def cell_frames(cell_name, text: str) -> str:
+    """``text`` with each ``File "...", line L`` of a cell that ``cell_name`` (IPython's
+    ``format_code_name``) knows written as IPython writes a local frame, ``Cell In[N],
+    line L``, and without the frames of nbrpc's wrappers (a ``File`` line and the lines
+    indented under it)."""
+    kept, skipping = [], None
+    for line in text.split("\n"):
+        indent = len(line) - len(line.lstrip())
+        if skipping is not None and indent > skipping:
+            continue
+        frame = _REMOTE_FRAME.search(line)
+        skipping = indent if frame and _WRAPPERS.search(frame.group(1)) else None
+        if skipping is None:
+            kept.append(line)
+    text = "\n".join(kept)
+
+    def named(match: re.Match) -> str:
+        found = cell_name(match.group(1))
+        if found is None:
+            return match.group(0)
+        label, name = found
+        return f"{label} {name}, line {match.group(2)}"
+
+    return _REMOTE_FRAME.sub(named, text)
 
 
 def original(error: BaseException, take: bool = True) -> BaseException | None:
