@@ -90,13 +90,21 @@ CONTRAST = """(root) => {
 
 
 @pytest.fixture(scope="module")
-def views_page(tmp_path_factory):
+def playwright():
+    """One Playwright for the module: its sync API runs an event loop on this thread for
+    as long as it is open, and a second one opened meanwhile refuses to start."""
     reason = why_no_browser("lab")
     if reason:
         report(f"SKIPPED: {reason}")
         pytest.skip(reason)
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def views_page(tmp_path_factory, playwright):
     root = tmp_path_factory.mktemp("views")
     notebook = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
@@ -105,24 +113,23 @@ def views_page(tmp_path_factory):
     server = Server(root, "lab")
     try:
         server.wait_ready()
-        with sync_playwright() as p:
-            context = p.chromium.launch_persistent_context(
-                str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
-                headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
-            try:
-                tab = context.pages[0] if context.pages else context.new_page()
-                tab.set_default_timeout(120_000)
-                tab.goto(f"{server.url}/{server.notebooks}/views.ipynb?token={server.token}")
-                tab.wait_for_function(
-                    "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
-                    "?.connectionStatus === 'connected'")
-                tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-                tab.wait_for_selector(".nbrpc-timeline-view .nbrpc-host svg", timeout=180_000)
-                tab.wait_for_function("() => document.querySelectorAll('.nbrpc-host > svg').length === 3")
-                tab.wait_for_selector(".nbrpc-status-table table.nbrpc-status")
-                yield tab
-            finally:
-                context.close()
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
+            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+        try:
+            tab = context.pages[0] if context.pages else context.new_page()
+            tab.set_default_timeout(120_000)
+            tab.goto(f"{server.url}/{server.notebooks}/views.ipynb?token={server.token}")
+            tab.wait_for_function(
+                "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
+                "?.connectionStatus === 'connected'")
+            tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            tab.wait_for_selector(".nbrpc-timeline-view .nbrpc-host svg", timeout=180_000)
+            tab.wait_for_function("() => document.querySelectorAll('.nbrpc-host > svg').length === 3")
+            tab.wait_for_selector(".nbrpc-status-table table.nbrpc-status")
+            yield tab
+        finally:
+            context.close()
     finally:
         server.stop()
 
@@ -286,15 +293,9 @@ def test_cluster_status_looks_like_rpc_status(views_page):
 
 
 @pytest.fixture(scope="module", params=["01_parameter_server", "05_distributed_rnn"])
-def tutorial_page(request, tmp_path_factory):
+def tutorial_page(request, tmp_path_factory, playwright):
     """A tutorial run top to bottom in JupyterLab at 1280x800 (its cluster ends in its
     last cell; its views stay, with their hover details)."""
-    reason = why_no_browser("lab")
-    if reason:
-        report(f"SKIPPED: {reason}")
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
     root = tmp_path_factory.mktemp(request.param)
     notebook = nbformat.read(TESTS.parent / "tutorials" / f"{request.param}.ipynb", as_version=4)
     for cell in notebook.cells:
@@ -304,28 +305,27 @@ def tutorial_page(request, tmp_path_factory):
     server = Server(root, "lab")
     try:
         server.wait_ready()
-        with sync_playwright() as p:
-            context = p.chromium.launch_persistent_context(
-                str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
-                headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
-            try:
-                tab = context.pages[0] if context.pages else context.new_page()
-                tab.set_default_timeout(300_000)
-                tab.goto(f"{server.url}/{server.notebooks}/tutorial.ipynb?token={server.token}")
-                tab.wait_for_function(
-                    "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
-                    "?.connectionStatus === 'connected'")
-                tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-                tab.wait_for_function("""() => {
-                    const cells = document.querySelectorAll('.jp-CodeCell');
-                    const last = cells[cells.length - 1];
-                    return last && /shut down/.test(last.querySelector('.jp-OutputArea')?.textContent || '');
-                }""")
-                errors = tab.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-                assert "Traceback" not in " ".join(errors.all_inner_texts())
-                yield request.param, tab
-            finally:
-                context.close()
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
+            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+        try:
+            tab = context.pages[0] if context.pages else context.new_page()
+            tab.set_default_timeout(300_000)
+            tab.goto(f"{server.url}/{server.notebooks}/tutorial.ipynb?token={server.token}")
+            tab.wait_for_function(
+                "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
+                "?.connectionStatus === 'connected'")
+            tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            tab.wait_for_function("""() => {
+                const cells = document.querySelectorAll('.jp-CodeCell');
+                const last = cells[cells.length - 1];
+                return last && /shut down/.test(last.querySelector('.jp-OutputArea')?.textContent || '');
+            }""")
+            errors = tab.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            assert "Traceback" not in " ".join(errors.all_inner_texts())
+            yield request.param, tab
+        finally:
+            context.close()
     finally:
         server.stop()
 
