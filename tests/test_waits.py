@@ -315,3 +315,15 @@ def test_a_call_that_only_runs_long_is_no_finding(shell):
         cell.join()
     assert cell.value == 4
 
+
+
+def test_calls_to_members_that_left_are_forgotten():
+    """A call still in flight when its cluster shut down is no pending call of the next
+    cluster, whose workers may have the same names."""
+    from nbrpc.recording.pending import Pending
+
+    table = Pending()
+    table.calling("worker2", time.sleep, "a", "rpc_async")
+    table.calling("worker3", time.sleep, "b", "rpc_async")
+    table.forget_calls_to(["worker1", "worker2"])
+    assert list(table.outgoing) == ["b"]

@@ -218,11 +218,11 @@ class Cluster:
                     self.launcher.stop(self._workers)
                     self._forget_workers()
         finally:
-            self._store = None
-            self.state = "stopped"
+            self._store, self.state = None, "stopped"
             wrappers.WORKER_FATES.discard(self._fate)
             trace.CLUSTER_TRACES.discard(self._traces)
             PENDING.explainers.discard(self._explain)
+            PENDING.forget_calls_to(w.name for w in self._workers)
             self.probes.close()
             if _current is self:
                 _current = None

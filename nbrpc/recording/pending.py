@@ -96,6 +96,14 @@ class Pending:
     def answered(self, key: str) -> None:
         self.outgoing.pop(key, None)
 
+    def forget_calls_to(self, callees) -> None:
+        """Drop the calls in flight to these members (they left: no answer will come, and a
+        later cluster may reuse their names)."""
+        gone = set(callees)
+        for key, call in list(self.outgoing.items()):
+            if call[1] in gone:
+                self.outgoing.pop(key, None)
+
     def serving(self, call_id: str, func) -> None:
         self.served[call_id] = (call_id, func, threading.get_ident(), time.time())
 
