@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import textwrap
@@ -387,3 +388,17 @@ def pids():
     yield tracked
     survivors = tracked.end()
     assert not survivors, f"processes survived the test: {survivors}"
+
+
+@pytest.fixture
+def stop_button():
+    """``press(after)``: SIGINT to this process (the stop button) while the main thread waits."""
+    timers = []
+
+    def press(after: float) -> None:
+        timers.append(threading.Timer(after, os.kill, args=(os.getpid(), signal.SIGINT)))
+        timers[-1].start()
+
+    yield press
+    for timer in timers:
+        timer.cancel()

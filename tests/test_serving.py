@@ -9,7 +9,6 @@ to this process while the main thread waits.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 
@@ -100,20 +99,6 @@ def cluster():
     c = nbrpc.start(2, progress=None, threads=4, timeout=30, env={"PYTHONPATH": path})
     yield c
     c.shutdown()
-
-
-@pytest.fixture
-def stop_button():
-    """``press(after)``: SIGINT to this process (the stop button) while the main thread waits."""
-    timers = []
-
-    def press(after: float) -> None:
-        timers.append(threading.Timer(after, os.kill, args=(os.getpid(), signal.SIGINT)))
-        timers[-1].start()
-
-    yield press
-    for timer in timers:
-        timer.cancel()
 
 
 def _wait_for_ended(worker: str, entry: tuple, timeout: float = 10.0) -> list:
