@@ -17,7 +17,7 @@ import anywidget
 import traitlets
 
 from ..drawing.svg import THEME_CSS
-from ._live import SyncLock
+from ._live import LiveView, SyncLock
 
 HERE = Path(__file__).parent
 
@@ -97,3 +97,18 @@ class GraphWidget(SyncLock, anywidget.AnyWidget):
             return static
         data, metadata = bundle
         return {**data, **static}, metadata
+
+
+class LiveGraph(LiveView, GraphWidget):
+    """A graph that refreshes itself, its status line saying so (RRef and wait-for graphs)."""
+
+    def _headline(self) -> str:
+        return self.summary()
+
+    def _show(self, text: str, following: bool) -> None:
+        self._set_status(text)
+
+    def _status_line(self) -> str:
+        if self.live:
+            return f"live, every {self.interval:g} s: {self.summary()}"
+        return self.summary()

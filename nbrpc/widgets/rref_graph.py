@@ -8,13 +8,12 @@ from ..deploy.cluster import current
 from ..diagnostics import rrefs
 from ..drawing import describe, svg
 from ..errors import NoClusterError
-from ._live import LiveView
-from .base import GraphWidget, StaticView
+from .base import LiveGraph, StaticView
 
 # Consecutive failed refreshes after which a live graph gives up.
 
 
-class RRefGraph(LiveView, GraphWidget):
+class RRefGraph(LiveGraph):
     """The RRef ownership graph: one lane per worker, RRefs coloured by owner.
 
     Edges go from each RRef to the workers holding a user reference to it; fork
@@ -89,18 +88,6 @@ class RRefGraph(LiveView, GraphWidget):
         return svg.rref_svg(self.snapshot, show_forks=self.show_forks, worker=self.worker or None,
                             aggregate_above=self.aggregate_above)
 
-    # -- live (LiveView) ---------------------------------------------------------------
-
-    def _headline(self) -> str:
-        return self.summary()
-
-    def _show(self, text: str, following: bool) -> None:
-        self._set_status(text)
-
-    def _status_line(self) -> str:
-        if self.live:
-            return f"live, every {self.interval:g} s: {self.summary()}"
-        return self.summary()
 
 
 def rref_static(snapshot: dict | None = None, aggregate_above: int = 200) -> StaticView:

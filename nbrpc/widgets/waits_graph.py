@@ -8,11 +8,10 @@ from ..deploy import probes
 from ..deploy.cluster import current
 from ..drawing import waits_svg
 from ..errors import NoClusterError
-from ._live import LiveView
-from .base import GraphWidget, StaticView
+from .base import LiveGraph, StaticView
 
 
-class WaitsGraph(LiveView, GraphWidget):
+class WaitsGraph(LiveGraph):
     """What every member waits on: a lane per member, an arrow per pending call, the
     hangs found in red.
 
@@ -76,18 +75,6 @@ class WaitsGraph(LiveView, GraphWidget):
     def static(self) -> StaticView:
         return WaitsStatic(self.snapshot)
 
-    # -- live (LiveView) ---------------------------------------------------------------
-
-    def _headline(self) -> str:
-        return self.summary()
-
-    def _show(self, text: str, following: bool) -> None:
-        self._set_status(text)
-
-    def _status_line(self) -> str:
-        if self.live:
-            return f"live, every {self.interval:g} s: {self.summary()}"
-        return self.summary()
 
 
 class WaitsStatic(StaticView):
