@@ -13,6 +13,9 @@ covers them), across inside their output. Screenshots go to build/browser/.
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import nbformat
 import pytest
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, TESTS, Server, report, why_no_browser
@@ -103,14 +106,11 @@ def playwright():
         yield p
 
 
-@pytest.fixture(scope="module")
-def views_page(tmp_path_factory, playwright):
-    root = tmp_path_factory.mktemp("views")
-    notebook = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
-        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-    nbformat.write(notebook, root / "views.ipynb")
-    server = Server(root, "lab")
+@contextlib.contextmanager
+def lab_notebook(playwright, notebook: Path, tmp_path_factory, timeout: int):
+    """``notebook`` open in JupyterLab at 1280x800 with its kernel connected and every
+    cell sent to run; the server and the browser end with the block."""
+    server = Server(notebook.parent, "lab")
     try:
         server.wait_ready()
         context = playwright.chromium.launch_persistent_context(
@@ -118,20 +118,31 @@ def views_page(tmp_path_factory, playwright):
             headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
         try:
             tab = context.pages[0] if context.pages else context.new_page()
-            tab.set_default_timeout(120_000)
-            tab.goto(f"{server.url}/{server.notebooks}/views.ipynb?token={server.token}")
+            tab.set_default_timeout(timeout)
+            tab.goto(f"{server.url}/{server.notebooks}/{notebook.name}?token={server.token}")
             tab.wait_for_function(
                 "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
                 "?.connectionStatus === 'connected'")
             tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            tab.wait_for_selector(".nbrpc-timeline-view .nbrpc-host svg", timeout=180_000)
-            tab.wait_for_function("() => document.querySelectorAll('.nbrpc-host > svg').length === 3")
-            tab.wait_for_selector(".nbrpc-status-table table.nbrpc-status")
             yield tab
         finally:
             context.close()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def views_page(tmp_path_factory, playwright):
+    root = tmp_path_factory.mktemp("views")
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(notebook, root / "views.ipynb")
+    with lab_notebook(playwright, root / "views.ipynb", tmp_path_factory, timeout=120_000) as tab:
+        tab.wait_for_selector(".nbrpc-timeline-view .nbrpc-host svg", timeout=180_000)
+        tab.wait_for_function("() => document.querySelectorAll('.nbrpc-host > svg').length === 3")
+        tab.wait_for_selector(".nbrpc-status-table table.nbrpc-status")
+        yield tab
 
 
 def use_theme(page, theme: str) -> None:
@@ -302,32 +313,15 @@ def tutorial_page(request, tmp_path_factory, playwright):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nbformat.write(notebook, root / "tutorial.ipynb")
-    server = Server(root, "lab")
-    try:
-        server.wait_ready()
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
-            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
-        try:
-            tab = context.pages[0] if context.pages else context.new_page()
-            tab.set_default_timeout(300_000)
-            tab.goto(f"{server.url}/{server.notebooks}/tutorial.ipynb?token={server.token}")
-            tab.wait_for_function(
-                "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
-                "?.connectionStatus === 'connected'")
-            tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            tab.wait_for_function("""() => {
-                const cells = document.querySelectorAll('.jp-CodeCell');
-                const last = cells[cells.length - 1];
-                return last && /shut down/.test(last.querySelector('.jp-OutputArea')?.textContent || '');
-            }""")
-            errors = tab.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-            assert "Traceback" not in " ".join(errors.all_inner_texts())
-            yield request.param, tab
-        finally:
-            context.close()
-    finally:
-        server.stop()
+    with lab_notebook(playwright, root / "tutorial.ipynb", tmp_path_factory, timeout=300_000) as tab:
+        tab.wait_for_function("""() => {
+            const cells = document.querySelectorAll('.jp-CodeCell');
+            const last = cells[cells.length - 1];
+            return last && /shut down/.test(last.querySelector('.jp-OutputArea')?.textContent || '');
+        }""")
+        errors = tab.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        assert "Traceback" not in " ".join(errors.all_inner_texts())
+        yield request.param, tab
 
 
 @pytest.mark.parametrize("theme", THEMES)
