@@ -70,13 +70,15 @@ def test_the_stuck_cell_shows_the_finding_then_a_summary_and_the_error_says_it(k
         summary = streamed([m for _, m in messages])
         assert summary.startswith("nbrpc: this cell waited on a hang (blocked; ")
 
-        # worker1's own timeout of inner, which ends outer there: in the stuck cell, or
+        # How outer ends on worker1 (inner's own timeout there, or nbrpc stopping outer
+        # because its caller gave up, whichever comes first): in the stuck cell, or
         # marked late in the next one, never passed off as the next cell's output.
         time.sleep(2.0)
         next_messages, _ = execute(kc, "1 + 1")
         here, late = streamed([m for _, m in messages], "stderr"), streamed(next_messages, "stderr")
-        if "RpcTimeoutError" not in here:
-            assert late.startswith(LATE) and "RpcTimeoutError" in late
+        endings = ("RpcTimeoutError", "outer was stopped: its caller was interrupted or gave up on it")
+        if not any(ending in here for ending in endings):
+            assert late.startswith(LATE) and any(ending in late for ending in endings), (here, late)
         else:
             assert late == ""
 
