@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What the browser and multi-host tests need from Debian: chromium (driven by Playwright),
 # iproute2 (network namespaces), OpenSSH (the SSH launcher), Slurm with munge (the Slurm
-# launcher's tests start their own munged, slurmctld and slurmd), and Node.js with
-# JupyterHub's proxy, configurable-http-proxy, from npm (the hub tests). Installed where we
+# launcher's tests start their own munged, slurmctld and slurmd), Node.js with
+# JupyterHub's proxy, configurable-http-proxy, from npm (the hub tests), and Debian's
+# soupsieve for the system Python the tests' Unix users run (see tests/users.py). Installed where we
 # can (root with apt-get); elsewhere those tests skip and print why.
 set -uo pipefail
 missing=()
@@ -13,6 +14,7 @@ command -v ssh >/dev/null || missing+=(openssh-client)
 { command -v sbatch >/dev/null && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ]; } || missing+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || missing+=(munge)
 command -v npm >/dev/null || missing+=(nodejs npm)
+[ -d /usr/lib/python3/dist-packages/soupsieve ] || missing+=(python3-soupsieve)
 proxy() {
   command -v configurable-http-proxy >/dev/null && return 0
   if [ "$(id -u)" = 0 ] && command -v npm >/dev/null; then

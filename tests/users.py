@@ -23,6 +23,10 @@ import nbrpc
 
 ROOT = Path(nbrpc.__file__).resolve().parent.parent
 SYSTEM_PYTHON = "/usr/bin/python3"
+# Debian's Python 3.11.2 mishandles possessive quantifiers (its `re`, fixed in 3.11.5),
+# which this environment's soupsieve 4 uses (nbconvert's HTML export selects with it):
+# the users get Debian's soupsieve, which .ci/system-packages.sh installs.
+DEBIAN_SOUPSIEVE = Path("/usr/lib/python3/dist-packages/soupsieve")
 
 
 def unavailable() -> str | None:
@@ -62,12 +66,16 @@ class LocalUser:
         entry = pwd.getpwnam(name)
         # Short: the kernels' Unix sockets live under it when TMPDIR points there.
         home = Path(tempfile.mkdtemp(prefix="u-"))
+        if DEBIAN_SOUPSIEVE.is_dir():
+            (home / ".compat").mkdir()
+            (home / ".compat" / "soupsieve").symlink_to(DEBIAN_SOUPSIEVE)
         os.chown(home, entry.pw_uid, entry.pw_gid)
         return cls(name, entry.pw_uid, entry.pw_gid, home)
 
     def environment(self) -> dict[str, str]:
         """A clean login-like environment with nbrpc and its packages importable."""
-        path = os.pathsep.join([str(ROOT), sysconfig.get_paths()["purelib"]])
+        compat = [str(self.home / ".compat")] if (self.home / ".compat").is_dir() else []
+        path = os.pathsep.join([*compat, str(ROOT), sysconfig.get_paths()["purelib"]])
         return {"HOME": str(self.home), "USER": self.name, "PATH": "/usr/bin:/bin", "PYTHONPATH": path,
                 "NBRPC_TEST_RUN": os.environ.get("NBRPC_TEST_RUN", ""), **self.extra_env}
 
