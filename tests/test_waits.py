@@ -289,11 +289,36 @@ def test_a_member_holding_the_gil_is_reported_frozen_within_a_second(shell, clus
     finally:
         cell.join()
     assert cell.error is None and cell.value == 5
-    # Once it lets go, worker1 answers again, and the late answers to the probes it
+    # Once it lets go, worker1 answers again (its late answer to the probe it missed may
+    # come a moment after the call's own reply), and the late answers to the probes it
     # missed are not taken for new ones.
-    snap = nbrpc.waits()
+    def answered():
+        snap = nbrpc.waits()
+        return snap if all(m["state"] == "running" for m in snap["members"]) else None
+
+    snap = wait_until(answered, timeout=2.0) or nbrpc.waits()
     assert [m["state"] for m in snap["members"]] == ["running"] * 3
     assert snap["calls"] == [] and snap["findings"] == []
+
+
+def test_the_cell_calls_a_member_frozen_only_once_it_stays_silent():
+    # One missed probe may be a loaded machine; a member gone is sure at once.
+    from nbrpc.kernel_ext.hangs import FROZEN_AFTER, HangWatch
+
+    watch = HangWatch()
+    frozen = {"kind": "dead_member", "members": ["master", "worker1"], "calls": ["m:1"], "message": "frozen"}
+    gone = {"kind": "dead_member", "members": ["master", "worker2"], "calls": ["m:2"], "message": "gone"}
+    blocked = {"kind": "blocked", "members": ["master", "worker1"], "calls": ["m:3"], "message": "blocked"}
+    members = [{"name": "master", "state": "running"}, {"name": "worker1", "state": "frozen"},
+               {"name": "worker2", "state": "gone"}]
+    assert watch.settled([frozen, gone, blocked], members, now=100.0) == [gone, blocked]
+    assert watch.settled([frozen, gone], members, now=100.0 + FROZEN_AFTER / 2) == [gone]
+    assert watch.settled([frozen, gone], members, now=100.0 + FROZEN_AFTER) == [frozen, gone]
+    # It answered in between: silent again, it waits again.
+    members[1]["state"] = "running"
+    assert watch.settled([], members, now=200.0) == []
+    members[1]["state"] = "frozen"
+    assert watch.settled([frozen], members, now=201.0) == []
 
 
 def test_a_call_that_only_runs_long_is_no_finding(shell):

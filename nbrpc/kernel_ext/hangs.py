@@ -23,6 +23,10 @@ from ..recording.pending import PENDING, SINCE
 
 POLL = 0.5
 AFTER = 1.0
+# A member that misses one probe may only be slow to answer (a loaded machine, a long
+# import holding the GIL): the cell calls it frozen once it has stayed so this long.
+# ``nbrpc.waits()``, asked by hand, says so at the first missed probe.
+FROZEN_AFTER = 3.0
 
 
 class HangWatch:
@@ -34,12 +38,13 @@ class HangWatch:
         self._thread: threading.Thread | None = None
         self._handle = None
         self._shown: list[dict] = []
+        self._frozen_since: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def pre_run_cell(self, info=None) -> None:
         with self._lock:
             self._stop = threading.Event()
-            self._handle, self._shown = None, []
+            self._handle, self._shown, self._frozen_since = None, [], {}
             self._thread = threading.Thread(target=self._watch, args=(self._stop,),
                                             name="nbrpc-hang-watch", daemon=True)
             self._thread.start()
@@ -73,7 +78,8 @@ class HangWatch:
     def _show(self, snap: dict, began: float) -> None:
         # This cell's calls only: a hang an earlier cell left behind is not this one's.
         mine = {key for key, entry in PENDING.outgoing.copy().items() if entry[SINCE] >= began}
-        findings = [f for f in snap["findings"] if mine.intersection(f["calls"])]
+        findings = self.settled([f for f in snap["findings"] if mine.intersection(f["calls"])],
+                                snap["members"], time.monotonic())
         if not findings and not (self.always and snap["calls"]):
             if self._handle is not None and self._shown:
                 self._handle.update(Report([], snap["calls"], resolved=True))
@@ -88,6 +94,13 @@ class HangWatch:
                 self._handle = display(report, display_id=True)
             else:
                 self._handle.update(report)
+
+    def settled(self, findings: list[dict], members: list[dict], now: float) -> list[dict]:
+        """``findings`` less those about a member frozen for under ``FROZEN_AFTER`` s."""
+        frozen = {m["name"] for m in members if m["state"] == "frozen"}
+        self._frozen_since = {name: self._frozen_since.get(name, now) for name in frozen}
+        unsure = {name for name, since in self._frozen_since.items() if now - since < FROZEN_AFTER}
+        return [f for f in findings if f["kind"] != "dead_member" or not unsure.intersection(f["members"])]
 
     def register(self, shell) -> None:
         shell.events.register("pre_run_cell", self.pre_run_cell)
