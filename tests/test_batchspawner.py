@@ -28,7 +28,7 @@ import minislurm
 import psutil
 import pytest
 from conftest import Pids, wait_gone, wait_until
-from test_hub import Hub, make_students, remove_homes, run_cells, skip_unless_hub_can_run
+from test_hub import Hub, hub_unavailable, make_students, remove_homes, run_cells
 from users import SYSTEM_PYTHON
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]
@@ -110,8 +110,7 @@ def _server_pid(uid: int) -> int:
 @pytest.fixture(scope="module")
 def on_slurm():
     """Slurm, the hub and the student's server for this module; every process ended by pid after it."""
-    skip_unless_hub_can_run()
-    why = minislurm.unavailable()
+    why = hub_unavailable() or minislurm.unavailable()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the batchspawner tests: {why}")

@@ -165,12 +165,12 @@ def _site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
-def skip_unless_hub_can_run() -> None:
+def hub_unavailable() -> str | None:
+    """Why a hub with real users cannot run here, or None."""
     why = unavailable()
-    if why:
-        pytest.skip(why)
-    if not shutil.which("configurable-http-proxy"):
-        pytest.skip("needs configurable-http-proxy (npm), which .ci/system-packages.sh installs")
+    if why is None and not shutil.which("configurable-http-proxy"):
+        why = "needs configurable-http-proxy (npm), which .ci/system-packages.sh installs"
+    return why
 
 
 def make_students(names) -> None:
@@ -195,7 +195,9 @@ def remove_homes(names) -> None:
 
 @pytest.fixture
 def hub(pids):
-    skip_unless_hub_can_run()
+    why = hub_unavailable()
+    if why:
+        pytest.skip(why)
     make_students(STUDENTS)
     # Outside pytest's folders, which only we can enter: the students' servers read the kernel spec.
     folder = Path(tempfile.mkdtemp(prefix="hub-"))

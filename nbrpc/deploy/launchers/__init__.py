@@ -121,10 +121,15 @@ def keywords(registry: dict[str, Kind]) -> set[str]:
     return {f.name for kind in registry.values() for f in fields(kind.options)}
 
 
+def default_name() -> str:
+    """The name of the launcher a cluster that names none gets (``NBRPC_LAUNCHER``, else local)."""
+    return os.environ.get(LAUNCHER_ENV, "").strip() or "local"
+
+
 def default_kind(registry: dict[str, Kind], given: dict) -> Kind:
     """The launcher of a cluster that names none: ``NBRPC_LAUNCHER``'s with its own
     defaults (``given`` gets its keyword), else local kernels."""
-    name = os.environ.get(LAUNCHER_ENV, "").strip() or "local"
+    name = default_name()
     kind = registry.get(name)
     if kind is None or kind.key is None:
         if kind is None:
