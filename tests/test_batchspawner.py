@@ -122,7 +122,7 @@ def on_slurm():
     slurm = minislurm.MiniSlurm(folder / "slurm")
     saved = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = slurm.conf
-    pids, hub = Pids(), None
+    pids, hub, queue = Pids(), None, []
     try:
         (folder / "slurm").mkdir()
         slurm.start()
@@ -132,12 +132,18 @@ def on_slurm():
     finally:
         if hub is not None:
             hub.close()
+        if "slurmctld" in slurm.processes:
+            queue = slurm.queue()
         survivors = slurm.stop() + pids.end()
         daemons = [p.pid for p in slurm.processes.values() if p.poll() is None]
-        os.environ.pop("SLURM_CONF", None) if saved is None else os.environ.update(SLURM_CONF=saved)
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
         shutil.rmtree(folder, ignore_errors=True)
         remove_homes([STUDENT])
         assert not survivors and not daemons, f"processes survived: {survivors + daemons}"
+        assert not queue, f"jobs left in squeue: {queue}"
 
 
 @pytest.fixture(scope="module")
