@@ -27,9 +27,11 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import nbformat
 import psutil
 import pytest
 from conftest import wait_gone, wait_until
+from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, why_no_browser
 from users import ROOT, SYSTEM_PYTHON, unavailable
 
 from nbrpc._util import listening_socket
@@ -82,11 +84,20 @@ class Hub:
         spec = {"argv": [SYSTEM_PYTHON, str(ROOT / "nbrpc" / "deploy" / "kernel.py"), "-f", "{connection_file}"],
                 "display_name": "Python 3 (nbrpc)", "language": "python"}
         (self.kernels / "kernel.json").write_text(json.dumps(spec))
+        # JupyterLab for the students' servers, from this environment's files: its
+        # application, the widgets' front ends, and its server extension turned on.
+        ours = Path(sys.prefix) / "share" / "jupyter"
+        (folder / "share" / "jupyter" / "labextensions").symlink_to(ours / "labextensions")
+        (folder / "etc").mkdir()
+        (folder / "etc" / "jupyter_server_config.json").write_text(
+            json.dumps({"ServerApp": {"jpserver_extensions": {"jupyterlab": True}},
+                        "LabApp": {"expose_app_in_browser": True}}))  # the tests drive the page
         for part in (folder, folder / "share", folder / "share" / "jupyter", folder / "share" / "jupyter" / "kernels",
-                     self.kernels):
+                     self.kernels, folder / "etc"):
             os.chmod(part, 0o755)
         environment = {"PYTHONPATH": os.pathsep.join([str(ROOT), _site_packages()]),
                        "JUPYTER_PATH": str(folder / "share" / "jupyter"), "NBRPC_MAX_WORKERS": "4",
+                       "JUPYTERLAB_DIR": str(ours / "lab"), "JUPYTER_CONFIG_PATH": str(folder / "etc"),
                        "NBRPC_TEST_RUN": os.environ.get("NBRPC_TEST_RUN", ""), "PATH": "/usr/bin:/bin",
                        **(environment or {})}
         config = folder / "jupyterhub_config.py"
@@ -317,3 +328,71 @@ def _answer(url: str, token: str, code: str):
         return asyncio.run(run_cells(url, token, [code], timeout=60))
     except (HTTPClientError, OSError):  # the route is not back yet (404, refused)
         return None
+
+
+GRAPH_CELLS = [
+    "%load_ext nbrpc",
+    "%rpc_init -n 2",
+    "import torch\nimport torch.distributed.rpc as rpc\n"
+    "ra = rpc.remote('worker1', torch.ones, args=((2, 3),))\n"
+    "rb = rpc.remote('worker2', torch.zeros, args=((4,),))",
+    "%rref_graph --interval 0.5",
+]
+
+
+def test_a_students_rref_graph_renders_through_the_hubs_proxy(hub, pids, tmp_path):
+    reason = why_no_browser("lab")
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    name = STUDENTS[0]
+    hub.start_server(name)
+    pids.add_tree(hub.server_pid(name))
+    entry = pwd.getpwnam(name)
+    notebook = Path(entry.pw_dir) / "graph.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(c) for c in GRAPH_CELLS],
+        metadata={"kernelspec": {"name": "nbrpc", "display_name": "Python 3 (nbrpc)", "language": "python"}}),
+        notebook)
+    os.chown(notebook, entry.pw_uid, entry.pw_gid)
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800})
+        try:
+            tab = context.pages[0] if context.pages else context.new_page()
+            tab.set_default_timeout(180_000)
+            # As a student does: the hub's login page, then the notebook, all through the proxy.
+            tab.goto(f"http://127.0.0.1:{hub.port}/hub/login?next=/user/{name}/lab/tree/graph.ipynb")
+            tab.fill("#username_input", name)
+            tab.fill("#password_input", "class")
+            tab.click("#login_submit")
+            tab.wait_for_function(
+                "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
+                "?.connectionStatus === 'connected'")
+            assert tab.url.startswith(f"http://127.0.0.1:{hub.port}/user/{name}/lab")
+            tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            tab.wait_for_selector(".nbrpc-graph .nbrpc-host [data-id]")
+            wait_until(lambda: tab.locator(".nbrpc-host [data-id]").count() == 2, timeout=30)
+            assert tab.locator(".nbrpc-host [data-id]").count() == 2  # ra and rb
+            assert tab.locator(".nbrpc-host [data-lane]").count() == 3  # master, worker1, worker2
+            lanes = tab.locator(".nbrpc-host [data-lane]").evaluate_all("ls => ls.map(l => l.dataset.lane)")
+            assert sorted(lanes) == ["master", "worker1", "worker2"]
+            assert "live, every 0.5 s" in tab.locator(".nbrpc-status").inner_text()
+            tab.screenshot(path=str(ARTIFACTS / "hub-rref-graph.png"))
+        finally:
+            context.close()
+
+    # The student's kernel and workers end with the server.
+    status, _ = hub.api("DELETE", f"/hub/api/users/{name}/server")
+    assert status in (202, 204)
+
+    def students_processes():  # zombies have ended: only their parent's reaping is left
+        return [(q.pid, " ".join(q.info["cmdline"] or ()))
+                for q in psutil.process_iter(["username", "cmdline", "status"])
+                if q.info["username"] == name and q.info["status"] != psutil.STATUS_ZOMBIE]
+
+    wait_until(lambda: not students_processes(), timeout=10)
+    assert not students_processes(), f"processes of the student outlived the server: {students_processes()}"
