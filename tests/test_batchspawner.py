@@ -194,9 +194,9 @@ def test_killing_a_kernel_ends_its_workers_and_its_step(on_slurm, first):
 def test_stopping_the_server_from_the_hub_ends_the_job_its_steps_and_every_worker(on_slurm, first):
     everyone = [on_slurm.server, first["kernel"], *first["workers"]]
     assert all(psutil.pid_exists(p) for p in everyone)
+    stopped = time.monotonic()  # the hub answers once batchspawner saw the job leave (or 202 sooner)
     status, _ = on_slurm.hub.api("DELETE", f"/hub/api/users/{STUDENT}/server")
     assert status in (202, 204)
-    stopped = time.monotonic()
     assert not wait_gone(everyone, timeout=ENDED_WITHIN), "processes of the stopped server still run"
     assert wait_until(lambda: not on_slurm.slurm.queue(), ENDED_WITHIN - (time.monotonic() - stopped)), \
         on_slurm.slurm.queue()
