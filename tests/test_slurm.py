@@ -205,8 +205,9 @@ def test_driver_killed_cancels_the_job(slurm, drivers, pids, queue_empty, reques
 
 
 def _worker_pids_of(slurm) -> list[int]:
-    """Worker processes started by Slurm (``nbrpc.cli worker`` in a job of this Slurm)."""
-    return sorted(find_processes("nbrpc.cli worker", "SLURM_JOB_ID="))
+    """Worker processes started by this Slurm (``nbrpc.cli worker`` in one of its jobs,
+    whose environment names its configuration): not another Slurm's on the machine."""
+    return sorted(find_processes("nbrpc.cli worker", f"SLURM_CONF={slurm.conf}"))
 
 
 def test_pending_job_reports_the_reason_and_the_start_timeout_counts_from_the_run(
