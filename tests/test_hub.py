@@ -73,7 +73,9 @@ def _free_port() -> int:
 
 
 class Hub:
-    def __init__(self, folder, pids):
+    def __init__(self, folder, pids, students=STUDENTS, environment=None, extra_config: str = ""):
+        """A hub for ``students``; ``environment`` joins every server's, ``extra_config``'s lines
+        follow (and win over) the base configuration."""
         self.folder = folder
         self.token = secrets.token_hex(16)
         self.port = _free_port()
@@ -96,12 +98,13 @@ class Hub:
         environment = {"PYTHONPATH": os.pathsep.join([str(ROOT), _site_packages()]),
                        "JUPYTER_PATH": str(folder / "share" / "jupyter"), "NBRPC_MAX_WORKERS": "4",
                        "JUPYTERLAB_DIR": str(ours / "lab"), "JUPYTER_CONFIG_PATH": str(folder / "etc"),
-                       "NBRPC_TEST_RUN": os.environ.get("NBRPC_TEST_RUN", ""), "PATH": "/usr/bin:/bin"}
+                       "NBRPC_TEST_RUN": os.environ.get("NBRPC_TEST_RUN", ""), "PATH": "/usr/bin:/bin",
+                       **(environment or {})}
         config = folder / "jupyterhub_config.py"
         config.write_text(CONFIG.format(
             port=self.port, hub_port=_free_port(), proxy_api_port=_free_port(), folder=folder,
-            password="class", students=list(STUDENTS), python=SYSTEM_PYTHON, server_start=int(SERVER_START),
-            environment=environment, token=self.token))
+            password="class", students=list(students), python=SYSTEM_PYTHON, server_start=int(SERVER_START),
+            environment=environment, token=self.token) + extra_config)
         self.config, self.pids = config, pids
         self.log = open(folder / "hub.log", "ab")
         self._start()
@@ -173,14 +176,17 @@ def _site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
-@pytest.fixture
-def hub(pids):
+def hub_unavailable() -> str | None:
+    """Why a hub with real users cannot run here, or None."""
     why = unavailable()
-    if why:
-        pytest.skip(why)
-    if not shutil.which("configurable-http-proxy"):
-        pytest.skip("needs configurable-http-proxy (npm), which .ci/system-packages.sh installs")
-    for name in STUDENTS:
+    if why is None and not shutil.which("configurable-http-proxy"):
+        why = "needs configurable-http-proxy (npm), which .ci/system-packages.sh installs"
+    return why
+
+
+def make_students(names) -> None:
+    """Unix users ``names`` (made once per machine), each with a fresh home of their own."""
+    for name in names:
         home = f"/tmp/hub-home-{name}"
         try:
             pwd.getpwnam(name)
@@ -191,6 +197,19 @@ def hub(pids):
         shutil.rmtree(entry.pw_dir, ignore_errors=True)
         os.makedirs(entry.pw_dir, mode=0o700)
         os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
+
+
+def remove_homes(names) -> None:
+    for name in names:
+        shutil.rmtree(pwd.getpwnam(name).pw_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def hub(pids):
+    why = hub_unavailable()
+    if why:
+        pytest.skip(why)
+    make_students(STUDENTS)
     # Outside pytest's folders, which only we can enter: the students' servers read the kernel spec.
     folder = Path(tempfile.mkdtemp(prefix="hub-"))
     try:
@@ -199,11 +218,10 @@ def hub(pids):
         running.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        for name in STUDENTS:
-            shutil.rmtree(pwd.getpwnam(name).pw_dir, ignore_errors=True)
+        remove_homes(STUDENTS)
 
 
-async def _run_cells(url: str, token: str, cells: list[str], timeout: float = 300) -> list[dict]:
+async def run_cells(url: str, token: str, cells: list[str], timeout: float = 300) -> list[dict]:
     """Execute ``cells`` over a kernel's websocket; each cell's stdout and reply status."""
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
@@ -264,7 +282,7 @@ def test_three_students_each_run_a_cluster_through_the_hub_as_themselves(hub, pi
         status, made = hub.api("POST", f"/user/{name}/api/kernels", {"name": "nbrpc"}, token=tokens[name])
         assert status == 201, made
         url = urls[name] = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{made['id']}/channels"
-        results = asyncio.run(_run_cells(url, tokens[name], CELLS))
+        results = asyncio.run(run_cells(url, tokens[name], CELLS))
         assert [r["status"] for r in results] == ["ok", "ok", "ok"], results
         assert "master + worker1, worker2 up in" in results[1]["out"]
         seen[name] = json.loads(results[2]["out"].strip().splitlines()[-1])
@@ -307,7 +325,7 @@ def _answer(url: str, token: str, code: str):
     from tornado.httpclient import HTTPClientError
 
     try:
-        return asyncio.run(_run_cells(url, token, [code], timeout=60))
+        return asyncio.run(run_cells(url, token, [code], timeout=60))
     except (HTTPClientError, OSError):  # the route is not back yet (404, refused)
         return None
 

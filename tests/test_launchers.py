@@ -139,3 +139,31 @@ def test_each_option_is_declared_once_for_the_magic_and_the_api(ip):
     with pytest.raises(UsageError, match="port must be a number from 0"):
         ip.run_line_magic("rpc_init", "--attach 1 --bind 127.0.0.1 --port 70000")
     assert nbrpc.current() is None
+
+
+def test_the_servers_default_launcher_is_the_one_nbrpc_launcher_names(ip, monkeypatch):
+    """A hub whose servers are Slurm jobs sets NBRPC_LAUNCHER=slurm once for everyone
+    (tests/test_batchspawner.py runs it); what a cluster asks for wins."""
+    request = launchers.Request(2, None, "master", False)
+    given = {}
+    monkeypatch.setenv("NBRPC_LAUNCHER", "slurm")
+    assert launchers.default_kind(launchers.kinds(), given).name == "slurm" and given == {"slurm": True}
+    assert type(launchers.choose(request.__class__(None, None, "master", False), attach=0)).__name__ \
+        == "AttachLauncher"
+    # %rpc_init's Slurm flags need no --slurm where Slurm is the server's default.
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # stops at the launcher's own check, before anything starts
+    ip.run_line_magic("load_ext", "nbrpc")
+    with pytest.raises(UsageError, match="no sbatch on the PATH"):
+        ip.run_line_magic("rpc_init", "-n 2 --partition debug")
+    monkeypatch.setenv("NBRPC_LAUNCHER", "local")
+    with pytest.raises(UsageError, match="--partition is for Slurm jobs: add --slurm"):
+        ip.run_line_magic("rpc_init", "-n 2 --partition debug")
+    assert type(launchers.choose(request)).__name__ == "LocalLauncher"
+    for value, says in (("pods", r"NBRPC_LAUNCHER='pods' names no launcher; the known ones are attach, "
+                                 r"local, slurm, ssh\. The server's administrator sets it"),
+                        ("ssh", r"NBRPC_LAUNCHER='ssh': the ssh launcher cannot start workers without "
+                                r"options of its own; name local or slurm")):
+        monkeypatch.setenv("NBRPC_LAUNCHER", value)
+        with pytest.raises(ValueError, match=says):
+            nbrpc.Cluster(2)

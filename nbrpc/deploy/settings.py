@@ -37,6 +37,9 @@ LIMITS_FILE_ENV = "NBRPC_LIMITS"
 # Set by the nbrpc kernel when it could not have a private network (the reason); the
 # kernel keeps its own copy of the name (``kernel``: it runs before this package loads).
 NO_PRIVATE_NETWORK_ENV = "NBRPC_NO_PRIVATE_NETWORK"
+# Set by a server's administrator: the launcher a cluster uses when it names none
+# (``slurm`` on a hub whose servers are Slurm jobs: workers as steps of that job).
+LAUNCHER_ENV = "NBRPC_LAUNCHER"
 LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THREADS",
               "max_timeout": "NBRPC_MAX_TIMEOUT"}
 # Room the template process keeps in its environment for a worker's (see ``template``).

@@ -48,6 +48,8 @@ def _slurm_options(args) -> dict | None:
     if "args" in given:
         given["args"] = _unquoted(given["args"])
     if not args.slurm:
+        if given and launchers.default_name() == "slurm":  # the server's default (NBRPC_LAUNCHER)
+            return given
         if given:
             named = ", ".join(flag for name, flag, _ in flags(SlurmOptions) if name in given)
             raise UsageError(f"%rpc_init: {named} {'is' if len(given) == 1 else 'are'} for Slurm jobs: add --slurm")

@@ -10,6 +10,11 @@
 ``addresses`` (which local address reaches the workers) serve the last three;
 ``options`` declares every launcher's options once.
 
+A cluster that names no launcher gets local kernels, or the one a server's
+administrator names in ``NBRPC_LAUNCHER`` (a hub's ``Spawner.environment``):
+``slurm`` on a hub whose servers are Slurm jobs (batchspawner), so that every
+``%rpc_init -n 2`` runs its workers as a step of the student's job.
+
 The launchers are a registry of ``Kind`` s (``kinds``): a name, the ``Cluster`` keyword
 that asks for it (``attach=N``, ``hosts=...``, ``slurm=...``; none for the default), its
 options dataclass and a factory. Another package adds one by an entry point in the
@@ -19,10 +24,12 @@ provisioners. ``choose`` reads a cluster's options and returns the launcher they
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from importlib.metadata import entry_points
 
+from ..settings import LAUNCHER_ENV
 from .attach import AttachLauncher
 from .base import Admission, Launcher, Worker
 from .local import LocalLauncher
@@ -114,6 +121,32 @@ def keywords(registry: dict[str, Kind]) -> set[str]:
     return {f.name for kind in registry.values() for f in fields(kind.options)}
 
 
+def default_name() -> str:
+    """The name of the launcher a cluster that names none gets (``NBRPC_LAUNCHER``, else local)."""
+    return os.environ.get(LAUNCHER_ENV, "").strip() or "local"
+
+
+def default_kind(registry: dict[str, Kind], given: dict) -> Kind:
+    """The launcher of a cluster that names none: ``NBRPC_LAUNCHER``'s with its own
+    defaults (``given`` gets its keyword), else local kernels."""
+    name = default_name()
+    kind = registry.get(name)
+    if kind is None or kind.key is None:
+        if kind is None:
+            raise ValueError(f"{LAUNCHER_ENV}={name!r} names no launcher; the known ones are "
+                             f"{', '.join(sorted(registry))}. The server's administrator sets it "
+                             "(a hub's Spawner.environment)")
+        return kind
+    try:
+        from_keywords(kind.options, {kind.key: True})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{LAUNCHER_ENV}={name!r}: the {name} launcher cannot start workers without "
+                         "options of its own; name local or slurm. The server's administrator "
+                         "sets it (a hub's Spawner.environment)") from e
+    given[kind.key] = True
+    return kind
+
+
 def choose(request: Request, **where) -> Launcher:
     """The launcher a cluster's options ask for (the options of every launcher are
     here, not in ``Cluster``), checked before anything starts."""
@@ -129,7 +162,7 @@ def choose(request: Request, **where) -> Launcher:
         keys = [f"{kind.key}=..." for kind in asked]
         raise ValueError(f"workers come from one place: give {' or '.join(keys)}, "
                          f"{'not both' if len(keys) == 2 else 'only one'}")
-    kind = asked[0] if asked else registry["local"]
+    kind = asked[0] if asked else default_kind(registry, given)
     own = {f.name for f in fields(kind.options)}
     foreign = sorted(k for k in given if k not in own and not (k == "port" and given[k] == 0))
     if foreign and not issubclass(kind.options, RemoteOptions) and set(foreign) <= {"bind", "port"}:

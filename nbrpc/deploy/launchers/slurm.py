@@ -84,6 +84,10 @@ class SlurmLauncher(AttachLauncher):
         self.job_name = options.job_name or f"nbrpc-{driver_name}"
         self.python = options.python or sys.executable
         self.allocation = os.environ.get("SLURM_JOB_ID") or None
+        if self.allocation and not options.job_name:
+            # The watcher finds a step by its name: this kernel's, not another's in the same
+            # allocation (every notebook of a batchspawner server has the driver "master").
+            self.job_name += f"-{os.getpid()}"
         self.job: str | None = None  # "4321", or "4321.2" for a step of the allocation
         self.started_at: float | None = None
         self.folder: str | None = None
@@ -174,7 +178,7 @@ class SlurmLauncher(AttachLauncher):
             f"# nbrpc workers joining {self.join_address}; the token stays in a file only its owner reads",
             f"{TOKEN_ENV}=$(cat {shlex.quote(token_file)}) || exit 1",
             f"export {TOKEN_ENV}",
-            "exec srun " + " ".join(shlex.quote(a) for a in self._worker_command()),
+            "exec srun --export=ALL " + " ".join(shlex.quote(a) for a in self._worker_command()),
             "",
         ])
         argv = self._sbatch(["--parsable", f"--output={self.output}", f"--chdir={self.folder}"])
@@ -194,7 +198,9 @@ class SlurmLauncher(AttachLauncher):
 
     def _launch_step(self) -> None:
         o = self.options
-        argv = ["srun", f"--job-name={self.job_name}", f"--ntasks={self.expected}", "--overlap",
+        # --export=ALL: a job submitted with --export=VARS (batchspawner's) leaves srun a
+        # SLURM_EXPORT_ENV that would keep the token and the workers' settings from the tasks.
+        argv = ["srun", "--export=ALL", f"--job-name={self.job_name}", f"--ntasks={self.expected}", "--overlap",
                 "--kill-on-bad-exit=0", *o.resources(), *o.args, *self._worker_command()]
         env = dict(os.environ, **{TOKEN_ENV: self.token})
         self._before = set(self._steps())
