@@ -9,6 +9,7 @@ import re
 import select
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -47,6 +48,15 @@ def listening_ports(pid: int) -> set[int]:
 _EXITING = 0x4
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` is running (zombies and processes on their way out count as ended).
 
@@ -54,10 +64,8 @@ def pid_alive(pid: int) -> bool:
     the connection drop while its state still reads running; its flags already say
     it is exiting.
     """
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
+    fields = _stat_fields(pid)
+    if fields is None:
         return False
     try:
         return fields[0] not in ("Z", "X") and not int(fields[6]) & _EXITING
@@ -137,22 +145,78 @@ def silence_torch_noise() -> None:
     warnings.showwarning = showwarning
 
 
+class _StderrMute:
+    """This process's C-level stderr sent to /dev/null while anyone holds the mute."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved: int | None = None
+
+    def hold(self) -> None:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = os.dup(2)
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, 2)
+                os.close(null)
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                os.dup2(self._saved, 2)
+                os.close(self._saved)
+                self._saved = None
+
+    def release_when_closed(self, pids: list[int], within: float) -> None:
+        """Release once ``pids`` have exited all the way (zombie or gone), on a thread."""
+        def wait() -> None:
+            deadline = time.monotonic() + within
+            while not all(map(_closed, pids)) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.05)  # TensorPipe's loop reads the end of their pipes
+            self.release()
+
+        threading.Thread(target=wait, name="nbrpc-stderr-mute", daemon=True).start()
+
+
+_STDERR_MUTE = _StderrMute()
+# Seconds the mute may outlast its block while children finish exiting.
+MUTED_AFTER = 3.0
+
+
 @contextlib.contextmanager
-def muted_stderr():
+def muted_stderr(until_closed: Callable[[], list[int]] | None = None):
     """Send this process's C-level stderr to /dev/null for the block.
 
     TensorPipe logs a warning for every peer that closes its pipes; while workers
     leave at shutdown that is expected, and in a notebook it would land in the cell.
+    A killed process closes its sockets only once it has given back its memory, after
+    ``kill_pids`` counts it ended: with ``until_closed`` (pids, asked as the block ends),
+    the mute lasts until those that are this process's children have exited all the
+    way, at most ``MUTED_AFTER`` s, without holding up the caller.
     """
-    saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    os.close(null)
+    _STDERR_MUTE.hold()
     try:
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        children = [p for p in (until_closed() if until_closed else []) if _child_of_mine(p)]
+        if children:
+            _STDERR_MUTE.release_when_closed(children, MUTED_AFTER)
+        else:
+            _STDERR_MUTE.release()
+
+
+def _closed(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] in ("Z", "X")
+
+
+def _child_of_mine(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is not None and int(fields[1]) == os.getpid()
 
 
 def process_usage(pid: int | None = None) -> dict:

@@ -618,3 +618,22 @@ def test_repeated_clusters_keep_the_driver_bounded(clusters, pids):
     assert last["descriptors"] - first["descriptors"] <= 3 * 12
     assert last["rss_mb"] - first["rss_mb"] <= 3 * 30
     assert last["threads"] - first["threads"] <= 2
+
+
+def test_rpc_shutdown_in_a_notebook_shows_no_pipe_warnings(kernel):
+    # The workers close their pipes as they finish exiting, after %rpc_shutdown returns;
+    # TensorPipe's warning for each ("encountered error when reading incoming request")
+    # must land neither in that cell nor in the next ones.
+    from conftest import execute, streamed
+
+    km, kc = kernel
+    for _ in range(3):
+        # Memory to give back makes each worker's exit take a while, as on a busy machine.
+        _, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 4", timeout=180)
+        assert reply["status"] == "ok", reply
+        _, reply = execute(kc, "%%rpc_on all\nimport torch\nheld = torch.ones(128 * 2**20)")
+        assert reply["status"] == "ok", reply
+        shutdown, _ = execute(kc, "%rpc_shutdown", timeout=120)
+        after, _ = execute(kc, "import time\ntime.sleep(1.5)")
+        assert "shut down" in streamed(shutdown)
+        assert streamed(shutdown, "stderr") == streamed(after, "stderr") == ""

@@ -208,7 +208,7 @@ class Cluster:
         everyone_alive = all(w.alive() and not w.stopped() for w in self._workers) and self.state == "running"
         self.state = "stopping"  # live widgets stop refreshing now, not mid-leave
         try:
-            with muted_stderr():
+            with muted_stderr(until_closed=lambda: [w.pid for w in self._workers if w.pid]):
                 try:
                     # A graceful leave waits for every call still awaited (one the user
                     # interrupted may run for minutes); the workers end either way.
