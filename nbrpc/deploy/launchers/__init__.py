@@ -131,11 +131,11 @@ def default_kind(registry: dict[str, Kind], given: dict) -> Kind:
     defaults (``given`` gets its keyword), else local kernels."""
     name = default_name()
     kind = registry.get(name)
-    if kind is None or kind.key is None:
-        if kind is None:
-            raise ValueError(f"{LAUNCHER_ENV}={name!r} names no launcher; the known ones are "
-                             f"{', '.join(sorted(registry))}. The server's administrator sets it "
-                             "(a hub's Spawner.environment)")
+    if kind is None:
+        raise ValueError(f"{LAUNCHER_ENV}={name!r} names no launcher; the known ones are "
+                         f"{', '.join(sorted(registry))}. The server's administrator sets it "
+                         "(a hub's Spawner.environment)")
+    if kind.key is None:  # local kernels: no keyword asks for them
         return kind
     try:
         from_keywords(kind.options, {kind.key: True})
