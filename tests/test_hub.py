@@ -206,19 +206,39 @@ def remove_homes(names) -> None:
 
 @pytest.fixture
 def hub(pids):
+    yield from _running_hub(pids)
+
+
+@pytest.fixture
+def culling_hub(pids):
+    """A hub whose idle culler (jupyterhub-idle-culler, as a hub service) stops a server
+    idle for 10 s."""
+    yield from _running_hub(pids, students=STUDENTS[:1], extra_config=CULLER.format(python=sys.executable))
+
+
+def _running_hub(pids, students=STUDENTS, **options):
     why = hub_unavailable()
     if why:
         pytest.skip(why)
-    make_students(STUDENTS)
+    make_students(students)
     # Outside pytest's folders, which only we can enter: the students' servers read the kernel spec.
     folder = Path(tempfile.mkdtemp(prefix="hub-"))
     try:
-        running = Hub(folder, pids)
+        running = Hub(folder, pids, students=students, **options)
         yield running
         running.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        remove_homes(STUDENTS)
+        remove_homes(students)
+
+
+CULLER = """
+c.JupyterHub.services.append({{"name": "idle-culler", "command": [
+    {python!r}, "-m", "jupyterhub_idle_culler", "--timeout=10", "--cull-every=2"]}})
+c.JupyterHub.load_roles.append({{"name": "idle-culler", "services": ["idle-culler"],
+    "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}})
+c.JupyterHub.last_activity_interval = 2  # the proxy's activity, read often
+"""
 
 
 async def run_cells(url: str, token: str, cells: list[str], timeout: float = 300) -> list[dict]:
@@ -396,3 +416,26 @@ def test_a_students_rref_graph_renders_through_the_hubs_proxy(hub, pids, tmp_pat
 
     wait_until(lambda: not students_processes(), timeout=10)
     assert not students_processes(), f"processes of the student outlived the server: {students_processes()}"
+
+
+def test_a_culled_servers_kernel_and_workers_end(culling_hub, pids):
+    # jupyterhub-idle-culler stops a server idle for its timeout through the hub's API,
+    # as an administrator's stop does: the cluster must go with it.
+    hub, name = culling_hub, STUDENTS[0]
+    token = hub.start_server(name)
+    pids.add_tree(hub.server_pid(name))
+    status, made = hub.api("POST", f"/user/{name}/api/kernels", {"name": "nbrpc"}, token=token)
+    assert status == 201, made
+    url = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{made['id']}/channels"
+    results = asyncio.run(run_cells(url, token, CELLS))
+    assert [r["status"] for r in results] == ["ok", "ok", "ok"], results
+    seen = json.loads(results[2]["out"].strip().splitlines()[-1])
+    pids.add(seen["kernel"], *seen["workers"])
+
+    culled = wait_until(lambda: not hub.api("GET", f"/hub/api/users/{name}")[1]["servers"], timeout=90,
+                        interval=0.5)
+    assert culled, f"the idle server was not culled:\n{hub.tail()}"
+    assert f"Culling server {name}" in (hub.folder / "hub.log").read_text(errors="replace")
+    stopped = time.monotonic()
+    assert not wait_gone([seen["kernel"], *seen["workers"]], timeout=10), "the cluster outlived its culled server"
+    print(f"\nculled: kernel and workers gone {time.monotonic() - stopped:.2f} s after the hub dropped the server")
