@@ -339,6 +339,15 @@ def test_three_students_each_run_a_cluster_through_the_hub_as_themselves(hub, pi
         answered = wait_until(functools.partial(_answer, urls[name], tokens[name], call), timeout=60, interval=1.0)
         assert answered == [{"out": "16\n", "status": "ok"}]
 
+    # A notebook that never loads nbrpc is untouched by it: a plain kernel imports none of it.
+    name = STUDENTS[2]
+    status, made = hub.api("POST", f"/user/{name}/api/kernels", {"name": "python3"}, token=tokens[name])
+    assert status == 201, made
+    plain = f"ws://127.0.0.1:{hub.port}/user/{name}/api/kernels/{made['id']}/channels"
+    looked = asyncio.run(run_cells(plain, tokens[name], [
+        "import sys\nprint(sorted(m for m in ('nbrpc', 'torch') if m in sys.modules))"]))
+    assert looked == [{"out": "[]\n", "status": "ok"}]
+
 
 def _answer(url: str, token: str, code: str):
     """The cell's result once the proxy routes to the server again; None until then."""
