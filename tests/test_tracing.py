@@ -180,6 +180,15 @@ def test_chrome_trace_of_a_merged_snapshot():
     json.dumps(doc)
 
 
+def test_chrome_trace_arrows_stay_in_their_slices_when_clocks_disagree():
+    # worker1's clock, aligned to the driver's within a few ms, says the run ended after
+    # the driver had the reply, and began before the driver sent the request.
+    reports = [member(M, 0, [caller("master:0", 10.002, 10.004, callee=W1)]),
+               member(W1, 1, [callee("master:0", 10.001, 10.005)]), member(W2, 2, [])]
+    flows = check_chrome(records.chrome_trace(records.merge(reports, {}, 9.0, 12.0)))
+    assert len(flows) == 2
+
+
 def test_summary_rows():
     reports = [member(M, 0, [caller("master:0", 1.0, 1.5, request=(4000, 600)),
                              caller("master:1", 2.0, 2.1, request=(4000, 600)),

@@ -125,19 +125,20 @@ def chrome_trace(snap: TraceSnapshot) -> dict:
         began, ended = c["began"], c["ended"] if c["ended"] is not None else c["began"]
         events.append(dict(ph="X", name=c["name"], cat="run", pid=pid(c["callee"]), tid=tid,
                            ts=us(began), dur=max(0.0, us(ended) - us(began)), args=args))
-        # Arrows: request (send -> run), reply (run's end -> reply), each inside its slices.
+        # Arrows: request (send -> run), reply (run's end -> reply), each end inside its
+        # slice even where the members' clocks, aligned to within a few ms, disagree.
         request = next(flow)
         events.append(dict(ph="s", name="request", cat="rpc", id=request, pid=pid(c["caller"]),
                            tid=caller_tid, ts=us(c["sent"])))
         events.append(dict(ph="f", bp="e", name="request", cat="rpc", id=request,
-                           pid=pid(c["callee"]), tid=tid, ts=max(us(began), us(c["sent"]))))
+                           pid=pid(c["callee"]), tid=tid, ts=min(max(us(began), us(c["sent"])), us(ended))))
         if c["replied"] is not None and c["ended"] is not None:
             reply = next(flow)
             events.append(dict(ph="s", name="reply", cat="rpc", id=reply, pid=pid(c["callee"]),
                                tid=tid, ts=us(ended)))
             events.append(dict(ph="f", bp="e", name="reply", cat="rpc", id=reply,
                                pid=pid(c["caller"]), tid=caller_tid,
-                               ts=max(us(ended), us(c["replied"]))))
+                               ts=min(max(us(ended), us(c["sent"])), us(c["replied"]))))
     meta = []
     for name, p in pids.items():
         meta.append(dict(ph="M", name="process_name", pid=p, tid=0, ts=0, args={"name": name}))
