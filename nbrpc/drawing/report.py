@@ -19,6 +19,12 @@ from .svg import THEME_CSS
 # The timeline's own script and style, beside its widget.
 ASSETS = Path(__file__).parent.parent / "widgets"
 
+
+def front_end_script(name: str) -> str:
+    """A front end's ES module: the parts the front ends share (``view_parts.js``: plain
+    declarations, no bundler) followed by the module's own text."""
+    return "".join((ASSETS / part).read_text(encoding="utf-8") for part in ("view_parts.js", name))
+
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>
@@ -65,8 +71,7 @@ def write_report(snapshot: dict, path: str | os.PathLike, *, threads: bool = Fal
         "details": ts.busy_details(place) if place.aggregated else ts.call_details(snapshot),
         "status": "", "fit": True,
     }
-    js = "".join((ASSETS / name).read_text(encoding="utf-8") for name in ("view_parts.js", "timeline.js"))
-    js = js.replace("export default { render };", "")
+    js = front_end_script("timeline.js").replace("export default { render };", "")
     page = PAGE.format(title=ts.esc(title), css=(ASSETS / "timeline.css").read_text(encoding="utf-8") + THEME_CSS,
                        static=ts.static_html(snapshot, ts.draw(snapshot, place), place),
                        state=_script_safe(json.dumps(state)), js=_script_safe(js))

@@ -101,7 +101,7 @@ class Pending:
         later cluster may reuse their names)."""
         gone = set(callees)
         for key, call in list(self.outgoing.items()):
-            if call[1] in gone:
+            if call[CALLEE] in gone:
                 self.outgoing.pop(key, None)
 
     def serving(self, call_id: str, func) -> None:

@@ -16,16 +16,11 @@ from pathlib import Path
 import anywidget
 import traitlets
 
+from ..drawing.report import front_end_script as esm
 from ..drawing.svg import THEME_CSS
 from ._live import LiveView, SyncLock
 
 HERE = Path(__file__).parent
-
-
-def esm(name: str) -> str:
-    """A front end's ES module: the parts the front ends share (``view_parts.js``: plain
-    declarations, no bundler) followed by the module's own text."""
-    return "".join((HERE / part).read_text(encoding="utf-8") for part in ("view_parts.js", name))
 
 
 class StaticView:

@@ -10,8 +10,6 @@ from ..drawing import describe, svg
 from ..errors import NoClusterError
 from .base import LiveGraph, StaticView
 
-# Consecutive failed refreshes after which a live graph gives up.
-
 
 class RRefGraph(LiveGraph):
     """The RRef ownership graph: one lane per worker, RRefs coloured by owner.
@@ -87,7 +85,6 @@ class RRefGraph(LiveGraph):
     def to_svg(self) -> str:
         return svg.rref_svg(self.snapshot, show_forks=self.show_forks, worker=self.worker or None,
                             aggregate_above=self.aggregate_above)
-
 
 
 def rref_static(snapshot: dict | None = None, aggregate_above: int = 200) -> StaticView:

@@ -17,8 +17,6 @@ from ..errors import NoClusterError
 from ._live import LiveView, SyncLock
 from .base import HERE, esm
 
-# Consecutive failed refreshes after which a live timeline gives up.
-
 
 def running_recording(last: float | None = None) -> dict:
     """The running cluster's recording (``nbrpc.trace_snapshot``), for ``source=None``."""

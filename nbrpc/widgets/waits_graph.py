@@ -76,7 +76,6 @@ class WaitsGraph(LiveGraph):
         return WaitsStatic(self.snapshot)
 
 
-
 class WaitsStatic(StaticView):
     """The wait-for graph drawn once, with no widget (``%rpc_waits --graph --static``)."""
 
