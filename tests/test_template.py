@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -186,3 +187,36 @@ def _is_worker(pid: int) -> bool:
 
 def _is_template(pid: int) -> bool:
     return b"nbrpc.member.template_process" in _cmdline(pid)
+
+
+SIBLING_DRIVER = """
+import json
+import torch.distributed.rpc as rpc
+import nbrpc
+from shapes import area  # a module beside this script, as in a project's folder
+
+cluster = nbrpc.start(1, progress=None)
+print(json.dumps({"area": rpc.rpc_sync("worker1", area, args=(3, 4)),
+                  "pids": [w.pid for w in cluster.workers]}), flush=True)
+cluster.shutdown()
+"""
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_workers_import_the_driver_scripts_sibling_modules(tmp_path, pids, warm):
+    """As mp.spawn's children can: the script runs from another folder, its module is not
+    on the workers' own path (their folder is the driver's working directory)."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "shapes.py").write_text("import os\n\ndef area(w, h):\n    return w * h, os.getpid()\n")
+    (app / "driver.py").write_text(SIBLING_DRIVER)
+    env = {**os.environ, settings.WARM_START_ENV: warm}
+    proc = subprocess.Popen([sys.executable, str(app / "driver.py")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    pids.add(proc.pid)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    record = json.loads(out.strip().splitlines()[-1])
+    value, worker_pid = record["area"]
+    assert value == 12 and [worker_pid] == record["pids"] != [proc.pid]

@@ -18,7 +18,9 @@ and ``WARM_START_ENV`` are the ones a person sets. One more is read elsewhere:
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -59,7 +61,8 @@ _DEVICES = "NBRPC_DEVICES"
 _STORE = "NBRPC_STORE"
 _DRIVER_PID = "NBRPC_DRIVER_PID"
 _INTERFACE = "NBRPC_INTERFACE"
-_LOCAL_ONLY = (_STORE, _DRIVER_PID, _INTERFACE)
+_IMPORT_PATH = "NBRPC_IMPORT_PATH"
+_LOCAL_ONLY = (_STORE, _DRIVER_PID, _INTERFACE, _IMPORT_PATH)
 
 _VALID_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 
@@ -91,6 +94,9 @@ class WorkerSettings:
     driver_pid: int | None = None  # a local worker exits when this process does
     interface: str | None = None  # where its TensorPipe listener goes (None: torch's choice)
     env: Mapping[str, str] = field(default_factory=dict)  # more variables for its process
+    # A local worker imports what the driver can (as mp.spawn's children do): a driver
+    # script's sibling modules, a notebook's folder.
+    import_path: tuple[str, ...] = ()
 
     def to_env(self) -> dict[str, str]:
         """The environment variables a worker process starts with."""
@@ -100,7 +106,8 @@ class WorkerSettings:
                _KEY: self.key.hex(), _TRANSPORT: self.transport, _INTERFACE: self.interface or ""}
         devices = self.placement.to_json() if self.placement else None
         for variable, value in ((_DEVICES, devices), (_STORE, self.store or None),
-                                (_DRIVER_PID, self.driver_pid)):
+                                (_DRIVER_PID, self.driver_pid),
+                                (_IMPORT_PATH, os.pathsep.join(self.import_path) or None)):
             if value is not None:
                 env[variable] = str(value)
         return env
@@ -116,6 +123,7 @@ class WorkerSettings:
             store=env.get(_STORE, ""),
             driver_pid=int(env[_DRIVER_PID]) if env.get(_DRIVER_PID) else None,
             interface=env.get(_INTERFACE) or None,
+            import_path=tuple(p for p in env.get(_IMPORT_PATH, "").split(os.pathsep) if p),
         )
 
     def to_wire(self) -> dict[str, str]:
@@ -133,4 +141,5 @@ class WorkerSettings:
 
     def for_this_machine(self, store: str, driver_pid: int, interface: str) -> WorkerSettings:
         """These settings for a worker on the driver's own machine."""
-        return replace(self, store=store, driver_pid=driver_pid, interface=interface)
+        import_path = tuple(os.path.abspath(p) for p in sys.path if os.path.isdir(p or "."))
+        return replace(self, store=store, driver_pid=driver_pid, interface=interface, import_path=import_path)

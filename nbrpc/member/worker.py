@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
     """Serve as a worker: ``settings`` given (a worker that joined from elsewhere), or
     read from this process's environment (a local worker, started with them there)."""
     settings = settings or WorkerSettings.from_env(os.environ)
+    sys.path[:0] = [p for p in settings.import_path if p not in sys.path]
     if settings.driver_pid is not None:  # a worker joined from elsewhere has its lifeline instead
         _watch_driver(settings.driver_pid, _scratch(argv or []))
     from ipykernel.kernelapp import IPKernelApp
