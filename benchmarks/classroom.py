@@ -73,7 +73,9 @@ class Student:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=300)
+        began = time.perf_counter()
         execute(self.kc, "%load_ext nbrpc")
+        self.load_s = time.perf_counter() - began
         began = time.perf_counter()
         execute(self.kc, "%rpc_init -n 2")
         self.init_s = time.perf_counter() - began
@@ -103,7 +105,7 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=4)
     parser.add_argument("--rest", type=float, default=10.0, help="seconds of rest the CPU is measured over")
@@ -120,7 +122,8 @@ def main() -> None:
         try:
             for i in range(args.students):
                 students.append(Student(specs, folder))
-                print(f"student {i + 1}: %rpc_init -n 2 in {students[-1].init_s:.2f} s "
+                print(f"student {i + 1}: %load_ext nbrpc in {students[-1].load_s:.2f} s, "
+                      f"%rpc_init -n 2 in {students[-1].init_s:.2f} s "
                       f"({i} others idle)", file=sys.stderr, flush=True)
             time.sleep(2.0)  # start-up allocations settle
             memory = [sum(pss_mib(p) for p in s.pids()) for s in students]
@@ -138,6 +141,7 @@ def main() -> None:
             for s in students:
                 s.close()
     inits = [s.init_s for s in students]
+    loads = [s.load_s for s in students]
     per_student = statistics.median(memory)
     print(f"\nclassroom: {args.students} students, each the nbrpc kernel + %rpc_init -n 2, idle "
           f"(load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
@@ -149,11 +153,17 @@ def main() -> None:
     print(f"| CPU at rest, all {args.students} | {at_rest * 100:.1f} % of one core |")
     print(f"| %rpc_init -n 2, first student | {inits[0]:.2f} s |")
     print(f"| %rpc_init -n 2, last ({args.students - 1} idle) | {inits[-1]:.2f} s |")
-    print(f"| %rpc_init -n 2, median | {statistics.median(inits):.2f} s (target < {TARGET_INIT_S:g} s) |")
+    print(f"| %rpc_init -n 2, median | {statistics.median(inits):.2f} s |")
+    slow = [i + 1 for i, s in enumerate(inits) if s >= TARGET_INIT_S]
+    print(f"| %rpc_init -n 2, slowest | {max(inits):.2f} s (target: each < {TARGET_INIT_S:g} s: "
+          f"{'met' if not slow else f'missed by student {slow}'}) |")
+    print(f"| %load_ext nbrpc before it (imports torch), median / slowest | {statistics.median(loads):.2f} / "
+          f"{max(loads):.2f} s |")
     print(f"| the last kernel's next %rpc_init -n 2 ({args.students - 1} idle) | {again:.2f} s |")
     print(f"| {TARGET_STUDENTS} students by these figures | {TARGET_STUDENTS * per_student / 1024:.1f} GiB, "
           f"{TARGET_STUDENTS * at_rest / args.students * 100:.1f} % of one core at rest |")
+    return 1 if slow else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,6 +9,12 @@ if "torch" not in sys.modules:
     # imported (or %load_ext nbrpc runs) before torch.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+from .deploy import template as _template  # noqa: E402  (no torch)
+
+# In a notebook (``%load_ext nbrpc`` or ``import nbrpc``) the warm template starts now,
+# so that its import of torch runs beside this kernel's, not after it.
+_template.prestart_in_kernel()
+
 from .deploy import probes as _probes  # noqa: E402
 from .deploy.cluster import Cluster, current  # noqa: E402
 from .deploy.launchers.slurm import SlurmOptions  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed.rpc as rpc
-from conftest import children, find_processes, wait_until
+from conftest import children, execute, find_processes, streamed, wait_until
 
 import nbrpc
 from nbrpc._util import pid_alive
@@ -220,3 +220,31 @@ def test_workers_import_the_driver_scripts_sibling_modules(tmp_path, pids, warm)
     record = json.loads(out.strip().splitlines()[-1])
     value, worker_pid = record["area"]
     assert value == 12 and [worker_pid] == record["pids"] != [proc.pid]
+
+
+IMPORT_IN_KERNEL = """
+import json, os, time
+began = time.monotonic()
+import nbrpc
+imported = time.monotonic()
+from nbrpc.deploy import template
+t = template.current()
+print(json.dumps({"template": t.pid, "alive": t.alive(), "started": t.started - began,
+                  "imported": imported - began, "kernel": os.getpid()}))
+"""
+
+
+def test_a_notebook_that_imports_nbrpc_starts_the_template_beside_its_own_import(kernel, pids):
+    """The template's import of torch overlaps the kernel's (a first %rpc_init then waits
+    for no import); a script's ``import nbrpc`` starts nothing."""
+    _, kc = kernel
+    messages, reply = execute(kc, IMPORT_IN_KERNEL)
+    assert reply["status"] == "ok", reply
+    found = json.loads(streamed(messages).strip().splitlines()[-1])
+    pids.add(found["template"])
+    assert found["alive"] and _is_template(found["template"]) and found["template"] in children(found["kernel"])
+    # started before nbrpc imported torch, not after
+    assert found["started"] < 0.5 * found["imported"], found
+    script = subprocess.run([sys.executable, "-c", "import nbrpc\nfrom nbrpc.deploy import template\n"
+                             "print(template.current())"], capture_output=True, text=True, timeout=120)
+    assert script.stdout.strip() == "None", script.stderr[-2000:]

@@ -24,8 +24,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from ..group import DEFAULT_TRANSPORT
 from ..group.devices import Placement
-from ..group.membership import DEFAULT_TRANSPORT
 
 # Set by people: the join token (``nbrpc worker``), and ``0`` to turn the warm template off.
 TOKEN_ENV = "NBRPC_TOKEN"
@@ -47,7 +47,7 @@ LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THRE
 # Room the template process keeps in its environment for a worker's (see ``template``).
 TEMPLATE_ROOM_ENV = "NBRPC_TEMPLATE_ROOM"
 
-_NAME = "NBRPC_NAME"
+WORKER_NAME_ENV = _NAME = "NBRPC_NAME"  # set in every worker (its name)
 _RANK = "NBRPC_RANK"
 _PREFIX = "NBRPC_PREFIX"
 _KEY = "NBRPC_KEY"

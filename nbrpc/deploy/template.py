@@ -39,7 +39,7 @@ import time
 from .._util import JsonLines, kill_pids
 from ..errors import WorkerStartError
 from . import private_network
-from .settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV
+from .settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV, WORKER_NAME_ENV
 
 READY_TIMEOUT = 60.0
 REPLY_TIMEOUT = 30.0
@@ -177,6 +177,17 @@ def prestart() -> None:
             _running()
         except OSError:  # workers will be launched fresh
             pass
+
+
+def prestart_in_kernel() -> None:
+    """``prestart`` when this process is a running Jupyter kernel that is not a worker:
+    a notebook that imports nbrpc starts a cluster next. A script, the nbrpc kernel
+    before it runs, a worker and the template itself start nothing here."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if getattr(shell, "kernel", None) is None or WORKER_NAME_ENV in os.environ or not enabled():
+        return
+    prestart()
 
 
 def current() -> Template | None:

@@ -31,10 +31,7 @@ from ..errors import ClusterRunningError
 from ..recording import recorder, rref_ledger
 from ..wire import serialization
 from ..wire.receivers import receivers
-from . import devices
-
-# TensorPipe's transport unless a cluster asks for another: TCP, idle at no CPU.
-DEFAULT_TRANSPORT = "uv"
+from . import DEFAULT_TRANSPORT, devices
 
 DRIVER_RANK = 0
 RELEASE_TIMEOUT = 5.0  # seconds a member waits for the others' RRef deletions as a cluster ends
