@@ -86,3 +86,38 @@ def test_the_driver_raises_its_descriptor_limit(drivers):
     driver.pids.add(*record["pids"])
     assert record["soft"] == min(65536, record["hard"])
     assert driver.proc.wait(timeout=30) == 0
+
+
+TOKENS_DRIVER = """
+import json
+import torch.distributed as dist
+import nbrpc
+from nbrpc.group import membership
+
+def tokens(names):
+    driver = membership.GROUP.driver
+    members = dist.PrefixStore(driver.prefix, driver.store)
+    return [key for name in names for key in (f"Token_for_{name}_join", f"Token_for_{name}_leave")
+            if members.check([key])]
+
+names = ["worker1", "worker2", "worker3"]
+cluster = nbrpc.start(3, progress=None)
+joined = tokens(names)
+cluster.shutdown()
+after = tokens(names)
+again = nbrpc.start(3, progress=None)
+print(json.dumps({"joined": joined, "after": after, "again": len(again.workers)}), flush=True)
+again.shutdown()
+"""
+
+
+def test_a_cluster_leaves_no_join_token_that_would_make_the_next_joiners_spin(drivers):
+    """torch's join lock waits for the holder's ``Token_for_NAME_join`` key to read Done;
+    one left from an earlier cluster is found at once, and every joiner waiting on a new
+    worker of that name spun on the store (16 workers: 3.4 s of the store thread's CPU)."""
+    driver = drivers(TOKENS_DRIVER)
+    record = driver.expect("joined", 120)
+    assert sorted(record["joined"]) == ["Token_for_worker1_join", "Token_for_worker2_join",
+                                        "Token_for_worker3_join"]
+    assert record["after"] == [] and record["again"] == 3
+    assert driver.proc.wait(timeout=60) == 0
