@@ -109,6 +109,20 @@ def async_throughput(to: str, calls: int, in_flight: int) -> float:
     return calls / (time.perf_counter() - began)
 
 
+def copy_seconds(copies: int, megabytes: int = TENSOR_MB) -> list[float]:
+    """Seconds of each copy of a float tensor into a buffer in use (faulted in): the
+    memcpy a round trip through shared memory makes twice."""
+    source = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    samples = []
+    for _ in range(copies):
+        began = time.perf_counter()
+        target.copy_(source)
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
 def tensor_round_trips(to: str, trips: int, megabytes: int = TENSOR_MB) -> list[float]:
     """Seconds taken by each ``rpc_sync`` that sends a float tensor and gets it back."""
     tensor = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)

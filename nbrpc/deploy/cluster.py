@@ -35,10 +35,11 @@ from ..errors import (
 from ..group import devices, membership
 from ..group.membership import DEFAULT_TRANSPORT
 from ..recording.pending import PENDING
+from ..wire import shared_tensors
 from . import execution, launchers, limits, private_network, probes, template
 from .launchers.base import Progress, Started, Worker
 from .options import DEFAULTS, ClusterOptions
-from .settings import WorkerSettings
+from .settings import WorkerSettings, shared_tensors_wanted
 
 __all__ = ["Cluster", "current"]
 
@@ -192,6 +193,8 @@ class Cluster:
             self._abort()
             raise
         self.state = "running"
+        # Big tensors through shared memory where every member is on this host.
+        shared_tensors.enable(isinstance(self.launcher, launchers.LocalLauncher) and shared_tensors_wanted())
         kept = f" ({self.driver_name!r} kept from an earlier cluster)" if self._kept_name else ""
         self.progress(len(self._workers), len(self._workers),
                       Started(f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}"))
@@ -218,6 +221,7 @@ class Cluster:
                     self.launcher.stop(self._workers)
                     self._forget_workers()
         finally:
+            shared_tensors.enable(False)
             self._store, self.state = None, "stopped"
             wrappers.WORKER_FATES.discard(self._fate)
             trace.CLUSTER_TRACES.discard(self._traces)

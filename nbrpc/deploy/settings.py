@@ -62,7 +62,10 @@ _STORE = "NBRPC_STORE"
 _DRIVER_PID = "NBRPC_DRIVER_PID"
 _INTERFACE = "NBRPC_INTERFACE"
 _IMPORT_PATH = "NBRPC_IMPORT_PATH"
-_LOCAL_ONLY = (_STORE, _DRIVER_PID, _INTERFACE, _IMPORT_PATH)
+# Set by people (0: off) in the driver's environment; the driver sets it for its local
+# workers (1: on). Big tensors between local members through shared memory.
+SHARED_TENSORS_ENV = "NBRPC_SHARED_TENSORS"
+_LOCAL_ONLY = (_STORE, _DRIVER_PID, _INTERFACE, _IMPORT_PATH, SHARED_TENSORS_ENV)
 
 _VALID_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 
@@ -97,6 +100,7 @@ class WorkerSettings:
     # A local worker imports what the driver can (as mp.spawn's children do): a driver
     # script's sibling modules, a notebook's folder.
     import_path: tuple[str, ...] = ()
+    shared_tensors: bool = False  # big tensors through shared memory (``wire.shared_tensors``)
 
     def to_env(self) -> dict[str, str]:
         """The environment variables a worker process starts with."""
@@ -107,7 +111,8 @@ class WorkerSettings:
         devices = self.placement.to_json() if self.placement else None
         for variable, value in ((_DEVICES, devices), (_STORE, self.store or None),
                                 (_DRIVER_PID, self.driver_pid),
-                                (_IMPORT_PATH, os.pathsep.join(self.import_path) or None)):
+                                (_IMPORT_PATH, os.pathsep.join(self.import_path) or None),
+                                (SHARED_TENSORS_ENV, "1" if self.shared_tensors else "0")):
             if value is not None:
                 env[variable] = str(value)
         return env
@@ -124,6 +129,7 @@ class WorkerSettings:
             driver_pid=int(env[_DRIVER_PID]) if env.get(_DRIVER_PID) else None,
             interface=env.get(_INTERFACE) or None,
             import_path=tuple(p for p in env.get(_IMPORT_PATH, "").split(os.pathsep) if p),
+            shared_tensors=env.get(SHARED_TENSORS_ENV) == "1",
         )
 
     def to_wire(self) -> dict[str, str]:
@@ -140,6 +146,13 @@ class WorkerSettings:
         return replace(cls.from_env(mine), store=store, interface=interface, env=env)
 
     def for_this_machine(self, store: str, driver_pid: int, interface: str) -> WorkerSettings:
-        """These settings for a worker on the driver's own machine."""
+        """These settings for a worker on the driver's own machine (a local cluster's:
+        big tensors through shared memory unless the driver's environment says not)."""
         import_path = tuple(os.path.abspath(p) for p in sys.path if os.path.isdir(p or "."))
-        return replace(self, store=store, driver_pid=driver_pid, interface=interface, import_path=import_path)
+        return replace(self, store=store, driver_pid=driver_pid, interface=interface, import_path=import_path,
+                       shared_tensors=shared_tensors_wanted())
+
+
+def shared_tensors_wanted() -> bool:
+    """Whether this driver's environment leaves the shared memory path on (its default)."""
+    return os.environ.get(SHARED_TENSORS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")

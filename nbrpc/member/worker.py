@@ -24,7 +24,7 @@ from ..calls import output
 from ..deploy import probes
 from ..deploy.settings import WorkerSettings
 from ..group import devices, membership
-from ..wire import remote_errors, serialization
+from ..wire import remote_errors, serialization, shared_tensors
 from . import streams
 
 WATCH_INTERVAL = 0.5
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
         on_kernel(app)
     host, port = settings.store.rsplit(":", 1)
     serialization.set_key(settings.key)
+    shared_tensors.enable(settings.shared_tensors)
     store = membership.connect_store(host, int(port), settings.timeout)
     options = membership.backend_options(settings.threads, settings.timeout, settings.placement,
                                     settings.transport)

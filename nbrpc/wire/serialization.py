@@ -35,7 +35,7 @@ import torch.distributed.rpc as rpc
 from .._compat import torch_compat
 from ..errors import SerializationError
 from ..recording import recorder, rref_ledger
-from . import definitions, module_globals
+from . import definitions, module_globals, shared_tensors
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
 # cloudpickle rebuilds bound methods from their function, by value when the
@@ -74,6 +74,8 @@ def _mac(body) -> bytes:
 class RpcPickler(cloudpickle.Pickler):
     """cloudpickle with torch's reducers for tensors and RRefs in front; signs what it writes."""
 
+    _shares_tensors = True  # big tensors to local members through shared memory
+
     def __init__(self, file, protocol=None, buffer_callback=None):
         self._out, self._body = file, io.BytesIO()
         super().__init__(self._body, protocol, buffer_callback)
@@ -92,9 +94,12 @@ class RpcPickler(cloudpickle.Pickler):
         _C_DISPATCH_TABLE.__set__(self, self._flat_table(table))
 
     def _flat_table(self, table) -> dict:
-        key = (type(self), table, len(table), rref_ledger.is_tracking(), len(copyreg.dispatch_table))
+        shared = shared_tensors.is_enabled() and torch.Tensor in table and self._shares_tensors
+        key = (type(self), table, len(table), rref_ledger.is_tracking(), len(copyreg.dispatch_table), shared)
         if _wire.flat is None or _wire.flat[0] != key:
-            maps = (self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table)
+            # Big tensors between local members through shared memory, the rest as torch sends them.
+            big = {torch.Tensor: shared_tensors.reducer(table[torch.Tensor])} if shared else {}
+            maps = (big, self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table)
             _wire.flat = (key, dict(collections.ChainMap(*maps)))
         return _wire.flat[1]
 
@@ -139,7 +144,8 @@ class RpcPickler(cloudpickle.Pickler):
 
     def dump(self, obj):
         try:
-            super().dump(obj)
+            with shared_tensors.pickling():
+                super().dump(obj)
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise SerializationError(_explain(obj, e)) from e
         body = self._body.getbuffer()
@@ -203,7 +209,10 @@ def _pickles(value) -> bool:
 
 
 class _CheckPickler(RpcPickler):
-    """Pickles to learn whether a value can be sent, never forking an RRef."""
+    """Pickles to learn whether a value can be sent, never forking an RRef nor taking
+    a shared memory segment."""
+
+    _shares_tensors = False
 
     def _rref_reducers(self) -> dict:
         return {}

@@ -1,0 +1,237 @@
+"""Big CPU tensors between the members of a local cluster: one memcpy each way.
+
+torch sends a tensor between two members on one host through TensorPipe's ``cma``
+channel: the receiver reads it out of the sender with ``process_vm_readv`` into a new
+tensor, whose pages are faulted in as it lands. A 100 MiB round trip took 2.7x two
+memcpys of it. Here a member that sends a big tensor copies it, as it pickles the
+message, into a segment of shared memory it keeps faulted in (``Pool``; a ``memfd``,
+which has no name in any file system and is freed with the last process that maps
+it), and the message carries only the segment's handle. The receiver maps the
+segment (the mapping is kept for the next message) and its tensor is that memory:
+no copy. When the receiver's tensor is freed (its last view), the segment's header
+says so and the sender uses it again. A round trip is two memcpys.
+
+Copy semantics stay: the sender copied (it may change its tensor at once), and a
+segment is the receiver's alone until its tensor is freed. Only what torch would send
+as a plain tensor and nbrpc can map goes this way: a dense, contiguous CPU tensor of
+at least ``MIN_BYTES`` that does not require grad (distributed autograd attaches its
+functions to those), in a cluster whose every member runs on this host (the driver
+turns it on for local clusters and tells their workers, ``enable``;
+``NBRPC_SHARED_TENSORS=0`` in the driver's environment turns it off). Everything
+else takes torch's path.
+
+Headers: byte 0 is the segment's state (free, sent, adopted, closed), bytes 8-16 the
+adopting process's pid, bytes 16-24 the segment's token (a receiver checks it, so a
+reused descriptor number is never mistaken for an old segment). A receiver killed
+while it held a segment leaves it adopted: the sender takes it back once that pid is
+gone. A sender that ends leaves its receivers' tensors valid (they map the memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import secrets
+import struct
+import threading
+import time
+import weakref
+
+import torch
+
+from .._util import pid_alive
+
+MIN_BYTES = 1 << 20
+HEADER = 4096  # the data starts page-aligned
+ROUND = 2 << 20  # segment sizes are multiples of this, so similar tensors share them
+POOL_LIMIT = 4 << 30  # bytes of segments a member keeps at most; past it, torch's path
+UNUSED_FOR = 60.0  # seconds a free segment stays after its last use (checked at the next send)
+FREE, SENT, ADOPTED, CLOSED = 0, 1, 2, 3
+_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+                     torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                     torch.bool})
+
+
+class _Segment:
+    """One shared memory segment of the sender's pool, mapped and faulted in."""
+
+    __slots__ = ("fd", "mm", "size", "token", "data", "used")
+
+    def __init__(self, size: int):
+        self.fd = os.memfd_create("nbrpc-tensors", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, HEADER + size)
+            # MAP_POPULATE faults every page in now, in one go, not on the first copy.
+            self.mm = mmap.mmap(self.fd, HEADER + size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size, self.token = size, secrets.randbits(63)
+        struct.pack_into("Bxxxxxxxqq", self.mm, 0, FREE, 0, self.token)
+        self.data = torch.frombuffer(self.mm, dtype=torch.uint8, offset=HEADER)
+        self.used = time.monotonic()
+
+    def state(self) -> int:
+        return self.mm[0]
+
+    def close(self) -> None:
+        self.mm[0] = CLOSED  # receivers drop their mappings of it
+        del self.data
+        self.mm.close()
+        os.close(self.fd)
+
+
+class Pool:
+    """The segments this member sends from."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.segments: list[_Segment] = []
+
+    def take(self, nbytes: int) -> _Segment | None:
+        """A free segment that fits ``nbytes`` (not more than twice over), marked sent;
+        None when the pool is full."""
+        with self.lock:
+            now = time.monotonic()
+            fits = None
+            for seg in self.segments:
+                if seg.state() == ADOPTED and not pid_alive(struct.unpack_from("q", seg.mm, 8)[0]):
+                    seg.mm[0] = FREE  # its receiver was killed holding it
+                if fits is None and seg.state() == FREE and nbytes <= seg.size <= 2 * nbytes + ROUND:
+                    fits = seg
+            for seg in [s for s in self.segments if s is not fits and s.state() == FREE
+                        and now - s.used > UNUSED_FOR]:
+                self.segments.remove(seg)
+                seg.close()
+            if fits is None:
+                size = -(-nbytes // ROUND) * ROUND
+                if sum(s.size for s in self.segments) + size > POOL_LIMIT:
+                    return None
+                fits = _Segment(size)
+                self.segments.append(fits)
+            fits.mm[0], fits.used = SENT, now
+            return fits
+
+    def close(self) -> None:
+        """Give every segment back (a receiver's tensor keeps its own mapping)."""
+        with self.lock:
+            for seg in self.segments:
+                seg.close()
+            self.segments.clear()
+
+
+class SharedTensors:
+    """Whether this member sends big tensors through shared memory, its pool, and the
+    segments of other members it has mapped (by pid, descriptor and token)."""
+
+    def __init__(self):
+        self.enabled = False
+        self.pool = Pool()
+        self.lock = threading.Lock()
+        self.mapped: dict[tuple[int, int, int], mmap.mmap] = {}
+
+    def mapping(self, pid: int, fd: int, token: int, size: int) -> mmap.mmap:
+        key = (pid, fd, token)
+        with self.lock:
+            mm = self.mapped.get(key)
+            if mm is None:
+                for old in [k for k, m in self.mapped.items() if m[0] == CLOSED or not pid_alive(k[0])]:
+                    del self.mapped[old]
+                opened = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+                try:
+                    mm = mmap.mmap(opened, HEADER + size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+                finally:
+                    os.close(opened)
+                if struct.unpack_from("q", mm, 16)[0] != token:
+                    mm.close()
+                    raise RuntimeError(f"process {pid}'s shared tensor segment was closed before it arrived")
+                self.mapped[key] = mm
+            return mm
+
+    def forget(self) -> None:
+        """The cluster ended: no more sending this way, every segment given back."""
+        self.enabled = False
+        self.pool.close()
+        with self.lock:
+            self.mapped.clear()
+
+
+SHARED = SharedTensors()
+_message = threading.local()  # the segments taken for the message this thread pickles
+
+
+@contextlib.contextmanager
+def pickling():
+    """Around the pickling of one message: if it fails, the segments it took are free
+    again (the message never leaves)."""
+    _message.taken = taken = []
+    try:
+        yield
+    except BaseException:
+        for seg in taken:
+            seg.mm[0] = FREE
+        raise
+    finally:
+        _message.taken = None
+
+
+def enable(on: bool) -> None:
+    """Send big tensors through shared memory (only where every member runs on this host),
+    or stop, giving every segment back."""
+    if not on and SHARED.enabled:
+        SHARED.forget()
+    SHARED.enabled = on
+
+
+def is_enabled() -> bool:
+    return SHARED.enabled
+
+
+def eligible(tensor: torch.Tensor) -> bool:
+    return (tensor.device.type == "cpu" and tensor.layout is torch.strided and not tensor.requires_grad
+            and tensor.dtype in _DTYPES and tensor.is_contiguous() and not tensor.is_conj()
+            and not tensor.is_neg()
+            and tensor.element_size() * tensor.nelement() >= MIN_BYTES)
+
+
+def reducer(fallback):
+    """The pickler's reducer for ``torch.Tensor``: big ones through a segment, the rest
+    through ``fallback`` (torch's own)."""
+
+    def reduce(tensor):
+        if not (SHARED.enabled and eligible(tensor)):
+            return fallback(tensor)
+        nbytes = tensor.element_size() * tensor.nelement()
+        try:
+            seg = SHARED.pool.take(nbytes)
+        except OSError:  # no memfd here, or out of memory: torch's path
+            seg = None
+        if seg is None:
+            return fallback(tensor)
+        taken = getattr(_message, "taken", None)
+        if taken is not None:
+            taken.append(seg)
+        seg.data[:nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        return adopt, (os.getpid(), seg.fd, seg.token, seg.size, tensor.dtype, tuple(tensor.shape))
+
+    return reduce
+
+
+def adopt(pid: int, fd: int, token: int, size: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """On the receiver: the sent tensor, in the sender's segment, this process's until freed."""
+    mm = SHARED.mapping(pid, fd, token, size)
+    struct.pack_into("q", mm, 8, os.getpid())
+    mm[0] = ADOPTED
+    count = 1
+    for d in shape:
+        count *= d
+    view = memoryview(mm)[HEADER:HEADER + count * dtype.itemsize]
+    weakref.finalize(view, _release, mm)
+    return torch.frombuffer(view, dtype=dtype, count=count).view(shape)
+
+
+def _release(mm: mmap.mmap) -> None:
+    """The receiver's tensor (its last view) is gone: the sender may use the segment again."""
+    if mm[0] == ADOPTED:  # not one its sender has closed
+        mm[0] = FREE

@@ -1,0 +1,240 @@
+"""Big tensors between local members through shared memory: values, copy semantics,
+torch's path for the rest, and nothing left after any ending."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+from conftest import wait_until
+
+from nbrpc.wire import shared_tensors
+
+BIG = shared_tensors.MIN_BYTES // 4 * 3  # float32 elements: 3 MiB
+TESTS = os.path.dirname(os.path.abspath(__file__))
+KEPT: dict[str, torch.Tensor] = {}
+
+
+def echo(value):
+    return value
+
+
+def keep(name: str, tensor: torch.Tensor) -> bool:
+    """On a worker: hold ``tensor``; whether it lies in another member's segment."""
+    KEPT[name] = tensor
+    return in_segment(tensor)
+
+
+def ones(n: int) -> torch.Tensor:
+    return torch.ones(n)
+
+
+def full(n: int, value: float) -> torch.Tensor:
+    return torch.full((n,), value)
+
+
+def kept(name: str) -> torch.Tensor:
+    return KEPT[name]
+
+
+def kept_sum(name: str) -> float:
+    return KEPT[name].double().sum().item()
+
+
+def add_to_kept(name: str, value: float) -> None:
+    KEPT[name] += value
+
+
+def drop(name: str) -> None:
+    del KEPT[name]
+
+
+def in_segment(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s memory is a mapped ``nbrpc-tensors`` segment in this process."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, *rest = line.split()
+            low, high = (int(x, 16) for x in span.split("-"))
+            if low <= address < high:
+                return "memfd:nbrpc-tensors" in line
+    return False
+
+
+def segments_mapped() -> int:
+    """How many ``nbrpc-tensors`` mappings this process has."""
+    with open("/proc/self/maps") as f:
+        return sum("memfd:nbrpc-tensors" in line for line in f)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16,
+                                   torch.complex64, torch.uint8])
+def test_big_tensors_arrive_whole_through_a_segment(cluster, dtype):
+    sent = (torch.randn(shared_tensors.MIN_BYTES // 2, 2) * 100).to(dtype)  # 1 MiB at least
+    back = rpc.rpc_sync("worker1", echo, args=(sent,))
+    assert back.dtype == dtype and back.shape == sent.shape and torch.equal(back, sent)
+    assert in_segment(back) and back.data_ptr() != sent.data_ptr()
+
+
+def test_copy_semantics_on_both_sides(cluster):
+    sent = torch.ones(BIG)
+    assert rpc.rpc_sync("worker1", keep, args=("a", sent))
+    sent += 1  # the sender reuses its buffer at once
+    assert rpc.rpc_sync("worker1", kept_sum, args=("a",)) == BIG
+    rpc.rpc_sync("worker1", add_to_kept, args=("a", 10.0))
+    assert sent.sum().item() == 2 * BIG  # the receiver's change stays there
+    back = rpc.rpc_sync("worker1", kept, args=("a",))
+    assert in_segment(back) and back.sum().item() == 11 * BIG
+    back -= 11  # and the driver's copy is its own
+    assert rpc.rpc_sync("worker1", kept_sum, args=("a",)) == 11 * BIG
+    rpc.rpc_sync("worker1", drop, args=("a",))
+
+
+def test_a_freed_tensor_gives_its_segment_back(cluster):
+    sent = torch.ones(BIG)
+    assert torch.equal(rpc.rpc_sync("worker1", echo, args=(sent,)), sent)
+    segments, mapped = len(shared_tensors.SHARED.pool.segments), rpc.rpc_sync("worker1", segments_mapped)
+    for _ in range(20):
+        assert torch.equal(rpc.rpc_sync("worker1", echo, args=(sent,)), sent)
+    # the same segments again and again: each side freed what it received
+    assert len(shared_tensors.SHARED.pool.segments) == segments
+    assert rpc.rpc_sync("worker1", segments_mapped) == mapped
+
+
+def test_the_rest_keeps_torchs_path(cluster):
+    small = torch.ones(16)
+    assert not rpc.rpc_sync("worker1", keep, args=("small", small))
+    strided = torch.ones(BIG, 2)[:, 0]  # not contiguous
+    assert not rpc.rpc_sync("worker1", keep, args=("strided", strided))
+    assert rpc.rpc_sync("worker1", kept_sum, args=("strided",)) == BIG
+    # a tensor that requires grad keeps torch's path, and its gradient comes back
+    weight = torch.full((BIG,), 2.0, requires_grad=True)
+    with dist_autograd.context() as context:
+        loss = rpc.rpc_sync("worker1", torch.mul, args=(weight, 3.0)).sum()
+        dist_autograd.backward(context, [loss])
+        grads = dist_autograd.get_gradients(context)
+    assert torch.equal(grads[weight], torch.full((BIG,), 3.0))
+    for name in ("small", "strided"):
+        rpc.rpc_sync("worker1", drop, args=(name,))
+
+
+def test_workers_send_to_each_other_and_to_the_driver_this_way(cluster):
+    held = rpc.remote("worker2", ones, args=(BIG,))
+    assert rpc.rpc_sync("worker1", keep, args=("from2", held.to_here()))
+    fetched = held.to_here()
+    assert in_segment(fetched) and fetched.sum().item() == BIG
+    rpc.rpc_sync("worker1", drop, args=("from2",))
+
+
+ENDINGS_DRIVER = """
+import json, os, signal, sys, time
+import torch
+import torch.distributed.rpc as rpc
+import nbrpc
+from test_shared_tensors import echo, full, keep, segments_mapped, in_segment
+from nbrpc.wire import shared_tensors
+
+BIG = shared_tensors.MIN_BYTES
+def report(**kw):
+    print(json.dumps(kw), flush=True)
+
+cluster = nbrpc.start(2, progress=None)
+report(pids=[w.pid for w in cluster.workers], enabled=shared_tensors.is_enabled())
+# worker1 holds a tensor from the driver's segment, then is killed
+assert rpc.rpc_sync("worker1", keep, args=("x", torch.ones(BIG)))
+os.kill(cluster.workers[0].pid, signal.SIGKILL)
+time.sleep(0.5)
+# the driver takes that segment back: the next send needs no new one
+back = rpc.rpc_sync("worker2", echo, args=(torch.ones(BIG),))
+segments = len(shared_tensors.SHARED.pool.segments)
+# worker2 sent `back` from its segment; killed, the driver's tensor stays whole
+held = rpc.rpc_sync("worker2", full, args=(BIG, 7.0))
+os.kill(cluster.workers[1].pid, signal.SIGKILL)
+time.sleep(0.5)
+report(segments=segments, held=held.sum().item(), in_segment=in_segment(held))
+cluster.shutdown()
+del back, held
+report(mapped=segments_mapped(), pool=len(shared_tensors.SHARED.pool.segments),
+       enabled=shared_tensors.is_enabled())
+"""
+
+
+def _memfd_holders(pids) -> list[int]:
+    held = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if "memfd:nbrpc-tensors" in f.read():
+                    held.append(pid)
+        except OSError:
+            pass
+    return held
+
+
+def test_killed_receiver_or_sender_leaves_nothing(drivers, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", TESTS)  # the driver script imports this module
+    driver = drivers(ENDINGS_DRIVER)
+    started = driver.expect("pids", 120)
+    driver.pids.add(*started["pids"])
+    assert started["enabled"]
+    after = driver.expect("segments", 60)
+    assert after["segments"] == 1, after  # reclaimed from the killed receiver
+    assert after["held"] == 7.0 * shared_tensors.MIN_BYTES and after["in_segment"]
+    ended = driver.expect("mapped", 60)
+    assert ended == {"mapped": 0, "pool": 0, "enabled": False}
+    assert driver.proc.wait(timeout=60) == 0
+    assert wait_until(lambda: not _memfd_holders(started["pids"]), timeout=10)
+
+
+def test_shutdown_gives_every_segment_back_and_a_driver_can_turn_it_off(drivers, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", TESTS)
+    source = """
+import json
+import torch, torch.distributed.rpc as rpc
+import nbrpc
+from test_shared_tensors import keep, in_segment
+from nbrpc.wire import shared_tensors
+c = nbrpc.start(1, progress=None)
+used = rpc.rpc_sync("worker1", keep, args=("x", torch.ones(shared_tensors.MIN_BYTES)))
+print(json.dumps({"used": used, "enabled": shared_tensors.is_enabled(), "pid": c.workers[0].pid}), flush=True)
+c.shutdown()
+print(json.dumps({"pool": len(shared_tensors.SHARED.pool.segments)}), flush=True)
+"""
+    on = drivers(source)
+    record = on.expect("used", 120)
+    on.pids.add(record["pid"])
+    assert record["used"] and record["enabled"] and on.expect("pool", 60) == {"pool": 0}
+    assert on.proc.wait(timeout=60) == 0
+    monkeypatch.setenv("NBRPC_SHARED_TENSORS", "0")
+    off = drivers(source)
+    record = off.expect("used", 120)
+    off.pids.add(record["pid"])
+    assert record == {"used": False, "enabled": False, "pid": record["pid"]}
+    assert off.proc.wait(timeout=60) == 0
+    assert not _memfd_holders([on.proc.pid, off.proc.pid])
+
+
+def test_remote_workers_never_get_it():
+    """Settings granted to a worker that joins from elsewhere leave the variable out
+    (it reads as off there); a local worker's say on."""
+    from nbrpc.deploy.settings import SHARED_TENSORS_ENV, WorkerSettings
+
+    local = WorkerSettings("w", 1, "p", b"k", 4, 10.0).for_this_machine("127.0.0.1:1", os.getpid(), "lo")
+    assert local.shared_tensors and local.to_env()[SHARED_TENSORS_ENV] == "1"
+    assert SHARED_TENSORS_ENV not in local.to_wire()
+    assert not WorkerSettings.from_wire(local.to_wire(), "h:1", None).shared_tensors
+
+
+def test_a_message_that_fails_to_pickle_gives_its_segments_back(cluster):
+    import threading
+
+    from nbrpc.errors import SerializationError
+
+    before = [s for s in shared_tensors.SHARED.pool.segments if s.state() == shared_tensors.SENT]
+    with pytest.raises(SerializationError):
+        rpc.rpc_sync("worker1", echo, args=(torch.ones(BIG), threading.Lock()))
+    sent = [s for s in shared_tensors.SHARED.pool.segments if s.state() == shared_tensors.SENT]
+    assert sent == before
