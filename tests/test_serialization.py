@@ -13,6 +13,7 @@ import torch
 from conftest import run
 from torch.distributed.rpc import internal
 
+from nbrpc.wire import shared_tensors
 from nbrpc.wire.serialization import RpcPickler
 
 
@@ -187,9 +188,15 @@ holds_big = lambda: big.sum()
         "closure": internal.PythonUDF(shell.user_ns["holds_big"], (), {}),
         "class instance": internal.PythonUDF(shell.user_ns["Point"], (big, 0), {}),
     }
-    for what, udf in cases.items():
-        payload, tensors = pickler.serialize(udf)
-        assert len(payload) < 20_000, f"{what}: {len(payload)} bytes pickled"
-        assert any(t is big for t in tensors), f"{what}: tensor not in the tensor table"
+    # torch's path (test_shared_tensors has the shared memory one, which a local cluster takes)
+    was = shared_tensors.is_enabled()
+    shared_tensors.enable(False)
+    try:
+        for what, udf in cases.items():
+            payload, tensors = pickler.serialize(udf)
+            assert len(payload) < 20_000, f"{what}: {len(payload)} bytes pickled"
+            assert any(t is big for t in tensors), f"{what}: tensor not in the tensor table"
+    finally:
+        shared_tensors.enable(was)
     # and the whole tensor arrives intact
     assert torch.equal(run(shell, 'rpc.rpc_sync("worker2", lambda t: t.clone(), args=(big,))'), big)

@@ -151,8 +151,7 @@ class Cluster:
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
-        self.track = bool(track)
-        self.trace = bool(trace)
+        self.track, self.trace = bool(track), bool(trace)
         self.progress = progress or (lambda done, total, message: None)
         self._workers = self.launcher.planned()
         self._admitting = threading.Lock()
@@ -193,7 +192,6 @@ class Cluster:
             self._abort()
             raise
         self.state = "running"
-        # Big tensors through shared memory where every member is on this host.
         shared_tensors.enable(isinstance(self.launcher, launchers.LocalLauncher) and shared_tensors_wanted())
         kept = f" ({self.driver_name!r} kept from an earlier cluster)" if self._kept_name else ""
         self.progress(len(self._workers), len(self._workers),
@@ -301,10 +299,8 @@ class Cluster:
                      pid=os.getpid(), state=self.state if self.state != "running" else "driver",
                      devices=self._devices_label(self.driver_name),
                      **(_debug_counts(local=True) if membership.is_member() else _no_counts()))]
-        futures = {}
-        for w in self._workers:
-            if w.state == "running":
-                futures[w.name] = rpc.rpc_async(w.name, _debug_counts, timeout=5)
+        futures = {w.name: rpc.rpc_async(w.name, _debug_counts, timeout=5)
+                   for w in self._workers if w.state == "running"}
         for w in self._workers:
             counts = _no_counts()
             if w.name in futures:

@@ -78,8 +78,11 @@ class _Segment:
     def close(self) -> None:
         self.mm[0] = CLOSED  # receivers drop their mappings of it
         del self.data
-        self.mm.close()
         os.close(self.fd)
+        try:
+            self.mm.close()
+        except BufferError:  # a tensor over it is still alive here: unmapped with it
+            pass
 
 
 class Pool:
