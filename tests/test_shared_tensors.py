@@ -135,6 +135,7 @@ import torch
 import torch.distributed.rpc as rpc
 import nbrpc
 from test_shared_tensors import echo, full, keep, segments_mapped, in_segment
+from nbrpc._util import pid_alive
 from nbrpc.wire import shared_tensors
 
 BIG = shared_tensors.MIN_BYTES
@@ -146,14 +147,16 @@ report(pids=[w.pid for w in cluster.workers], enabled=shared_tensors.is_enabled(
 # worker1 holds a tensor from the driver's segment, then is killed
 assert rpc.rpc_sync("worker1", keep, args=("x", torch.ones(BIG)))
 os.kill(cluster.workers[0].pid, signal.SIGKILL)
-time.sleep(0.5)
+while pid_alive(cluster.workers[0].pid):
+    time.sleep(0.05)
 # the driver takes that segment back: the next send needs no new one
 back = rpc.rpc_sync("worker2", echo, args=(torch.ones(BIG),))
 segments = len(shared_tensors.SHARED.pool.segments)
 # worker2 sent `back` from its segment; killed, the driver's tensor stays whole
 held = rpc.rpc_sync("worker2", full, args=(BIG, 7.0))
 os.kill(cluster.workers[1].pid, signal.SIGKILL)
-time.sleep(0.5)
+while pid_alive(cluster.workers[1].pid):
+    time.sleep(0.05)
 report(segments=segments, held=held.sum().item(), in_segment=in_segment(held))
 cluster.shutdown()
 del back, held
