@@ -192,10 +192,9 @@ def is_enabled() -> bool:
 
 
 def eligible(tensor: torch.Tensor) -> bool:
-    return (tensor.device.type == "cpu" and tensor.layout is torch.strided and not tensor.requires_grad
-            and tensor.dtype in _DTYPES and tensor.is_contiguous() and not tensor.is_conj()
-            and not tensor.is_neg()
-            and tensor.element_size() * tensor.nelement() >= MIN_BYTES)
+    return (tensor.element_size() * tensor.nelement() >= MIN_BYTES and tensor.device.type == "cpu"
+            and tensor.layout is torch.strided and not tensor.requires_grad and tensor.dtype in _DTYPES
+            and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg())
 
 
 def reducer(fallback):
