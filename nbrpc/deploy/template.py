@@ -187,7 +187,10 @@ def prestart_in_kernel() -> None:
     shell = ipython.get_ipython() if ipython is not None else None
     if getattr(shell, "kernel", None) is None or WORKER_NAME_ENV in os.environ or not enabled():
         return
-    prestart()
+    try:
+        prestart()
+    except Exception:  # never break ``import nbrpc``: the first cluster starts one, or says why
+        pass
 
 
 def current() -> Template | None:
