@@ -32,8 +32,7 @@ from ..errors import (
     WorkerDiedError,
     WorkerStartError,
 )
-from ..group import devices, membership
-from ..group.membership import DEFAULT_TRANSPORT
+from ..group import DEFAULT_TRANSPORT, devices, membership
 from ..recording.pending import PENDING
 from ..wire import shared_tensors
 from . import execution, launchers, limits, private_network, probes, template
@@ -147,6 +146,7 @@ class Cluster:
                                          **where)
         if isinstance(self.launcher, launchers.LocalLauncher):
             self.limits.check_workers(len(self.launcher.planned()), limits.local_workers())
+        self.shared_tensors = isinstance(self.launcher, launchers.LocalLauncher) and shared_tensors_wanted()
         self.transport = own.transport or membership.driver_transport() or DEFAULT_TRANSPORT
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
@@ -192,7 +192,7 @@ class Cluster:
             self._abort()
             raise
         self.state = "running"
-        shared_tensors.enable(isinstance(self.launcher, launchers.LocalLauncher) and shared_tensors_wanted())
+        shared_tensors.enable(self.shared_tensors)
         kept = f" ({self.driver_name!r} kept from an earlier cluster)" if self._kept_name else ""
         self.progress(len(self._workers), len(self._workers),
                       Started(f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}"))
@@ -384,8 +384,8 @@ class Cluster:
     def _settings(self, w: Worker) -> WorkerSettings:
         """What worker ``w`` starts with (a local launcher adds where the store is)."""
         return WorkerSettings(
-            name=w.name, rank=w.rank, prefix=self._driver.prefix, key=self._driver.key,
-            threads=self.threads, timeout=self.timeout, track=self.track, trace=self.trace,
+            name=w.name, rank=w.rank, prefix=self._driver.prefix, key=self._driver.key, threads=self.threads,
+            timeout=self.timeout, track=self.track, trace=self.trace, shared_tensors=self.shared_tensors,
             transport=self.transport, placement=self.placements.get(w.name), env=dict(self.env),
         )
 

@@ -146,11 +146,9 @@ class WorkerSettings:
         return replace(cls.from_env(mine), store=store, interface=interface, env=env)
 
     def for_this_machine(self, store: str, driver_pid: int, interface: str) -> WorkerSettings:
-        """These settings for a worker on the driver's own machine (a local cluster's:
-        big tensors through shared memory unless the driver's environment says not)."""
+        """These settings for a worker on the driver's own machine."""
         import_path = tuple(os.path.abspath(p) for p in sys.path if os.path.isdir(p or "."))
-        return replace(self, store=store, driver_pid=driver_pid, interface=interface, import_path=import_path,
-                       shared_tensors=shared_tensors_wanted())
+        return replace(self, store=store, driver_pid=driver_pid, interface=interface, import_path=import_path)
 
 
 def shared_tensors_wanted() -> bool:
