@@ -48,6 +48,7 @@ LATENCY_ROUNDS, LATENCY_CALLS = 10, 200  # 2,000 calls per side
 RECORDING_ROUNDS, RECORDING_CALLS = 30, 400  # 6,000 calls per side
 THROUGHPUT_ROUNDS, THROUGHPUT_CALLS, IN_FLIGHT = 6, 1000, 32
 TENSOR_ROUNDS, TENSOR_TRIPS = 4, 2
+CUDA_TENSOR_CALLS = 20  # per round, of the 64 MiB CUDA tensor
 IDLE_SECONDS = 3.0
 TUTORIALS = ("01_parameter_server", "02_pipeline_parallel", "04_federated_learning")
 
@@ -248,8 +249,8 @@ def cells_only() -> list[dict]:
 
 
 def compare_cuda_calls() -> tuple[str, list[str]]:
-    """Small ``rpc_sync`` calls with a CPU and with a CUDA tensor, nbrpc next to raw torch
-    with the same transport (uv) and the same map: the driver's cuda:0 to worker1's
+    """Small ``rpc_sync`` calls with a CPU and with a CUDA tensor, and a 64 MiB CUDA tensor's
+    round trip, nbrpc next to raw torch with the same transport (uv) and the same map: the driver's cuda:0 to worker1's
     cuda:1 with two GPUs, cuda:0 with one (both processes on it, TensorPipe's CUDA IPC
     channel between them). The table, or why it did not run, and the rows that failed."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -267,13 +268,18 @@ def compare_cuda_calls() -> tuple[str, list[str]]:
         cuda = _take_turns({"nbrpc": (ours, "cuda_latency"), "nbrpc_unwrapped": (ours, "cuda_latency_unwrapped"),
                             "raw": (raw, "cuda_latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
         cpu = _take_turns({"nbrpc": (ours, "latency"), "raw": (raw, "latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
+        big = _take_turns({"nbrpc": (ours, "cuda_tensor"), "raw": (raw, "cuda_tensor")},
+                          LATENCY_ROUNDS, CUDA_TENSOR_CALLS)
     ms = {side: _pooled_median(rounds) * 1e3 for side, rounds in cuda.items()}
     cpu_ms = {side: _pooled_median(rounds) * 1e3 for side, rounds in cpu.items()}
+    big_ms = {side: _pooled_median(rounds) * 1e3 for side, rounds in big.items()}
     calls = _count(cuda["nbrpc"])
     rows = [_row(f"rpc_sync, CPU tensor, map 0 -> {gpu}, median of {calls:,} (ms)",
                  cpu_ms["nbrpc"], cpu_ms["raw"], "nbrpc/raw", "<=", 1.05),
             _row(f"rpc_sync, CUDA tensor, map 0 -> {gpu}, median of {calls:,} (ms)",
-                 ms["nbrpc"], ms["raw"], "nbrpc/raw", "<=", 1.05)]
+                 ms["nbrpc"], ms["raw"], "nbrpc/raw", "<=", 1.05),
+            _row(f"rpc_sync, {timing.CUDA_TENSOR_MB} MiB CUDA tensor there and back, map 0 -> {gpu}, "
+                 f"median of {_count(big['nbrpc']):,} (ms)", big_ms["nbrpc"], big_ms["raw"], "nbrpc/raw", "<=", 1.05)]
     table = (f"\nCUDA calls on {torch.cuda.get_device_name(0)} ({count} GPU{'s' * (count > 1)}), "
              f"uv on both sides\n{render(rows)}\n  {ms['nbrpc'] - ms['nbrpc_unwrapped']:+.3f} ms of the "
              f"CUDA call in nbrpc's rpc_sync wrapper (torch's own rpc_sync in the nbrpc cluster: "

@@ -17,6 +17,7 @@ from targets import echo
 from torch.distributed.rpc import internal
 
 TENSOR_MB = 100
+CUDA_TENSOR_MB = 64
 SMALL_ARG = 1
 # Untimed calls before each measurement: a pair just resumed from SIGSTOP answers its
 # first calls slowly, and on a busy machine its first 100 MB trip after a pause can
@@ -62,14 +63,25 @@ def call_bytes(func, wrap=None) -> int:
     return len(payload)
 
 
-def cuda_latencies(to: str, calls: int, rpc_sync=None) -> list[float]:
-    """``sync_latencies`` of a one-element CUDA tensor sent from ``cuda:0`` through the
-    device map, once it is seen to come back there (the reply's inverse map)."""
-    tensor = torch.ones(SMALL_ARG, device="cuda:0")
-    returned = (rpc_sync or rpc.rpc_sync)(to, echo, args=(tensor,))
-    if returned.device != tensor.device:
-        raise RuntimeError(f"{to} returned a tensor on {returned.device}, sent one on {tensor.device}")
-    return sync_latencies(to, calls, rpc_sync, tensor)
+def cuda_latencies(to: str, calls: int, rpc_sync=None, elements: int = SMALL_ARG) -> list[float]:
+    """Seconds taken by each ``rpc_sync`` echoing a float CUDA tensor of ``elements`` sent
+    from ``cuda:0`` through the device map, until the reply's tensor is ready on ``cuda:0``
+    (the call's stream synchronized), once it is seen to come back there (the reply's
+    inverse map)."""
+    rpc_sync = rpc_sync or rpc.rpc_sync
+    tensor = torch.ones(elements, device="cuda:0")
+    returned = rpc_sync(to, echo, args=(tensor,))
+    if returned.device != tensor.device or returned.numel() != elements:
+        raise RuntimeError(f"{to} returned {returned.numel()} elements on {returned.device}, "
+                           f"sent {elements} on {tensor.device}")
+    stream = torch.cuda.current_stream(tensor.device)
+    samples = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        rpc_sync(to, echo, args=(tensor,))
+        stream.synchronize()
+        samples.append(time.perf_counter() - began)
+    return samples
 
 
 def remote_latencies(to: str, calls: int, func=echo) -> list[float]:
@@ -145,6 +157,10 @@ def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
     if op == "cuda_latency":
         cuda_latencies(to, WAKE_UP_CALLS, rpc_sync)
         return cuda_latencies(to, count, rpc_sync)
+    if op == "cuda_tensor":
+        elements = CUDA_TENSOR_MB * 2**20 // 4
+        cuda_latencies(to, WAKE_UP_TRIPS, rpc_sync, elements)
+        return cuda_latencies(to, count, rpc_sync, elements)
     if op == "remote":
         return remote_latencies(to, count)
     if op == "cell_bytes":  # after calls of each, so what is sent is the steady state
@@ -164,5 +180,5 @@ def measure(to: str, op: str, count: int, in_flight: int = 32, rpc_sync=None):
     if op == "tensor":
         tensor_round_trips(to, WAKE_UP_TRIPS)
         return tensor_round_trips(to, count)
-    raise ValueError(f"unknown measurement {op!r}: use latency, cuda_latency, remote, local_rref, "
+    raise ValueError(f"unknown measurement {op!r}: use latency, cuda_latency, cuda_tensor, remote, local_rref, "
                      "throughput, tensor, cell_sync, cell_globals, cell_async or cell_remote")
