@@ -124,7 +124,7 @@ def test_jupyter_clients_private_name_adapts_the_protocol():
 
 
 def test_the_patch_points_exist_in_torch():
-    for name in ("PICKLER", "UNPICKLER", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
+    for name in ("PICKLER", "UNPICKLER", "SERIALIZE", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
                  "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL",
                  "AGENT_INIT", "AGENT_GROUP_MEMBERSHIP"):
         for owner, attribute in getattr(torch_compat, name):
@@ -148,7 +148,7 @@ from nbrpc.wire import serialization
 def now():
     return [api._to_worker_info, api.rpc_sync, rpc.rpc_sync, api.rpc_async, api.remote, rpc.remote,
             internal._pickler, internal._unpickler, internal._handle_exception,
-            PyRRef.__init__, PyRRef.to_here, dist_autograd.backward, TensorPipeAgent.__init__,
+            internal._InternalRPCPickler.serialize, PyRRef.__init__, PyRRef.to_here, dist_autograd.backward, TensorPipeAgent.__init__,
             TensorPipeAgent._update_group_membership]
 
 torch_before = now()
@@ -158,7 +158,8 @@ torch_compat.uninstall()
 print(json.dumps({
     "replaced": [a is not b for a, b in zip(torch_before, installed)],
     "ours": [installed[1] is wrappers.rpc_sync, installed[4] is wrappers.remote,
-             installed[6] is serialization.RpcPickler, installed[11] is backward.backward],
+             installed[6] is serialization.RpcPickler, installed[9] is serialization.serialize,
+             installed[12] is backward.backward],
     "restored": [a is b for a, b in zip(torch_before, now())],
 }))
 """

@@ -8,12 +8,14 @@ if nbrpc ships it by value.
 from __future__ import annotations
 
 import pickle
+import weakref
 
 import torch
 from conftest import run
 from torch.distributed.rpc import internal
 
-from nbrpc.wire import shared_tensors
+from nbrpc._compat import torch_compat
+from nbrpc.wire import serialization, shared_tensors
 from nbrpc.wire.serialization import RpcPickler
 
 
@@ -200,3 +202,47 @@ holds_big = lambda: big.sum()
         shared_tensors.enable(was)
     # and the whole tensor arrives intact
     assert torch.equal(run(shell, 'rpc.rpc_sync("worker2", lambda t: t.clone(), args=(big,))'), big)
+
+
+def test_each_thread_keeps_one_pickler_which_holds_nothing_after_a_message(shell):
+    run(shell, """
+class Held:
+    def __init__(self, size):
+        self.data = list(range(size))
+
+def measure(held, t):
+    return len(held.data) + t.sum()
+""")
+    pickler = internal._internal_rpc_pickler
+    held, small = shell.user_ns["Held"](5), torch.ones(3)
+    udf = internal.PythonUDF(shell.user_ns["measure"], (held, small), {})
+    payload, tensors = pickler.serialize(udf)
+    kept = serialization._kept.pickler
+    # the same bytes and tensors as torch's serialize with a new RpcPickler
+    assert (payload, tensors) == torch_compat.torch_serialize(pickler, udf)
+    assert pickler.serialize(udf)[0] == payload and serialization._kept.pickler is kept
+    gone = weakref.ref(held)
+    del udf, held
+    assert gone() is None, "the kept pickler still holds a value of its last message"
+    value = pickler.deserialize(payload, tensors)
+    assert value.func(*value.args) == 8
+
+
+class _PicklesAnother:
+    """Pickling it pickles another message inside (on the same thread)."""
+
+    def __reduce__(self):
+        inner, tensors = internal._internal_rpc_pickler.serialize(("inner", torch.zeros(2)))
+        return _unwrap, (inner, tensors)
+
+
+def _unwrap(inner, tensors):
+    return internal._internal_rpc_pickler.deserialize(inner, tensors)
+
+
+def test_a_message_pickled_inside_another_gets_its_own_pickler(cluster):
+    pickler = internal._internal_rpc_pickler
+    payload, tensors = pickler.serialize(["outer", _PicklesAnother(), torch.ones(1)])
+    outer, (word, zeros), ones = pickler.deserialize(payload, tensors)
+    assert (outer, word) == ("outer", "inner")
+    assert torch.equal(zeros, torch.zeros(2)) and torch.equal(ones, torch.ones(1))

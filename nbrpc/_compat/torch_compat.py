@@ -195,9 +195,16 @@ def remote_exception(error: Exception) -> RemoteException:
     return RemoteException(text, type(error))
 
 
-# The pickler and unpickler classes torch's RPC pickles with; known to work with torch 2.11 and 2.13.
+# The pickler and unpickler classes torch's RPC pickles with, and the method that pickles
+# each message with a new pickler; known to work with torch 2.11 and 2.13.
 torch_pickler = internal._pickler
 torch_unpickler = internal._unpickler
+torch_serialize = internal._InternalRPCPickler.serialize
+
+
+def pickler_class() -> type:
+    """The pickler class torch's RPC is set to pickle messages with now."""
+    return internal._pickler
 # Re-creates a remote exception on the caller (internal.RemoteException, imported
 # above, is what it gets); known to work with torch 2.11 and 2.13.
 handle_exception = internal._handle_exception
@@ -292,7 +299,8 @@ def known_worker_ids(context) -> set:
 METHODS = ((TensorPipeAgent, "_update_group_membership"), (PyRRef, "_serialize"),
            (PyRRef, "_get_future"), (PyRRef, "_get_type"), (DistAutogradContext, "_context_id"),
            (DistAutogradContext, "_send_functions"), (DistAutogradContext, "_recv_functions"),
-           (DistAutogradContext, "_known_worker_ids"))
+           (DistAutogradContext, "_known_worker_ids"), (internal._InternalRPCPickler, "_py_rref_reducer"),
+           (internal._InternalRPCPickler, "_rref_reducer"), (internal._InternalRPCPickler, "_script_module_reducer"))
 
 
 def check() -> None:
@@ -315,6 +323,7 @@ tensor_tables = internal._thread_local_tensor_tables
 # Where nbrpc puts its own functions in place of torch's: (owner, attribute) pairs.
 PICKLER = ((internal, "_pickler"),)
 UNPICKLER = ((internal, "_unpickler"),)
+SERIALIZE = ((internal._InternalRPCPickler, "serialize"),)
 HANDLE_EXCEPTION = ((internal, "_handle_exception"),)
 TO_WORKER_INFO = ((api, "_to_worker_info"),)
 RPC_SYNC = ((api, "rpc_sync"), (rpc, "rpc_sync"))

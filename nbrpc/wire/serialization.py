@@ -6,7 +6,8 @@ which stores functions and classes by reference: a worker has no notebook
 lambdas fail outright. ``RpcPickler`` is a cloudpickle pickler (everything importable
 stays by reference) that keeps torch's dispatch table, so tensors still go to torch's
 tensor table and RRefs fork; definitions from ``__main__`` travel as ``definitions``
-describes, so they land in each process as a script's would.
+describes, so they land in each process as a script's would. torch makes a pickler for every
+message; each thread here keeps one (``serialize``), which pickles the same bytes.
 
 Every pickle a member sends starts with a MAC of its bytes under the cluster's key
 (``set_key``; the driver makes one, its workers get it with their settings), and
@@ -25,8 +26,8 @@ import hashlib
 import hmac
 import io
 import pickle
+import threading
 import types
-import weakref
 
 import cloudpickle
 import torch
@@ -42,8 +43,9 @@ _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
 # function's qualname does not resolve (classmethods such as torch's tensor
 # receiver); pickle's own reduction, getattr(owner, name), keeps them by reference.
 _BY_REFERENCE = {types.MethodType: types.MethodType.__reduce__}
-# Functions and classes found to pickle by reference (importable by name).
-_importable: weakref.WeakSet = weakref.WeakSet()
+# Functions and classes found to pickle by reference (importable by name: their modules
+# keep them alive anyway).
+_importable: set = set()
 
 
 class _Signing:
@@ -109,32 +111,27 @@ class RpcPickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj):
         # cloudpickle reduces only functions and classes itself; every other object
-        # takes the dispatch table. An importable one is remembered, since the check
-        # walks modules and the same few (torch's PythonUDF, the call's function) come
-        # in every message. torch's API and nbrpc's replacements go by name (see
-        # torch_compat.stand_in), before anything else decides.
+        # takes the dispatch table, unless it is a module's global. An importable one is
+        # remembered, since the check walks modules and the same few (torch's PythonUDF,
+        # the call's function) come in every message. torch's API and nbrpc's
+        # replacements go by name (see torch_compat.stand_in), before anything else decides.
         at_point = torch_compat.stand_in(obj)
         if at_point is not None:
             return getattr, at_point
-        if isinstance(obj, types.FunctionType):
-            if obj in _importable:
-                return NotImplemented
-            if definitions.is_notebook_definition(obj):
-                return definitions.reduce_function(obj)
-        elif isinstance(obj, type):
-            if obj in _importable:
-                return NotImplemented
-            if definitions.is_notebook_definition(obj):
-                return definitions.reduce_class(obj)
-        else:
+        is_function = type(obj) is types.FunctionType
+        if not is_function and not isinstance(obj, type):
             held = module_globals.find(obj)
             if held is not None:  # a module's global: the receiver's own (see module_globals)
                 return getattr, held
             return NotImplemented
+        if obj in _importable:
+            return NotImplemented
+        if definitions.is_notebook_definition(obj):
+            return definitions.reduce_function(obj) if is_function else definitions.reduce_class(obj)
         reduced = super().reducer_override(obj)
         if reduced is NotImplemented:  # pickled by reference
             _importable.add(obj)
-        elif isinstance(obj, types.FunctionType):
+        elif is_function:
             # by value, unless a module's object keeps it (sys.stdout.write while a
             # kernel's cell runs): then the receiver's (see module_globals)
             held = module_globals.find_attribute(obj)
@@ -143,17 +140,76 @@ class RpcPickler(cloudpickle.Pickler):
         return reduced
 
     def dump(self, obj):
+        self._out.write(self.message(obj))
+
+    def message(self, obj) -> bytes:
+        """``obj`` pickled and signed. The pickler then forgets it (its memo holds what it
+        pickled, and a value must not outlive its message here) and can pickle the next."""
+        body = self._body
         try:
             with shared_tensors.pickling():
                 super().dump(obj)
+            if _wire.key is None:
+                payload = body.getvalue()
+            else:
+                with body.getbuffer() as view:
+                    payload = b"".join((_SIGNED, _mac(view), view))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise SerializationError(_explain(obj, e)) from e
-        body = self._body.getbuffer()
-        if _wire.key is not None:
-            self._out.write(_SIGNED + _mac(body))
-        self._out.write(body)
+        finally:
+            self.clear_memo()
+            self.globals_ref = {}  # cloudpickle's, per pickle
+            body.seek(0)
+            body.truncate()
         if recorder.RECORDER.armed:
-            recorder.count(obj, self._out.tell())
+            recorder.count(obj, len(payload))
+        return payload
+
+
+class _Kept(threading.local):
+    """This thread's pickler, kept from one message to the next, and whether it is
+    pickling one now (a message pickled inside another gets a pickler of its own)."""
+
+    def __init__(self):
+        self.pickler: RpcPickler | None = None
+        self.busy = False
+
+
+_kept = _Kept()
+
+
+def serialize(self, obj):
+    """torch's ``_InternalRPCPickler.serialize``: ``obj``'s pickle and the tensors it
+    sends beside it, pickled with the thread's kept pickler of the class torch is set to
+    use (a new pickler per message cost a small call's two messages 6-7 us). The same
+    dispatch table as torch's (RRefs, ScriptModules, registered reducers)."""
+    cls = torch_compat.pickler_class()
+    if not issubclass(cls, RpcPickler):
+        return torch_compat.torch_serialize(self, obj)
+    table = self._dispatch_table
+    table[rpc.PyRRef], table[rpc.RRef] = self._py_rref_reducer, self._rref_reducer
+    if isinstance(obj, torch.jit.ScriptModule):
+        table[obj.__class__] = self._script_module_reducer
+    table.update(self._class_reducer_dict)
+    kept = _kept
+    pickler = kept.pickler
+    if kept.busy or type(pickler) is not cls:
+        pickler = cls(io.BytesIO())
+        if not kept.busy:
+            kept.pickler = pickler
+    nested, kept.busy = kept.busy, True
+    tables = torch_compat.tensor_tables
+    outer = getattr(tables, "send_tables", None)
+    tables.send_tables = []
+    try:
+        pickler.dispatch_table = table
+        return pickler.message(obj), tables.send_tables
+    finally:
+        kept.busy = nested
+        if outer is None:
+            del tables.send_tables
+        else:
+            tables.send_tables = outer
 
 
 def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
@@ -223,6 +279,8 @@ def _stub(_):
 
 
 def install() -> None:
-    """Make torch RPC in this process use ``RpcPickler`` and ``rpc_unpickler`` (idempotent)."""
+    """Make torch RPC in this process use ``RpcPickler``, kept per thread (``serialize``), and
+    ``rpc_unpickler`` (idempotent)."""
     torch_compat.patch(torch_compat.PICKLER, RpcPickler)
     torch_compat.patch(torch_compat.UNPICKLER, rpc_unpickler)
+    torch_compat.patch(torch_compat.SERIALIZE, serialize)

@@ -29,7 +29,6 @@ gone. A sender that ends leaves its receivers' tensors valid (they map the memor
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import secrets
@@ -164,19 +163,25 @@ SHARED = SharedTensors()
 _message = threading.local()  # the segments taken for the message this thread pickles
 
 
-@contextlib.contextmanager
-def pickling():
+class _Pickling:
     """Around the pickling of one message: if it fails, the segments it took are free
-    again (the message never leaves)."""
-    _message.taken = taken = []
-    try:
-        yield
-    except BaseException:
-        for seg in taken:
-            seg.mm[0] = FREE
-        raise
-    finally:
-        _message.taken = None
+    again (the message never leaves). A class, not a generator: it runs for every message."""
+
+    def __enter__(self) -> None:
+        _message.taken = []
+
+    def __exit__(self, kind, error, traceback) -> None:
+        taken, _message.taken = _message.taken, None
+        if kind is not None:
+            for seg in taken:
+                seg.mm[0] = FREE
+
+
+_PICKLING = _Pickling()
+
+
+def pickling() -> _Pickling:
+    return _PICKLING
 
 
 def enable(on: bool) -> None:
