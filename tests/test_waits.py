@@ -17,6 +17,7 @@ import threading
 import time
 
 import pytest
+import torch
 from conftest import as_main, run, wait_gone, wait_until
 from IPython.core.error import UsageError
 
@@ -352,3 +353,22 @@ def test_calls_to_members_that_left_are_forgotten():
     table.calling("worker3", time.sleep, "b", "rpc_async")
     table.forget_calls_to(["worker1", "worker2"])
     assert list(table.outgoing) == ["b"]
+
+
+def test_a_remote_is_in_flight_until_its_owner_confirms_the_rref():
+    """No callback per ``remote``: a call whose creation future is done is dropped when the
+    table is read, and the oldest such calls when the next ``remote`` is sent."""
+    from nbrpc.recording.pending import ID, Pending
+
+    table = Pending()
+    made = [torch.futures.Future() for _ in range(3)]
+    rrefs = [object() for _ in range(3)]  # stand-ins: the table keeps only their id()
+    table.remote_sent(rrefs[0], "worker1", time.sleep, "a", made[0])
+    table.remote_sent(rrefs[1], "worker2", time.sleep, "b", made[1])
+    assert [e[ID] for e in table.in_flight()] == ["a", "b"] and table.remote_call(rrefs[0]) == "a"
+    made[1].set_result(None)
+    assert [e[ID] for e in table.in_flight()] == ["a"] and table.remote_call(rrefs[1]) is None
+    made[0].set_result(None)
+    table.remote_sent(rrefs[2], "worker1", time.sleep, "c", made[2])
+    assert list(table.outgoing) == ["c"] and list(table.remotes) == ["c"]
+    assert table.rrefs == {id(rrefs[2]): "c"}

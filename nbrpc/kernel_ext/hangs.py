@@ -19,7 +19,7 @@ from IPython.display import display
 
 from ..deploy import cluster as cluster_mod
 from ..deploy import probes
-from ..recording.pending import PENDING, SINCE
+from ..recording.pending import ID, PENDING, SINCE
 
 POLL = 0.5
 AFTER = 1.0
@@ -77,7 +77,7 @@ class HangWatch:
 
     def _show(self, snap: dict, began: float) -> None:
         # This cell's calls only: a hang an earlier cell left behind is not this one's.
-        mine = {key for key, entry in PENDING.outgoing.copy().items() if entry[SINCE] >= began}
+        mine = {entry[ID] for entry in PENDING.in_flight() if entry[SINCE] >= began}
         findings = self.settled([f for f in snap["findings"] if mine.intersection(f["calls"])],
                                 snap["members"], time.monotonic())
         if not findings and not (self.always and snap["calls"]):

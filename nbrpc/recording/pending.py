@@ -76,6 +76,9 @@ class Pending:
         self.served: dict[str, tuple] = {}
         # id(PyRRef) -> the call id of the remote() that makes its value.
         self.rrefs: dict[int, str] = {}
+        # call id -> (creation future, id(PyRRef)) of each remote() in ``outgoing``.
+        self.remotes: dict[str, tuple] = {}
+        self._remotes_lock = threading.Lock()
         self._ids = itertools.count()
 
     def new_id(self) -> str:
@@ -112,15 +115,42 @@ class Pending:
 
     def remote_sent(self, rref, callee, func, call_id: str | None, created) -> None:
         """A ``remote`` is in flight until its owner confirms the RRef (``created``, a
-        future, is done: the function ran)."""
+        future, is done: the function ran). No callback marks that (a torch thread would
+        take the GIL for it after every ``remote``): ``in_flight`` and the next
+        ``remote_sent`` drop the calls whose future is done."""
         key = self.calling(callee, func, call_id, "remote")
         self.rrefs[id(rref)] = key
-        created.add_done_callback(lambda _: self.answered(key))
+        self._drop_created(everything=False, adding=(key, (created, id(rref))))
+
+    def _drop_created(self, everything: bool = True, adding: tuple | None = None) -> None:
+        """Drop the ``remote`` calls whose RRef their owner confirmed: all of them, or
+        (``everything`` False, on every ``remote``) the oldest ones, up to the first
+        still in flight; then add the ``remote`` call ``adding`` (key, entry)."""
+        with self._remotes_lock:
+            over = []
+            for key, (created, rref) in self.remotes.items():
+                if created.done() or key not in self.outgoing:
+                    over.append((key, rref))
+                elif not everything:
+                    break
+            for key, rref in over:
+                del self.remotes[key]
+                self.outgoing.pop(key, None)
+                if self.rrefs.get(rref) == key:
+                    del self.rrefs[rref]
+            if adding is not None:
+                self.remotes[adding[0]] = adding[1]
+
+    def in_flight(self) -> list[tuple]:
+        """The entries of the calls in flight now."""
+        self._drop_created()
+        return list(self.outgoing.copy().values())
 
     def remote_call(self, rref) -> str | None:
         """The call id of the ``remote`` that makes ``rref``'s value, while it runs."""
         call_id = self.rrefs.get(id(rref))
-        if call_id is not None and call_id not in self.outgoing:
+        remote = self.remotes.get(call_id) if call_id is not None else None
+        if call_id is not None and (remote is None or remote[0].done()):
             self.rrefs.pop(id(rref), None)
             return None
         return call_id
@@ -131,7 +161,7 @@ class Pending:
             {"id": e[ID], "callee": e[CALLEE], "function": function_name(e[FUNCTION]),
              "site": list(e[SITE]) if e[SITE] else None, "thread": e[THREAD],
              "since": e[SINCE], "kind": e[KIND], "on": e[ON]}
-            for e in self.outgoing.copy().values()
+            for e in self.in_flight()
         ]
         served = [
             {"id": e[S_ID], "function": function_name(e[S_FUNCTION]), "thread": e[S_THREAD],
@@ -159,7 +189,7 @@ class Pending:
 
     def oldest(self, thread: int | None = None) -> float | None:
         """When the oldest call in flight (made by ``thread``, or any) was sent."""
-        times = [e[SINCE] for e in self.outgoing.copy().values() if thread is None or e[THREAD] == thread]
+        times = [e[SINCE] for e in self.in_flight() if thread is None or e[THREAD] == thread]
         return min(times) if times else None
 
 
