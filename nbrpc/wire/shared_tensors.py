@@ -29,6 +29,7 @@ gone. A sender that ends leaves its receivers' tensors valid (they map the memor
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import secrets
@@ -219,10 +220,65 @@ def reducer(fallback):
         taken = getattr(_message, "taken", None)
         if taken is not None:
             taken.append(seg)
-        seg.data[:nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+        COPIER.copy(seg.data.data_ptr(), tensor.data_ptr(), nbytes)
         return adopt, (os.getpid(), seg.fd, seg.token, seg.size, tensor.dtype, tuple(tensor.shape))
 
     return reduce
+
+
+class Copier:
+    """Copies a tensor into a segment on the sending thread and ``HELPERS`` threads of its
+    own, each a slice with ``memmove`` (which runs without the GIL). torch's ``copy_`` is
+    as fast alone, but its OpenMP threads spin for milliseconds after it: on a small
+    machine they took a core from the receiver's copy of the reply (a 100 MiB echo's
+    second copy took 5 to 16 ms). Helpers wait on a lock when idle: no CPU at rest."""
+
+    HELPERS = 1
+    SLICE_MIN = 8 << 20  # smaller copies take one memmove on the sending thread
+
+    def __init__(self):
+        self.lock = threading.Lock()  # one copy at a time has the helpers
+        self.helpers: list[tuple] = []  # (start, finished, job) of each helper
+
+    def copy(self, target: int, source: int, nbytes: int) -> None:
+        if nbytes < self.SLICE_MIN or not self.lock.acquire(blocking=False):
+            ctypes.memmove(target, source, nbytes)
+            return
+        try:
+            while len(self.helpers) < self.HELPERS:
+                self.helpers.append(self._start_helper())
+            step = -(-nbytes // (self.HELPERS + 1))
+            for i, (start, _, job) in enumerate(self.helpers, 1):
+                job[:] = [target + i * step, source + i * step, max(0, min(step, nbytes - i * step))]
+                start.release()
+            ctypes.memmove(target, source, min(step, nbytes))
+            for _, finished, _ in self.helpers:
+                finished.acquire()
+        finally:
+            self.lock.release()
+
+    @staticmethod
+    def _start_helper() -> tuple:
+        start, finished, job = threading.Lock(), threading.Lock(), []
+        start.acquire()
+        finished.acquire()
+
+        def serve() -> None:
+            while True:
+                start.acquire()
+                ctypes.memmove(*job)
+                finished.release()
+
+        threading.Thread(target=serve, name="nbrpc-copy", daemon=True).start()
+        return start, finished, job
+
+    def reset(self) -> None:
+        """After a fork: the parent's helpers are not in the child."""
+        self.__init__()
+
+
+COPIER = Copier()
+os.register_at_fork(after_in_child=COPIER.reset)
 
 
 def adopt(pid: int, fd: int, token: int, size: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
