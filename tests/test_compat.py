@@ -148,8 +148,8 @@ from nbrpc.wire import serialization
 def now():
     return [api._to_worker_info, api.rpc_sync, rpc.rpc_sync, api.rpc_async, api.remote, rpc.remote,
             internal._pickler, internal._unpickler, internal._handle_exception,
-            internal._InternalRPCPickler.serialize, PyRRef.__init__, PyRRef.to_here, dist_autograd.backward, TensorPipeAgent.__init__,
-            TensorPipeAgent._update_group_membership]
+            internal._InternalRPCPickler.serialize, PyRRef.__init__, PyRRef.to_here, dist_autograd.backward,
+            TensorPipeAgent.__init__, TensorPipeAgent._update_group_membership]
 
 torch_before = now()
 patches.install(track=True)
