@@ -205,6 +205,8 @@ torch_serialize = internal._InternalRPCPickler.serialize
 def pickler_class() -> type:
     """The pickler class torch's RPC is set to pickle messages with now."""
     return internal._pickler
+
+
 # Re-creates a remote exception on the caller (internal.RemoteException, imported
 # above, is what it gets); known to work with torch 2.11 and 2.13.
 handle_exception = internal._handle_exception
