@@ -24,6 +24,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from .._util import switched_on
 from ..group import DEFAULT_TRANSPORT
 from ..group.devices import Placement
 
@@ -153,4 +154,4 @@ class WorkerSettings:
 
 def shared_tensors_wanted() -> bool:
     """Whether this driver's environment leaves the shared memory path on (its default)."""
-    return os.environ.get(SHARED_TENSORS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(SHARED_TENSORS_ENV)

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 
-from .._util import JsonLines, kill_pids
+from .._util import JsonLines, kill_pids, switched_on
 from ..errors import WorkerStartError
 from . import private_network
 from .settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV, WORKER_NAME_ENV
@@ -61,7 +61,7 @@ def enabled(warm_start: bool | None = None) -> bool:
     """Whether local workers start from the template (the option, else the environment)."""
     if warm_start is not None:
         return bool(warm_start)
-    return os.environ.get(WARM_START_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on(WARM_START_ENV)
 
 
 def start_env(env: dict[str, str]) -> dict[str, str]:
