@@ -4,7 +4,6 @@ torch's path for the rest, and nothing left after any ending."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import torch
@@ -233,24 +232,24 @@ def test_remote_workers_never_get_it():
     assert not WorkerSettings.from_wire(local.to_wire(), "h:1", None).shared_tensors
 
 
-def test_the_copier_copies_every_byte_in_slices_and_alone():
-    """Big copies go in slices, one on a helper thread; a small one, or one made while
-    another has the helpers, is one memmove. The helper waits, no CPU, when idle."""
+def test_the_copier_copies_every_byte_in_halves_and_alone():
+    """Big copies go in two halves, one on a helper thread; a small one, or one made while
+    another has the helper, is one memmove. The helper waits, no CPU, when idle."""
     copier = shared_tensors.Copier()
-    for nbytes in (copier.SLICE_MIN + 3, copier.SLICE_MIN - 1, 7):
+    for nbytes in (copier.SPLIT_MIN + 3, copier.SPLIT_MIN - 1, 7):
         source = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
         target = torch.zeros(nbytes, dtype=torch.uint8)
         copier.copy(target.data_ptr(), source.data_ptr(), nbytes)
         assert torch.equal(target, source), nbytes
-    assert len(copier.helpers) == copier.HELPERS
-    source = torch.randint(0, 256, (copier.SLICE_MIN * 2,), dtype=torch.uint8)
+    helper = copier.helper
+    assert helper is not None and helper.is_alive()
+    source = torch.randint(0, 256, (copier.SPLIT_MIN * 2,), dtype=torch.uint8)
     target = torch.zeros_like(source)
-    with copier.lock:  # another copy has the helpers: this one goes alone, whole
+    with copier.lock:  # another copy has the helper: this one goes alone, whole
         copier.copy(target.data_ptr(), source.data_ptr(), source.numel())
     assert torch.equal(target, source)
-    helpers = [t.native_id for t in threading.enumerate() if t.name == "nbrpc-copy"]
-    assert helpers and wait_until(lambda: all(_thread_state(tid) == "S" for tid in helpers), timeout=5)
-    assert len(copier.helpers) == copier.HELPERS
+    assert wait_until(lambda: _thread_state(helper.native_id) == "S", timeout=5)
+    assert copier.helper is helper
 
 
 def _thread_state(tid: int) -> str:

@@ -147,7 +147,7 @@ class RpcPickler(cloudpickle.Pickler):
         pickled, and a value must not outlive its message here) and can pickle the next."""
         body = self._body
         try:
-            with shared_tensors.pickling():
+            with shared_tensors.PICKLING:
                 super().dump(obj)
             if _wire.key is None:
                 payload = body.getvalue()

@@ -30,6 +30,7 @@ gone. A sender that ends leaves its receivers' tensors valid (they map the memor
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import secrets
@@ -178,11 +179,7 @@ class _Pickling:
                 seg.mm[0] = FREE
 
 
-_PICKLING = _Pickling()
-
-
-def pickling() -> _Pickling:
-    return _PICKLING
+PICKLING = _Pickling()  # ``with PICKLING:`` around each message's pickling
 
 
 def enable(on: bool) -> None:
@@ -227,53 +224,47 @@ def reducer(fallback):
 
 
 class Copier:
-    """Copies a tensor into a segment on the sending thread and ``HELPERS`` threads of its
-    own, each a slice with ``memmove`` (which runs without the GIL). torch's ``copy_`` is
-    as fast alone, but its OpenMP threads spin for milliseconds after it: on a small
-    machine they took a core from the receiver's copy of the reply (a 100 MiB echo's
-    second copy took 5 to 16 ms). Helpers wait on a lock when idle: no CPU at rest."""
+    """Copies a tensor into a segment in two halves with ``memmove`` (which runs without the
+    GIL), one on the sending thread and one on a helper thread of its own. torch's
+    ``copy_`` is as fast alone, but its OpenMP threads spin for milliseconds after it: on
+    a small machine they took a core from the receiver's copy of the reply (a 100 MiB
+    echo's second copy took 5 to 16 ms). The helper waits on a lock when idle: no CPU at
+    rest."""
 
-    HELPERS = 1
-    SLICE_MIN = 8 << 20  # smaller copies take one memmove on the sending thread
+    SPLIT_MIN = 8 << 20  # smaller copies take one memmove on the sending thread
 
     def __init__(self):
-        self.lock = threading.Lock()  # one copy at a time has the helpers
-        self.helpers: list[tuple] = []  # (start, finished, job) of each helper
+        self.lock = threading.Lock()  # one copy at a time has the helper
+        self.start, self.finished = threading.Lock(), threading.Lock()
+        self.job: tuple = ()
+        self.helper: threading.Thread | None = None
 
     def copy(self, target: int, source: int, nbytes: int) -> None:
-        if nbytes < self.SLICE_MIN or not self.lock.acquire(blocking=False):
+        if nbytes < self.SPLIT_MIN or not self.lock.acquire(blocking=False):
             ctypes.memmove(target, source, nbytes)
             return
         try:
-            while len(self.helpers) < self.HELPERS:
-                self.helpers.append(self._start_helper())
-            step = -(-nbytes // (self.HELPERS + 1))
-            for i, (start, _, job) in enumerate(self.helpers, 1):
-                job[:] = [target + i * step, source + i * step, max(0, min(step, nbytes - i * step))]
-                start.release()
-            ctypes.memmove(target, source, min(step, nbytes))
-            for _, finished, _ in self.helpers:
-                finished.acquire()
+            if self.helper is None:
+                self.start.acquire()
+                self.finished.acquire()
+                self.helper = threading.Thread(target=self._serve, name="nbrpc-copy", daemon=True)
+                self.helper.start()
+            half = nbytes // 2
+            self.job = (target + half, source + half, nbytes - half)
+            self.start.release()
+            ctypes.memmove(target, source, half)
+            self.finished.acquire()
         finally:
             self.lock.release()
 
-    @staticmethod
-    def _start_helper() -> tuple:
-        start, finished, job = threading.Lock(), threading.Lock(), []
-        start.acquire()
-        finished.acquire()
-
-        def serve() -> None:
-            while True:
-                start.acquire()
-                ctypes.memmove(*job)
-                finished.release()
-
-        threading.Thread(target=serve, name="nbrpc-copy", daemon=True).start()
-        return start, finished, job
+    def _serve(self) -> None:
+        while True:
+            self.start.acquire()
+            ctypes.memmove(*self.job)
+            self.finished.release()
 
     def reset(self) -> None:
-        """After a fork: the parent's helpers are not in the child."""
+        """After a fork: the parent's helper is not in the child."""
         self.__init__()
 
 
@@ -286,9 +277,7 @@ def adopt(pid: int, fd: int, token: int, size: int, dtype: torch.dtype, shape: t
     mm = SHARED.mapping(pid, fd, token, size)
     struct.pack_into("q", mm, 8, os.getpid())
     mm[0] = ADOPTED
-    count = 1
-    for d in shape:
-        count *= d
+    count = math.prod(shape)
     view = memoryview(mm)[HEADER:HEADER + count * dtype.itemsize]
     weakref.finalize(view, _release, mm)
     return torch.frombuffer(view, dtype=dtype, count=count).view(shape)
