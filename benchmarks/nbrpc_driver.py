@@ -93,7 +93,7 @@ def _call_bytes(func) -> int:
     ``Stoppable``, pickled knowing its destination."""
     receivers.begin("worker1")
     try:
-        return timing.call_bytes(func, lambda f: interrupts.Stoppable(f, interrupts.new_call_id()))
+        return timing.call_bytes(func, lambda f: interrupts.Stoppable((f, interrupts.new_call_id(), None)))
     finally:
         receivers.end()
 
@@ -135,8 +135,10 @@ def _served_and_plain(count: int) -> dict[str, list[float]]:
 
 
 def _stoppable_sync(plain: bool):
+    kind = interrupts.InlineStoppable if plain else interrupts.Stoppable
+
     def call(to, func, args=()):
-        stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), plain=plain)
+        stoppable = kind((func, interrupts.new_call_id(), None))
         return torch_compat.invoke_rpc(to, stoppable, torch_compat.RPCExecMode.SYNC, args, None,
                                        torch_compat.UNSET_RPC_TIMEOUT).wait()
 

@@ -234,7 +234,7 @@ def _sent_bytes(func, to: str) -> int:
 
     receivers.begin(to)
     try:
-        udf = internal.PythonUDF(interrupts.Stoppable(func, "1-1"), (1,), {})
+        udf = internal.PythonUDF(interrupts.Stoppable((func, "1-1", None)), (1,), {})
         return len(internal._internal_rpc_pickler.serialize(udf)[0])
     finally:
         receivers.end()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import operator
 import os
 import threading
 import time
@@ -51,11 +52,20 @@ TIMEOUT_STOP_GRACE = 0.5
 # Calls stopped before they started here (their stop overtook them): at most this many kept.
 EARLY_LIMIT = 10_000
 
-_ids = itertools.count()
+class _CallIds:
+    """This process's call ids: its pid, then a count (a forked child starts its own)."""
+
+    def __init__(self):
+        self.prefix = f"{os.getpid()}-"
+        self.count = itertools.count()
+
+
+_ids = _CallIds()
+os.register_at_fork(after_in_child=_ids.__init__)
 
 
 def new_call_id() -> str:
-    return f"{os.getpid()}-{next(_ids)}"
+    return _ids.prefix + str(next(_ids.count))
 
 
 def can_stop(func: Callable) -> bool:
@@ -104,81 +114,93 @@ def served_here() -> Served | None:
     return _served.by_thread.get(threading.get_ident()) if _served.by_thread else None
 
 
-class Stoppable:
-    """``func`` sent with a call id, so that ``stop(call_id)`` can reach its thread."""
+class _Call(tuple):
+    """A Python function sent with a call id, so that ``stop(call_id)`` can reach its
+    thread, and a recorded call's ``trace`` (call id, whether a reply is pickled: see
+    ``recorder``; None if not recorded). A tuple, made as ``Stoppable((func, call_id,
+    trace))``, so that it is made, pickled (pickle's own ``NEWOBJ``) and rebuilt all in C,
+    once on each side of every call."""
 
-    # (call id, whether a reply is pickled) of a recorded call: see ``recorder``.
-    trace: tuple | None = None
+    __slots__ = ()
 
-    def __init__(self, func: Callable, call_id: str, trace: tuple | None = None, plain: bool = False):
-        self.func, self.call_id = func, call_id
+    func = property(operator.itemgetter(0))
+    call_id = property(operator.itemgetter(1))
+    trace = property(operator.itemgetter(2))
+
+    def __getattr__(self, name: str):
         # torch's RPC profiler names the call by the function it is given.
-        self.__qualname__ = _what(func)
-        if trace is not None:
-            self.trace = trace
-        self.plain = plain  # a plain function to torch, which runs it on its RPC thread (benchmarks)
-        if not plain:
-            # torch sends it as an @rpc.functions.async_execution function: the callee's
-            # RPC thread gets a Future back at once (see ``serving``).
-            self._wrapped_async_rpc_function = True
-
-    def __reduce__(self):
-        # The function, the id and a recorded call's trace only: the smallest message,
-        # and the least to unpickle.
-        if self.plain:
-            return Stoppable, (self.func, self.call_id, self.trace, True)
-        if self.trace is None:
-            return Stoppable, (self.func, self.call_id)
-        return Stoppable, (self.func, self.call_id, self.trace)
-
-    def __call__(self, *args, **kwargs):
-        torch_compat.keep_thread_state()
-        if self.plain:
-            return self.serve(*args, **kwargs)
-        return serving.serve(self.serve, args, kwargs)
+        if name == "__qualname__":
+            return _what(self[0])
+        raise AttributeError(name)
 
     def serve(self, *args, **kwargs):
         """Run the call on this thread; its value, or the ``RemoteException`` torch sends."""
+        func, call_id, trace = self
         output.begin()
-        PENDING.serving(self.call_id, self.func)
+        PENDING.serving(call_id, func)
         try:
-            if self.trace is None:
-                return self._run(args, kwargs)
-            half = recorder.started(self.trace, self.func, args)
+            if trace is None:
+                return _run(func, call_id, args, kwargs)
+            half = recorder.started(trace, func, args)
             error = None
             try:
-                return self._run(args, kwargs)
+                return _run(func, call_id, args, kwargs)
             except BaseException as e:
                 error = e
                 raise
             finally:
-                recorder.finished(half, self.trace, error)
+                recorder.finished(half, trace, error)
         except Exception as e:
             # torch would print the error to stderr after this returns, when the call's
             # output has gone: its print and reply made here are part of the call.
             return torch_compat.remote_exception(e)
         finally:
-            PENDING.done(self.call_id)
+            PENDING.done(call_id)
             output.end()
 
-    def _run(self, args, kwargs):
-        served = Served(self.call_id, threading.get_ident())
+
+class Stoppable(_Call):
+    """What the caller sends for a Python function. torch sends it as an
+    ``@rpc.functions.async_execution`` function: the callee's RPC thread gets a Future
+    back at once (see ``serving``)."""
+
+    __slots__ = ()
+    _wrapped_async_rpc_function = True
+
+    def __call__(self, *args, **kwargs):
+        torch_compat.keep_thread_state()
+        return serving.serve(self.serve, args, kwargs)
+
+
+class InlineStoppable(_Call):
+    """A ``Stoppable`` torch runs as a plain function on its own RPC thread (the
+    benchmarks compare the two)."""
+
+    __slots__ = ()
+
+    def __call__(self, *args, **kwargs):
+        torch_compat.keep_thread_state()
+        return self.serve(*args, **kwargs)
+
+
+def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):
+    served = Served(call_id, threading.get_ident())
+    try:
+        with _served.lock:
+            if call_id in _served.stopped_early:
+                _served.stopped_early.discard(call_id)
+                raise KeyboardInterrupt
+            _served.running[call_id] = served
+            outer = _served.by_thread.get(served.thread)
+            _served.by_thread[served.thread] = served
         try:
-            with _served.lock:
-                if self.call_id in _served.stopped_early:
-                    _served.stopped_early.discard(self.call_id)
-                    raise KeyboardInterrupt
-                _served.running[self.call_id] = served
-                outer = _served.by_thread.get(served.thread)
-                _served.by_thread[served.thread] = served
-            try:
-                return self.func(*args, **kwargs)
-            finally:
-                _forget(served, outer)
-        except KeyboardInterrupt:
-            # A plain exception, so torch answers the (gone) caller as for any error.
-            raise RuntimeError(f"{_what(self.func)} was stopped: its caller was interrupted "
-                               "or gave up on it") from None
+            return func(*args, **kwargs)
+        finally:
+            _forget(served, outer)
+    except KeyboardInterrupt:
+        # A plain exception, so torch answers the (gone) caller as for any error.
+        raise RuntimeError(f"{_what(func)} was stopped: its caller was interrupted "
+                           "or gave up on it") from None
 
 
 def _forget(served: Served, outer: Served | None) -> None:

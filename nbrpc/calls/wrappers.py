@@ -257,7 +257,7 @@ def _send(send: Callable, func, args, record: _Record | _Unrecorded, replies: bo
     try:
         if not interrupts.can_stop(func):
             return send(func), None
-        stoppable = interrupts.Stoppable(func, interrupts.new_call_id(), record.trace(replies))
+        stoppable = interrupts.Stoppable((func, interrupts.new_call_id(), record.trace(replies)))
         try:
             return send(stoppable), stoppable.call_id
         except SerializationError:
@@ -357,10 +357,14 @@ def _wait(fut, to, served: interrupts.Served | None = None) -> None:
     """On the main thread, or serving a call (``served``, whose stop ends the wait), wait
     for ``fut`` in a way Ctrl-C can interrupt: a lock released by its done-callback (a
     lock's timed acquire costs no CPU, where polling ``done()`` took a core)."""
-    if not fut.done() and (served is not None or threading.current_thread() is threading.main_thread()):
-        done = _thread.allocate_lock()
-        done.acquire()
-        fut.add_done_callback(_releasing(done))
+    if fut.done() or (served is None and threading.get_ident() != threading.main_thread().ident):
+        return
+    done = _thread.allocate_lock()
+    done.acquire()
+    fut.add_done_callback(_releasing(done))
+    if served is None:
+        _await(done, to)
+    else:
         stopping.wait_served(served, done, lambda: _await(done, to))
 
 

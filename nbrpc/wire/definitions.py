@@ -168,7 +168,9 @@ def _by_identity(func: types.FunctionType, key: tuple, ident: Identity) -> tuple
     """A top-level function the receiver holds: its identity, and the notebook definitions
     it uses (a newer one, from a cell run again, is stored under its name there)."""
     uses = tuple(v for v in _fills(func, ident.global_names).values() if is_notebook_definition(v))
-    return (_pinned_function, (key,), uses or None, None, None, _touch)
+    if not uses:  # the identity alone: nothing to set on arrival
+        return _pinned_function, (key,)
+    return (_pinned_function, (key,), uses, None, None, _touch)
 
 
 def _cache_code(ident: Identity, func: types.FunctionType) -> None:
