@@ -121,7 +121,7 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
     key = PENDING.calling(to, func, call_id, "rpc_async")
-    named = NamedFuture(fut, to, _label("rpc_async", to, func), timeout, call_id, record, key)
+    named = NamedFuture(fut, (to, func, timeout, call_id), record, key)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
     return named
@@ -133,15 +133,17 @@ class NamedFuture(torch.futures.Future):
 
     Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all`` (see
     ``collect_all``) keep torch's errors; it has torch's future's devices (``agent_devices``).
+    One is made and settled per call: it calls torch's C++ future directly, where
+    ``torch.futures.Future`` adds only a Python layer, and names its call only on failure.
     """
 
-    def __init__(self, fut: torch.futures.Future, to, label: str, timeout: float, call_id: str | None,
-                 record: _Record | _Unrecorded = None, key: str | None = None):
-        super().__init__(devices=agent_devices.current())
-        self._call = (to, label, timeout, call_id)
+    def __init__(self, fut: torch.futures.Future, call: tuple, record: _Record | _Unrecorded | None = None,
+                 key: str | None = None):
+        _FUTURE_INIT(self, agent_devices.current())
+        self._call = call  # (destination, function, timeout, call id)
         self._record = record or UNRECORDED
         self._key = key  # in PENDING while in flight
-        self._served = interrupts.calling_from_here(to, call_id)  # what made it, on this member
+        self._served = interrupts.calling_from_here(call[0], call[3])  # what made it, on this member
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
@@ -149,7 +151,8 @@ class NamedFuture(torch.futures.Future):
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
         PENDING.answered(self._key)
-        interrupts.called(self._served, self._call[3])
+        if self._served is not None:
+            interrupts.called(self._served, self._call[3])
         try:
             value = fut.value()
         except Exception as e:
@@ -159,17 +162,22 @@ class NamedFuture(torch.futures.Future):
             self.set_exception(e)
         else:
             self._record.answered()
-            self.set_result(value)
+            _FUTURE_SET_RESULT(self, value)
 
     def wait(self):
-        to, label, timeout, call_id = self._call
+        to, func, timeout, call_id = self._call
         try:
             _wait(self, to, interrupts.served_here())
-            return super().wait()
+            return _FUTURE_WAIT(self)
         except RuntimeError as e:
-            _raise_named(e, to, label, timeout, None, self._key, stopping.outcome(self._stopping))
+            _raise_named(e, to, _label("rpc_async", to, func), timeout, None, self._key,
+                         stopping.outcome(self._stopping))
         except KeyboardInterrupt:
-            raise _stopped(to, label, call_id, self._key) from None
+            raise _stopped(to, _label("rpc_async", to, func), call_id, self._key) from None
+
+
+# torch's C++ future's own methods, under torch.futures.Future's Python ones.
+_FUTURE_INIT, _FUTURE_SET_RESULT, _FUTURE_WAIT = torch._C.Future.__init__, torch._C.Future.set_result, torch._C.Future.wait
 
 
 def collect_all(futures):
