@@ -233,7 +233,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
         PENDING.answered(key)
     record.answered()
     if rref_ledger.is_tracking():
-        rref_ledger.fetched(rref, value)
+        rref_ledger.fetched(rref)
     return value
 
 

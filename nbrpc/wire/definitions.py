@@ -121,6 +121,9 @@ def is_notebook_definition(obj) -> bool:
 
 
 def _identity(obj) -> Identity:
+    found = REGISTRY.identities.get(obj)  # made once: the lock only to make it
+    if found is not None:
+        return found
     with REGISTRY.lock:
         found = REGISTRY.identities.get(obj)
         if found is None:
@@ -167,7 +170,8 @@ def reduce_function(func: types.FunctionType) -> tuple:
 def _by_identity(func: types.FunctionType, key: tuple, ident: Identity) -> tuple:
     """A top-level function the receiver holds: its identity, and the notebook definitions
     it uses (a newer one, from a cell run again, is stored under its name there)."""
-    uses = tuple(v for v in _fills(func, ident.global_names).values() if is_notebook_definition(v))
+    uses = ident.global_names and tuple(
+        v for v in _fills(func, ident.global_names).values() if is_notebook_definition(v))
     if not uses:  # the identity alone: nothing to set on arrival
         return _pinned_function, (key,)
     return (_pinned_function, (key,), uses, None, None, _touch)
