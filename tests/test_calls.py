@@ -164,6 +164,26 @@ def test_interrupted_to_here_stops_the_waiting(cluster, stop_button):
     assert len(helpers.idle) <= 2  # helpers are taken again, not one made per fetch
 
 
+def test_to_here_waits_itself_then_on_a_helper(cluster, monkeypatch):
+    """A value that is there soon is fetched on the main thread; one that takes longer
+    than DIRECT_FETCH is fetched again on a helper thread, whose wait the stop button
+    can end, and arrives once; a short timeout of the caller's is kept."""
+    from nbrpc.calls import helpers, wrappers
+
+    taken = []
+    take = helpers.take
+    monkeypatch.setattr(helpers, "take", lambda: taken.append(1) or take())
+    assert rpc.remote("worker1", torch.add, args=(1, 1)).to_here() == 2
+    assert taken == []
+    began = time.monotonic()
+    slow = wrappers.DIRECT_FETCH + 0.5
+    assert rpc.remote("worker1", _loop, args=(slow, "slow fetch")).to_here() == "slow fetch"
+    assert taken == [1] and slow <= time.monotonic() - began < slow + 5
+    with pytest.raises(RuntimeError, match=r"got no answer within 0.5 s"):  # within DIRECT_FETCH: here
+        rpc.remote("worker1", _loop, args=(slow, "timed out")).to_here(timeout=wrappers.DIRECT_FETCH)
+    assert taken == [1]
+
+
 def _wait_for_ended(entry: tuple, timeout: float = 10.0) -> list:
     """worker1's record of ended runs, once it has ``entry``."""
     ended = []

@@ -4,6 +4,7 @@ torch's path for the rest, and nothing left after any ending."""
 from __future__ import annotations
 
 import os
+import struct
 
 import pytest
 import torch
@@ -255,3 +256,29 @@ def test_the_copier_copies_every_byte_in_halves_and_alone():
 def _thread_state(tid: int) -> str:
     with open(f"/proc/self/task/{tid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_message_dropped_unread_gives_its_segment_back_after_the_lease(monkeypatch):
+    """A reply whose caller gave up on it is dropped unread: its segment stays sent until
+    the lease, then carries the next message; the late message, unpickled after all,
+    raises instead of reading the next one's tensor."""
+    pool = shared_tensors.Pool()
+    try:
+        nbytes = shared_tensors.MIN_BYTES
+        first = pool.take(nbytes)
+        old = (os.getpid(), first.fd, first.token, first.size, torch.uint8, (nbytes,), first.message)
+        assert pool.take(nbytes) is not first  # within the lease it stays the dropped message's
+        monkeypatch.setattr(shared_tensors, "SENT_LEASE", 0.0)
+        pool.segments[1].mm[0] = shared_tensors.ADOPTED  # the second one's receiver holds it
+        struct.pack_into("q", pool.segments[1].mm, 8, os.getpid())
+        again = pool.take(nbytes)
+        assert again is first and again.message == old[-1] + 1
+        first.data[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
+        with pytest.raises(RuntimeError, match="arrived more than 0 s after it was sent"):
+            shared_tensors.adopt(*old)
+        current = shared_tensors.adopt(*old[:-1], again.message)
+        assert current[:4].tolist() == [1, 2, 3, 4]
+        del current
+    finally:
+        pool.close()
+        shared_tensors.SHARED.mapped.clear()

@@ -14,8 +14,9 @@ Wrappers, installed in every member by ``group.join``:
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
 - ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
-  thread can be interrupted outside an autograd context and a profiler (the waiting stops;
-  the function that built the value is not stopped). Both tell the RRef ledger if it tracks.
+  thread can be interrupted outside an autograd context and a profiler, after at most
+  ``DIRECT_FETCH`` s (the waiting stops; the function that built the value is not
+  stopped). Both tell the RRef ledger if it tracks.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ _torch_collect_all = torch_compat.collect_all
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
+# How long ``to_here`` on the main thread waits for its value itself (seconds) before it
+# waits on a helper thread, whose wait the stop button ends: most values come well
+# within it, and the hand-off to a helper and back cost a small fetch about 15%.
+DIRECT_FETCH = 0.5
 # ``fate(name)``: why worker ``name`` is gone, or None; the running cluster registers one.
 WORKER_FATES = Hooks()
 
@@ -218,8 +223,8 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     record = _record("to_here", owner, rref=rref)
     key = PENDING.calling(owner, "to_here", None, "to_here", PENDING.remote_call(rref))
     try:
-        if threading.current_thread() is threading.main_thread() and not _this_threads():
-            value = _in_background(lambda: _fetch(rref, timeout, record), owner)
+        if threading.get_ident() == threading.main_thread().ident and not _this_threads():
+            value = _fetch_interruptibly(rref, timeout, record, owner)
         else:
             value = _fetch(rref, timeout, record)
     except RuntimeError as e:
@@ -244,6 +249,24 @@ def _this_threads() -> bool:
     back a leaf (``dist_autograd.backward`` waited for good) and the profile lacked it.
     torch's context count first spares the usual case a C++ exception (about 20 us)."""
     return torch_compat.context_id_or_none() is not None or torch_compat.profiler_enabled()
+
+
+def _fetch_interruptibly(rref, timeout: float, record: _Record | _Unrecorded, owner: str):
+    """``to_here`` on the main thread: fetched here for up to ``DIRECT_FETCH`` s (a stop
+    takes effect when they end), then again on a helper thread, whose wait the stop
+    button ends at once. A value not there in time is so sent twice; torch drops the
+    first reply unread (a big tensor's segment comes back, see ``shared_tensors``)."""
+    limit = rpc.get_rpc_timeout() if timeout == UNSET_RPC_TIMEOUT else timeout  # 0: none
+    if 0 < limit <= DIRECT_FETCH:
+        return _fetch(rref, timeout, record)
+    began = time.monotonic()
+    try:
+        return _fetch(rref, DIRECT_FETCH, record)
+    except RuntimeError as e:
+        if not stopping.timed_out(e):
+            raise
+    rest = 0 if limit == 0 else max(limit - (time.monotonic() - began), 1e-3)
+    return _in_background(lambda: _fetch(rref, rest, record), owner)
 
 
 def _fetch(rref, timeout: float, record: _Record | _Unrecorded):

@@ -22,9 +22,14 @@ else takes torch's path.
 
 Headers: byte 0 is the segment's state (free, sent, adopted, closed), bytes 8-16 the
 adopting process's pid, bytes 16-24 the segment's token (a receiver checks it, so a
-reused descriptor number is never mistaken for an old segment). A receiver killed
-while it held a segment leaves it adopted: the sender takes it back once that pid is
-gone. A sender that ends leaves its receivers' tensors valid (they map the memory).
+reused descriptor number is never mistaken for an old segment), bytes 24-32 the number
+of the message that last used it. A receiver killed while it held a segment leaves it
+adopted: the sender takes it back once that pid is gone. A message no one unpickles
+(the reply to a call whose caller gave up on it: torch drops a late reply unread)
+leaves its segment sent: the sender takes it back ``SENT_LEASE`` seconds after it sent
+it, and a receiver that would adopt it after that finds another message's number there
+and raises, never reading another message's tensor. A sender that ends leaves its
+receivers' tensors valid (they map the memory).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ HEADER = 4096  # the data starts page-aligned
 ROUND = 2 << 20  # segment sizes are multiples of this, so similar tensors share them
 POOL_LIMIT = 4 << 30  # bytes of segments a member keeps at most; past it, torch's path
 UNUSED_FOR = 60.0  # seconds a free segment stays after its last use (checked at the next send)
+SENT_LEASE = 600.0  # seconds after which a segment sent and never adopted is taken back
 FREE, SENT, ADOPTED, CLOSED = 0, 1, 2, 3
 _DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
                      torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -57,7 +63,7 @@ _DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64
 class _Segment:
     """One shared memory segment of the sender's pool, mapped and faulted in."""
 
-    __slots__ = ("fd", "mm", "size", "token", "data", "used")
+    __slots__ = ("fd", "mm", "size", "token", "data", "used", "message")
 
     def __init__(self, size: int):
         self.fd = os.memfd_create("nbrpc-tensors", os.MFD_CLOEXEC)
@@ -72,6 +78,7 @@ class _Segment:
         struct.pack_into("Bxxxxxxxqq", self.mm, 0, FREE, 0, self.token)
         self.data = torch.frombuffer(self.mm, dtype=torch.uint8, offset=HEADER)
         self.used = time.monotonic()
+        self.message = 0  # the number of the last message sent through it
 
     def state(self) -> int:
         return self.mm[0]
@@ -100,8 +107,11 @@ class Pool:
             now = time.monotonic()
             fits = None
             for seg in self.segments:
-                if seg.state() == ADOPTED and not pid_alive(struct.unpack_from("q", seg.mm, 8)[0]):
+                state = seg.state()
+                if state == ADOPTED and not pid_alive(struct.unpack_from("q", seg.mm, 8)[0]):
                     seg.mm[0] = FREE  # its receiver was killed holding it
+                elif state == SENT and now - seg.used > SENT_LEASE:
+                    seg.mm[0] = FREE  # its message was dropped unread
                 if fits is None and seg.state() == FREE and nbytes <= seg.size <= 2 * nbytes + ROUND:
                     fits = seg
             for seg in [s for s in self.segments if s is not fits and s.state() == FREE
@@ -114,6 +124,8 @@ class Pool:
                     return None
                 fits = _Segment(size)
                 self.segments.append(fits)
+            fits.message += 1
+            struct.pack_into("q", fits.mm, 24, fits.message)
             fits.mm[0], fits.used = SENT, now
             return fits
 
@@ -218,7 +230,7 @@ def reducer(fallback):
         if taken is not None:
             taken.append(seg)
         COPIER.copy(seg.data.data_ptr(), tensor.data_ptr(), nbytes)
-        return adopt, (os.getpid(), seg.fd, seg.token, seg.size, tensor.dtype, tuple(tensor.shape))
+        return adopt, (os.getpid(), seg.fd, seg.token, seg.size, tensor.dtype, tuple(tensor.shape), seg.message)
 
     return reduce
 
@@ -272,15 +284,24 @@ COPIER = Copier()
 os.register_at_fork(after_in_child=COPIER.reset)
 
 
-def adopt(pid: int, fd: int, token: int, size: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+def adopt(pid: int, fd: int, token: int, size: int, dtype: torch.dtype, shape: tuple,
+          message: int) -> torch.Tensor:
     """On the receiver: the sent tensor, in the sender's segment, this process's until freed."""
     mm = SHARED.mapping(pid, fd, token, size)
+    _check_message(mm, pid, message)
     struct.pack_into("q", mm, 8, os.getpid())
     mm[0] = ADOPTED
+    _check_message(mm, pid, message)  # not taken back as it was adopted
     count = math.prod(shape)
     view = memoryview(mm)[HEADER:HEADER + count * dtype.itemsize]
     weakref.finalize(view, _release, mm)
     return torch.frombuffer(view, dtype=dtype, count=count).view(shape)
+
+
+def _check_message(mm: mmap.mmap, pid: int, message: int) -> None:
+    if struct.unpack_from("q", mm, 24)[0] != message:
+        raise RuntimeError(f"a tensor process {pid} sent through shared memory arrived more than "
+                           f"{SENT_LEASE:g} s after it was sent, and its memory was used again")
 
 
 def _release(mm: mmap.mmap) -> None:
