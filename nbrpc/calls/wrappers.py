@@ -39,10 +39,10 @@ from ..errors import (
     UnknownWorkerError,
     WorkerDiedError,
 )
-from ..recording import recorder, rref_ledger
+from ..recording import rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import agent_devices, destinations, helpers, interrupts, output, stopping
+from . import agent_devices, destinations, helpers, interrupts, output, records, stopping
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_rpc_sync = torch_compat.rpc_sync
@@ -96,7 +96,7 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    record = _record("rpc_sync", to, func)
+    record = records.record("rpc_sync", to, func)
     fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
     key, served = PENDING.calling(to, func, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
@@ -122,7 +122,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    record = _record("rpc_async", to, func)
+    record = records.record("rpc_async", to, func)
     fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
     key = PENDING.calling(to, func, call_id, "rpc_async")
@@ -142,11 +142,11 @@ class NamedFuture(torch.futures.Future):
     ``torch.futures.Future`` adds only a Python layer, and names its call only on failure.
     """
 
-    def __init__(self, fut: torch.futures.Future, call: tuple, record: _Record | _Unrecorded | None = None,
-                 key: str | None = None):
-        _FUTURE_INIT(self, agent_devices.current())
+    def __init__(self, fut: torch.futures.Future, call: tuple,
+                 record: records.Record | records.Unrecorded | None = None, key: str | None = None):
+        _CFuture.__init__(self, agent_devices.current())
         self._call = call  # (destination, function, timeout, call id)
-        self._record = record or UNRECORDED
+        self._record = record or records.UNRECORDED
         self._key = key  # in PENDING while in flight
         self._served = interrupts.calling_from_here(call[0], call[3])  # what made it, on this member
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
@@ -167,13 +167,13 @@ class NamedFuture(torch.futures.Future):
             self.set_exception(e)
         else:
             self._record.answered()
-            _FUTURE_SET_RESULT(self, value)
+            _CFuture.set_result(self, value)
 
     def wait(self):
         to, func, timeout, call_id = self._call
         try:
             _wait(self, to, interrupts.served_here())
-            return _FUTURE_WAIT(self)
+            return _CFuture.wait(self)
         except RuntimeError as e:
             _raise_named(e, to, _label("rpc_async", to, func), timeout, None, self._key,
                          stopping.outcome(self._stopping))
@@ -181,8 +181,7 @@ class NamedFuture(torch.futures.Future):
             raise _stopped(to, _label("rpc_async", to, func), call_id, self._key) from None
 
 
-# torch's C++ future's own methods, under torch.futures.Future's Python ones.
-_FUTURE_INIT, _FUTURE_SET_RESULT, _FUTURE_WAIT = torch._C.Future.__init__, torch._C.Future.set_result, torch._C.Future.wait
+_CFuture = torch._C.Future  # torch's C++ future, under torch.futures.Future's Python methods
 
 
 def collect_all(futures):
@@ -202,7 +201,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     function goes as a ``Stoppable``, so that what it writes is sent to the driver before
     the owner confirms the RRef; no reply is pickled (the value stays with its owner):
     a recorded ``remote``'s reply is the owner's ack of the RRef."""
-    record = _record("remote", to, func)
+    record = records.record("remote", to, func)
     try:
         rref, call_id = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, args, record,
                               replies=False)
@@ -220,7 +219,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     if rref.is_owner() or not torch_compat.has_agent():  # after shutdown: torch's own error
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
-    record = _record("to_here", owner, rref=rref)
+    record = records.record("to_here", owner, rref=rref)
     key = PENDING.calling(owner, "to_here", None, "to_here", PENDING.remote_call(rref))
     try:
         if threading.get_ident() == threading.main_thread().ident and not _this_threads():
@@ -251,7 +250,7 @@ def _this_threads() -> bool:
     return torch_compat.context_id_or_none() is not None or torch_compat.profiler_enabled()
 
 
-def _fetch_interruptibly(rref, timeout: float, record: _Record | _Unrecorded, owner: str):
+def _fetch_interruptibly(rref, timeout: float, record: records.Record | records.Unrecorded, owner: str):
     """``to_here`` on the main thread: fetched here for up to ``DIRECT_FETCH`` s (a stop
     takes effect when they end), then again on a helper thread, whose wait the stop
     button ends at once. A value not there in time is so sent twice; torch drops the
@@ -269,7 +268,7 @@ def _fetch_interruptibly(rref, timeout: float, record: _Record | _Unrecorded, ow
     return _in_background(lambda: _fetch(rref, rest, record), owner)
 
 
-def _fetch(rref, timeout: float, record: _Record | _Unrecorded):
+def _fetch(rref, timeout: float, record: records.Record | records.Unrecorded):
     """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled."""
     record.fetching(True)
     try:
@@ -278,7 +277,7 @@ def _fetch(rref, timeout: float, record: _Record | _Unrecorded):
         record.fetching(False)
 
 
-def _send(send: Callable, func, args, record: _Record | _Unrecorded, replies: bool):
+def _send(send: Callable, func, args, record: records.Record | records.Unrecorded, replies: bool):
     """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
     ``Stoppable`` with a new call id, so that an interrupt can stop it (a recorded call's
     carries the record's id, and whether its reply is pickled: ``replies``). Returns what
@@ -311,72 +310,6 @@ def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Call
     if named is error:
         raise error
     raise named from error
-
-
-class _Record:
-    """A recorded call's caller half (``recording.recorder``), told the same way on every
-    path of every kind of call."""
-
-    __slots__ = ("half",)
-
-    def __init__(self, half: list):
-        self.half = half
-
-    def trace(self, replies: bool) -> tuple:
-        return (recorder.call_id(self.half), replies)
-
-    def sent(self, func, args) -> None:
-        recorder.sent(self.half, func, args)
-
-    def failed(self, error: BaseException) -> None:
-        recorder.failed(self.half, error)
-
-    def named(self, error: BaseException) -> None:
-        recorder.named(self.half, error)
-
-    def answered(self, error: BaseException | None = None) -> None:
-        recorder.answered(self.half, error)
-
-    def made_rref(self, rref) -> None:
-        half = self.half
-        recorder.made_rref(half, rref)
-        torch_compat.creation_future(rref).add_done_callback(lambda fut: recorder.answered_future(half, fut))
-
-    def fetching(self, on: bool) -> None:
-        recorder.fetching(self.half if on else None)
-
-
-class _Unrecorded:
-    """A call that is not recorded: what it would tell its record goes nowhere."""
-
-    __slots__ = ()
-
-    def trace(self, replies: bool) -> None:
-        return None
-
-    def sent(self, func, args) -> None: ...
-
-    def failed(self, error: BaseException) -> None: ...
-
-    def named(self, error: BaseException) -> None: ...
-
-    def answered(self, error: BaseException | None = None) -> None: ...
-
-    def made_rref(self, rref) -> None: ...
-
-    def fetching(self, on: bool) -> None: ...
-
-
-UNRECORDED = _Unrecorded()
-
-
-def _record(kind: str, to, func=None, rref=None) -> _Record | _Unrecorded:
-    """The record of a call about to be made: a caller half while this member records
-    and the call is the user's (``recorder.outgoing``), else ``UNRECORDED``."""
-    if not recorder.RECORDER.recording:
-        return UNRECORDED
-    half = recorder.outgoing(kind, to, rref=rref, func=func)
-    return UNRECORDED if half is None else _Record(half)
 
 
 def _label(how: str, to, func) -> str:

@@ -23,7 +23,7 @@ The parts:
   fill-ins fill only names the namespace lacks, so module-level state persists per
   process; a definition is stored under its name unless that name holds something
   else than an earlier version of the same definition from the same origin.
-- **Per-process primitives** (``PER_PROCESS``): a lock, condition, event or semaphore
+- **Per-process primitives** (``per_process``): a lock, condition, event or semaphore
   used as a global arrives as a fresh one, as an import would make it.
 """
 
@@ -39,23 +39,13 @@ import threading
 import types
 import uuid
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import cloudpickle
 
 from .._compat import cloudpickle_compat as cp
+from . import per_process
 from .receivers import receivers
-
-# The per-process objects a global may hold, and the recipe for a fresh one like it.
-PER_PROCESS: dict[type, Callable] = {
-    type(threading.Lock()): lambda old: (threading.Lock, ()),
-    type(threading.RLock()): lambda old: (threading.RLock, ()),
-    threading.Condition: lambda old: (threading.Condition, ()),
-    threading.Event: lambda old: (threading.Event, ()),
-    threading.Semaphore: lambda old: (threading.Semaphore, (old._value,)),
-    threading.BoundedSemaphore: lambda old: (threading.BoundedSemaphore, (old._initial_value,)),
-}
 
 DIGEST_SIZE = 16
 
@@ -158,7 +148,7 @@ def reduce_function(func: types.FunctionType) -> tuple:
         if by_digest:
             return _plain_function_by_digest, (*head, ident.digest, *names)
         return _plain_function, (*head, ident.payload, *names, ident.digest)
-    fills = {name: _per_process(value) for name, value in _fills(func, ident.global_names).items()}
+    fills = {name: per_process.fresh(value) for name, value in _fills(func, ident.global_names).items()}
     closure = None if func.__closure__ is None else [cp.cell_contents(c) for c in func.__closure__]
     state = (func.__defaults__, func.__kwdefaults__, closure, dict(func.__dict__),
              func.__annotations__, fills)
@@ -219,21 +209,6 @@ def fill_ins(func: types.FunctionType) -> dict:
 def _fills(func: types.FunctionType, names) -> dict:
     scope = func.__globals__
     return {name: scope[name] for name in names if name in scope}
-
-
-def _per_process(value):
-    recipe = PER_PROCESS.get(type(value))
-    return value if recipe is None else _Fresh(recipe(value))
-
-
-class _Fresh:
-    """A per-process object in transit: what arrives is a new one of the same kind."""
-
-    def __init__(self, recipe: tuple):
-        self.recipe = recipe
-
-    def __reduce__(self):
-        return self.recipe
 
 
 def reduce_class(cls: type) -> tuple:
@@ -448,7 +423,7 @@ def unsendable_global(obj, pickles, seen: set | None = None) -> str | None:
             found = unsendable_global(value, pickles, seen)
             if found:
                 return found
-        elif not pickles(_per_process(value)):
+        elif not pickles(per_process.fresh(value)):
             return f"the global {name!r} ({type(value).__name__}) that {obj.__qualname__} uses"
     return None
 
