@@ -52,6 +52,7 @@ TIMEOUT_STOP_GRACE = 0.5
 # Calls stopped before they started here (their stop overtook them): at most this many kept.
 EARLY_LIMIT = 10_000
 
+
 class _CallIds:
     """This process's call ids: its pid, then a count (a forked child starts its own)."""
 
@@ -123,9 +124,7 @@ class _Call(tuple):
 
     __slots__ = ()
 
-    func = property(operator.itemgetter(0))
     call_id = property(operator.itemgetter(1))
-    trace = property(operator.itemgetter(2))
 
     def __getattr__(self, name: str):
         # torch's RPC profiler names the call by the function it is given.

@@ -252,7 +252,7 @@ def _this_threads() -> bool:
 
 def _fetch_interruptibly(rref, timeout: float, record: records.Record | records.Unrecorded, owner: str):
     """``to_here`` on the main thread: fetched here for up to ``DIRECT_FETCH`` s (a stop
-    takes effect when they end), then again on a helper thread, whose wait the stop
+    takes effect once they are over), then again on a helper thread, whose wait the stop
     button ends at once. A value not there in time is so sent twice; torch drops the
     first reply unread (a big tensor's segment comes back, see ``shared_tensors``)."""
     limit = rpc.get_rpc_timeout() if timeout == UNSET_RPC_TIMEOUT else timeout  # 0: none
