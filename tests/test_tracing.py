@@ -189,6 +189,15 @@ def test_chrome_trace_arrows_stay_in_their_slices_when_clocks_disagree():
     assert len(flows) == 2
 
 
+def test_chrome_trace_arrows_stay_in_their_slices_to_the_last_bit():
+    # 93.405 + (499.901 - 93.405) is 499.90099999999995: a slice's end computed as
+    # ts + dur falls short of its own end rounded on its own, by one bit.
+    reports = [member(M, 0, [caller("master:0", 9.000093405, 9.000499901, callee=W1)]),
+               member(W1, 1, [callee("master:0", 9.000093405, 9.000499901)]), member(W2, 2, [])]
+    flows = check_chrome(records.chrome_trace(records.merge(reports, {}, 9.0, 12.0)))
+    assert len(flows) == 2
+
+
 def test_summary_rows():
     reports = [member(M, 0, [caller("master:0", 1.0, 1.5, request=(4000, 600)),
                              caller("master:1", 2.0, 2.1, request=(4000, 600)),

@@ -116,29 +116,32 @@ def chrome_trace(snap: TraceSnapshot) -> dict:
         end = c["replied"] if c["replied"] is not None else (c["ended"] or c["sent"])
         lane = _lane(lanes[c["caller"]], c["sent"], end)
         caller_tid = 1_000_000 + lane
+        sent, sent_dur = us(c["sent"]), max(0.0, us(end) - us(c["sent"]))
         events.append(dict(ph="X", name=label, cat="call", pid=pid(c["caller"]), tid=caller_tid,
-                           ts=us(c["sent"]), dur=max(0.0, us(end) - us(c["sent"])), args=args))
+                           ts=sent, dur=sent_dur, args=args))
         if c["began"] is None:
             continue
         key = (c["callee"], c["thread"])
         tid = threads.setdefault(key, len([k for k in threads if k[0] == c["callee"]]) + 1)
-        began, ended = c["began"], c["ended"] if c["ended"] is not None else c["began"]
+        ended = c["ended"] if c["ended"] is not None else c["began"]
+        began, run_dur = us(c["began"]), max(0.0, us(ended) - us(c["began"]))
         events.append(dict(ph="X", name=c["name"], cat="run", pid=pid(c["callee"]), tid=tid,
-                           ts=us(began), dur=max(0.0, us(ended) - us(began)), args=args))
+                           ts=began, dur=run_dur, args=args))
         # Arrows: request (send -> run), reply (run's end -> reply), each end inside its
-        # slice even where the members' clocks, aligned to within a few ms, disagree.
+        # slice even where the members' clocks, aligned to within a few ms, disagree. A
+        # slice ends at ts + dur exactly (not at us(end), which may differ in the last bit).
         request = next(flow)
         events.append(dict(ph="s", name="request", cat="rpc", id=request, pid=pid(c["caller"]),
-                           tid=caller_tid, ts=us(c["sent"])))
+                           tid=caller_tid, ts=sent))
         events.append(dict(ph="f", bp="e", name="request", cat="rpc", id=request,
-                           pid=pid(c["callee"]), tid=tid, ts=min(max(us(began), us(c["sent"])), us(ended))))
+                           pid=pid(c["callee"]), tid=tid, ts=min(max(began, sent), began + run_dur)))
         if c["replied"] is not None and c["ended"] is not None:
             reply = next(flow)
             events.append(dict(ph="s", name="reply", cat="rpc", id=reply, pid=pid(c["callee"]),
-                               tid=tid, ts=us(ended)))
+                               tid=tid, ts=began + run_dur))
             events.append(dict(ph="f", bp="e", name="reply", cat="rpc", id=reply,
                                pid=pid(c["caller"]), tid=caller_tid,
-                               ts=min(max(us(ended), us(c["sent"])), us(c["replied"]))))
+                               ts=min(max(began + run_dur, sent), sent + sent_dur)))
     meta = []
     for name, p in pids.items():
         meta.append(dict(ph="M", name="process_name", pid=p, tid=0, ts=0, args={"name": name}))
