@@ -52,56 +52,48 @@ _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
 _torch_init = torch_compat.rref_init
 
 
-class _Held:
-    """RRef objects of one id alive in this process, and what is known of their value."""
-
-    __slots__ = ("owner", "refs", "type", "summary", "size", "call_site", "from_owner")
-
-    def __init__(self, owner: int, type: str | None = None, call_site: tuple | None = None):
-        self.owner, self.refs, self.type, self.call_site = owner, [], type, call_site
-        self.summary = self.size = None
-        # torch never marks a fork received from its owner confirmed, but the owner sent it.
-        self.from_owner = False
-
-
 class _Ref(weakref.ref):
-    """A weak reference to one tracked RRef object, knowing its RRef id (the callback
-    runs once the object is gone, when its repr can no longer be read)."""
+    """A weak reference to one tracked RRef object, with what is known of it when it
+    arrives (its callback runs once the object is gone, when its repr can no longer be
+    read). What holds for the RRef id (its value's type and summary) is in
+    ``_Ledger.known``, filled when a report asks."""
 
-    __slots__ = ("rref_id", "object_id")
+    __slots__ = ("object_id", "rref_id", "owner", "call_site", "type", "from_owner")
 
 
 class _Ledger:
-    """This process's user references (by RRef id), its recent events, whether it
-    tracks and its worker id; ``reset`` empties it for a new member or cluster.
+    """This process's tracked RRef objects, how many of each RRef id are alive, what is
+    known of each id's value, its recent events, whether it tracks and its worker id;
+    ``reset`` empties it for a new member or cluster.
 
     Every RRef's life passes through ``hold`` and ``_dropped``: both do as little as
-    they can (no formatting, no summaries: ``report`` asks for those when it is asked)."""
+    they can (no formatting, no grouping, no summaries: ``report`` does those when it
+    is asked)."""
 
     def __init__(self):
         self.tracking = False
         self.me = -1  # this member's worker id, set by reset()
         self.lock = threading.Lock()
-        self.held: dict[str, _Held] = {}
-        # id() of each tracked RRef object -> its RRef id: to_here finds it without
-        # formatting the RRef's repr again.
-        self.objects: dict[int, str] = {}
+        # id() of each tracked RRef object -> its reference: to_here finds its RRef id
+        # without formatting the RRef's repr again.
+        self.refs: dict[int, _Ref] = {}
+        self.alive: dict[str, int] = {}  # RRef id -> tracked objects of it alive here
+        self.known: dict[str, tuple] = {}  # RRef id -> its value's (type, summary, size)
         self.events: collections.deque = collections.deque(maxlen=EVENTS_KEPT)
         self._on_drop = self._dropped  # one bound method for every weak reference
 
     def hold(self, rref, rref_id: str, owner: int, kind: str, source: int, target: int,
-             type_name: str | None = None, call_site: tuple | None = None) -> _Held:
+             type_name: str | None = None, call_site: tuple | None = None) -> None:
         """Start tracking one RRef object and log how it arrived."""
         ref = _Ref(rref, self._on_drop)
-        ref.rref_id, ref.object_id = rref_id, id(rref)
+        ref.object_id, ref.rref_id, ref.owner = id(rref), rref_id, owner
+        ref.call_site, ref.type = call_site, type_name
+        # torch never marks a fork received from its owner confirmed, but the owner sent it.
+        ref.from_owner = kind == "fork" and source == owner
         with self.lock:
-            self.objects[id(rref)] = rref_id
-            held = self.held.get(rref_id)
-            if held is None:
-                held = self.held[rref_id] = _Held(owner, type_name, call_site)
-            held.refs.append(ref)
-            self.events.append((time.time(), kind, rref_id, source, target))
-        return held
+            self.refs[ref.object_id] = ref
+            self.alive[rref_id] = self.alive.get(rref_id, 0) + 1
+        self.events.append((time.time(), kind, rref_id, source, target))
 
     def log(self, kind: str, rref_id: str, source: int, target: int) -> None:
         self.events.append((time.time(), kind, rref_id, source, target))
@@ -109,21 +101,22 @@ class _Ledger:
     def _dropped(self, ref: _Ref) -> None:
         rref_id = ref.rref_id
         with self.lock:
-            if self.objects.get(ref.object_id) == rref_id:
-                del self.objects[ref.object_id]
-            held = self.held.get(rref_id)
-            try:
-                held.refs.remove(ref)
-            except (AttributeError, ValueError):
+            if self.refs.get(ref.object_id) is not ref:
                 return  # from before a reset
-            if not held.refs:
-                del self.held[rref_id]
-                self.events.append((time.time(), "delete", rref_id, self.me, held.owner))
+            del self.refs[ref.object_id]
+            left = self.alive[rref_id] - 1
+            if left:
+                self.alive[rref_id] = left
+                return
+            del self.alive[rref_id]
+            self.known.pop(rref_id, None)
+        self.events.append((time.time(), "delete", rref_id, self.me, ref.owner))
 
     def reset(self) -> None:
         with self.lock:
-            self.held.clear()
-            self.objects.clear()
+            self.refs.clear()
+            self.alive.clear()
+            self.known.clear()
             self.events.clear()
 
 
@@ -178,12 +171,11 @@ def _init(self, value, *args, **kwargs):
 
 def fetched(rref) -> None:
     """``rref.to_here()`` brought its value here from its owner (while tracking)."""
-    rid = _ledger.objects.get(id(rref))
-    held = _ledger.held.get(rid) if rid else None
-    if held is None:  # not found by object (from before tracking started, say)
-        rid = rref_id(rref)
-        held = _ledger.held.get(rid)
-    owner = held.owner if held else rref.owner().id
+    ref = _ledger.refs.get(id(rref))
+    if ref is not None and ref() is rref:
+        rid, owner = ref.rref_id, ref.owner
+    else:  # not tracked (made before tracking started, say)
+        rid, owner = rref_id(rref), rref.owner().id
     if owner != _ledger.me:
         _ledger.log("fetch", rid, owner, _ledger.me)
 
@@ -197,9 +189,8 @@ def _receive(fork_data, quiet: bool = False):
     rref = torch_compat.rref_from_fork_data(fork_data)
     if _ledger.tracking and not quiet:
         owner, created_on, local_id, _, _, parent, type_name = fork_data
-        held = _ledger.hold(rref, f"{created_on}:{local_id}", owner, "fork", parent, _my_id(),
-                            type_name=type_name.rsplit(".", 1)[-1])
-        held.from_owner = held.from_owner or parent == owner
+        _ledger.hold(rref, f"{created_on}:{local_id}", owner, "fork", parent, _my_id(),
+                     type_name=type_name.rsplit(".", 1)[-1])
     return rref
 
 
@@ -212,7 +203,8 @@ _REDUCERS = {PyRRef: reduce, rpc.RRef: reduce}
 
 
 def _call_site() -> tuple | None:
-    frame = sys._getframe(1)
+    """The first frame outside torch and nbrpc, from the caller of a hook's caller."""
+    frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
         frame = frame.f_back
     if frame is None:
@@ -259,20 +251,36 @@ def _summaries(rrefs: list) -> list[tuple]:
     return [summarize(r.local_value()) for r in rrefs]
 
 
-def _fill_summaries(timeout: float) -> None:
+def _alive() -> dict[str, list[tuple]]:
+    """Per RRef id, ``(reference, object)`` of each tracked object of it still alive here."""
+    with _ledger.lock:
+        refs = list(_ledger.refs.values())
+    by_id: dict[str, list[tuple]] = {}
+    for ref in refs:
+        rref = ref()
+        if rref is not None:
+            by_id.setdefault(ref.rref_id, []).append((ref, rref))
+    return by_id
+
+
+def _learn(rref_id: str, found: tuple) -> None:
+    """Keep what an owner said of a value while the RRef id is held here."""
+    with _ledger.lock:
+        if rref_id in _ledger.alive:
+            _ledger.known[rref_id] = found
+
+
+def _fill_summaries(by_id: dict[str, list[tuple]], timeout: float) -> None:
     """Ask owners (one call each) about values this process holds but never saw."""
     by_owner: dict[int, list] = collections.defaultdict(list)
     me = _my_id()
-    with _ledger.lock:
-        unknown = [h for h in _ledger.held.values() if h.summary is None]
-    for held in unknown:
-        rref = next((r for r in map(lambda w: w(), held.refs) if r is not None), None)
-        if rref is None:
+    for rid, [(ref, rref), *_] in by_id.items():
+        if rid in _ledger.known:
             continue
-        if held.owner == me:
-            held.type, held.summary, held.size = summarize(rref.local_value())
+        if ref.owner == me:
+            _learn(rid, summarize(rref.local_value()))
         else:
-            by_owner[held.owner].append((held, rref))
+            by_owner[ref.owner].append((rid, rref))
     futures = []
     _quiet.on = True
     try:
@@ -287,8 +295,8 @@ def _fill_summaries(timeout: float) -> None:
             values = fut.wait()
         except (RuntimeError, TimeoutError):
             continue  # the owner is gone or busy; the summary stays unknown
-        for (held, _), (type_name, summary, size) in zip(pairs, values):
-            held.type, held.summary, held.size = type_name, summary, size
+        for (rid, _), found in zip(pairs, values):
+            _learn(rid, tuple(found))
 
 
 def owner_name(worker_id: int) -> str:
@@ -297,19 +305,20 @@ def owner_name(worker_id: int) -> str:
 
 def report(timeout: float = 5.0) -> dict:
     """This member's ledger as plain data (what ``rref_snapshot`` gathers)."""
+    by_id = _alive()
     if _ledger.tracking:
-        _fill_summaries(timeout)
-    with _ledger.lock:
-        held = list(_ledger.held.items())
-        events = list(_ledger.events)
+        _fill_summaries(by_id, timeout)
+    events = list(_ledger.events)
     rows = []
-    for rid, h in held:
-        alive = [r for r in (w() for w in h.refs) if r is not None]
-        if not alive:
-            continue
-        confirmed = h.from_owner or any(r.is_owner() or r.confirmed_by_owner() for r in alive)
-        rows.append(dict(id=rid, owner=h.owner, type=h.type, summary=h.summary, size=h.size,
-                         call_site=_describe_call_site(h.call_site), confirmed=confirmed))
+    for rid, pairs in by_id.items():
+        refs = [ref for ref, _ in pairs]
+        arrived_as = next((r.type for r in refs if r.type), None)  # the type a fork named
+        type_name, summary, size = _ledger.known.get(rid) or (arrived_as, None, None)
+        call_site = next((r.call_site for r in refs if r.call_site), None)
+        confirmed = any(ref.from_owner or rref.is_owner() or rref.confirmed_by_owner()
+                        for ref, rref in pairs)
+        rows.append(dict(id=rid, owner=refs[0].owner, type=type_name, summary=summary, size=size,
+                         call_site=_describe_call_site(call_site), confirmed=confirmed))
     info = torch_compat.current_agent().get_worker_info()
     return dict(name=info.name, id=info.id, host=socket.gethostname(), pid=os.getpid(),
                 tracking=_ledger.tracking, held=rows, events=events,
