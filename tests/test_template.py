@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -73,6 +74,19 @@ def test_workers_are_forked_from_a_template_without_threads():
         pids = [w.pid for w in cluster.workers]
     assert not [p for p in pids if pid_alive(p)]
     assert None not in [w.exit_code() for w in cluster.workers]
+
+
+def test_what_a_kernel_imports_as_it_starts_is_imported_once_in_the_template(one_worker):
+    from nbrpc.member import template_process
+
+    # Every name still exists: a renamed one would be skipped quietly, and each worker
+    # would import its replacement again as its kernel starts.
+    for name in template_process.KERNEL_IMPORTS:
+        assert importlib.util.find_spec(name) is not None, name
+    # The template has them: sqlite3's C extension (the kernel's history) is mapped there.
+    one_worker()
+    with open(f"/proc/{template.current().pid}/maps") as f:
+        assert "_sqlite3" in f.read()
 
 
 def test_a_killed_forked_worker_says_how_it_ended(one_worker):
