@@ -356,19 +356,30 @@ def test_calls_to_members_that_left_are_forgotten():
 
 
 def test_a_remote_is_in_flight_until_its_owner_confirms_the_rref():
-    """No callback per ``remote``: a call whose creation future is done is dropped when the
-    table is read, and the oldest such calls when the next ``remote`` is sent."""
+    """No callback per ``remote``: a call whose creation future is done, or whose RRef is
+    gone, is dropped when the table is read, and the oldest such calls when the next
+    ``remote`` is about to be sent."""
     from nbrpc.recording.pending import ID, Pending
 
+    class Made:  # a stand-in RRef: the table keeps a weak reference and asks its future
+        def __init__(self):
+            self.future = torch.futures.Future()
+
+        def _get_future(self):
+            return self.future
+
     table = Pending()
-    made = [torch.futures.Future() for _ in range(3)]
-    rrefs = [object() for _ in range(3)]  # stand-ins: the table keeps only their id()
-    table.remote_sent(rrefs[0], "worker1", time.sleep, "a", made[0])
-    table.remote_sent(rrefs[1], "worker2", time.sleep, "b", made[1])
+    rrefs = [Made() for _ in range(4)]
+    table.remote_made(table.remote_sending("worker1", time.sleep, "a"), rrefs[0])
+    table.remote_made(table.remote_sending("worker2", time.sleep, "b"), rrefs[1])
     assert [e[ID] for e in table.in_flight()] == ["a", "b"] and table.remote_call(rrefs[0]) == "a"
-    made[1].set_result(None)
+    rrefs[1].future.set_result(None)
     assert [e[ID] for e in table.in_flight()] == ["a"] and table.remote_call(rrefs[1]) is None
-    made[0].set_result(None)
-    table.remote_sent(rrefs[2], "worker1", time.sleep, "c", made[2])
-    assert list(table.outgoing) == ["c"] and list(table.remotes) == ["c"]
-    assert table.rrefs == {id(rrefs[2]): "c"}
+    rrefs[0].future.set_result(None)
+    key = table.remote_sending("worker1", time.sleep, "c")  # drops "a" before "c" leaves
+    assert list(table.outgoing) == ["c"] and not table.remotes
+    table.remote_made(key, rrefs[2])
+    assert list(table.remotes) == ["c"] and table.rrefs == {id(rrefs[2]): "c"}
+    table.remote_made(table.remote_sending("worker2", time.sleep, "d"), rrefs[3])
+    del rrefs[2]  # its RRef dropped: nothing can wait on "c" any more
+    assert [e[ID] for e in table.in_flight()] == ["d"]

@@ -202,13 +202,21 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     the owner confirms the RRef; no reply is pickled (the value stays with its owner):
     a recorded ``remote``'s reply is the owner's ack of the RRef."""
     record = records.record("remote", to, func)
+    # In flight from before it is sent: what runs between a remote and the to_here after
+    # it delays the fetch (see ``Pending.remote_sending``).
+    call_id = interrupts.new_call_id() if interrupts.can_stop(func) else None
+    key = PENDING.remote_sending(to, func, call_id)
     try:
-        rref, call_id = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, args, record,
-                              replies=False)
+        rref, _ = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, args, record,
+                        replies=False, call_id=call_id)
     except RuntimeError as e:
+        PENDING.answered(key)
         _raise_named(e, to, _label("remote", to, func), timeout, record.named)
+    except BaseException:
+        PENDING.answered(key)
+        raise
+    PENDING.remote_made(key, rref)
     record.made_rref(rref)
-    PENDING.remote_sent(rref, to, func, call_id, torch_compat.creation_future(rref))
     if rref_ledger.is_tracking():
         rref_ledger.created(rref)
     return rref
@@ -277,17 +285,18 @@ def _fetch(rref, timeout: float, record: records.Record | records.Unrecorded):
         record.fetching(False)
 
 
-def _send(send: Callable, func, args, record: records.Record | records.Unrecorded, replies: bool):
+def _send(send: Callable, func, args, record: records.Record | records.Unrecorded, replies: bool,
+          call_id: str | None = None):
     """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
-    ``Stoppable`` with a new call id, so that an interrupt can stop it (a recorded call's
-    carries the record's id, and whether its reply is pickled: ``replies``). Returns what
-    ``send`` returned and the call id (None: cannot be stopped); the record learns
-    what was sent, and a failure to send."""
+    ``Stoppable`` with a new call id (or ``call_id``), so that an interrupt can stop it (a
+    recorded call's carries the record's id, and whether its reply is pickled:
+    ``replies``). Returns what ``send`` returned and the call id (None: cannot be
+    stopped); the record learns what was sent, and a failure to send."""
     output.before_call()
     try:
         if not interrupts.can_stop(func):
             return send(func), None
-        stoppable = interrupts.Stoppable((func, interrupts.new_call_id(), record.trace(replies)))
+        stoppable = interrupts.Stoppable((func, call_id or interrupts.new_call_id(), record.trace(replies)))
         try:
             return send(stoppable), stoppable.call_id
         except SerializationError:
