@@ -141,6 +141,33 @@ def test_local_rref_and_module_summaries(ring):
     del local, model
 
 
+def test_a_remotes_rref_is_entered_late_and_keeps_its_events(ring):
+    # remote() takes only the RRef's repr (between a remote and its to_here, work delays
+    # the fetch); the rest is entered later: as it is fetched, reported or dropped, or
+    # before the next remote is sent.
+    led = rref_ledger._ledger
+    kept = rpc.remote("p1", load_a)
+    assert [r() for r in led.unentered] == [kept] and id(kept) not in led.refs
+    dropped = rpc.remote("p2", load_b)
+    rid, gone = rref_ledger.rref_id(kept), rref_ledger.rref_id(dropped)
+    assert [r() for r in led.unentered] == [dropped] and id(kept) in led.refs
+    del dropped  # dropped before anything entered it
+    assert [r() for r in led.unentered] == [None]
+    snap = nbrpc.rref_snapshot()  # a report enters what is left
+    assert not led.unentered
+    row = next(r for r in snap["rrefs"] if r["id"] == rid)
+    assert (row["owner"], row["holders"]) == ("p1", ["master"])
+    assert "test_rrefs.py line" in row["call_site"] and "load_a" in row["call_site"]
+    events = [(e["kind"], e["from"], e["to"]) for e in snap["events"] if e["rref"] == gone]
+    assert events == [("create", "master", "p2"), ("delete", "master", "p2")]
+    # A fire-and-forget loop keeps nothing waiting: each remote enters the one before.
+    for _ in range(50):
+        rpc.remote("p3", load_a)
+    assert len(led.unentered) <= 1
+    del kept
+    assert settle(lambda: rid not in {r["id"] for r in nbrpc.rref_snapshot()["rrefs"]})
+
+
 def test_snapshot_lists_every_member(ring):
     snap = nbrpc.rref_snapshot()
     assert [w["name"] for w in snap["workers"]] == ["master", "p1", "p2", "p3", "p4"]

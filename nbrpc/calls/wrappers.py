@@ -206,6 +206,9 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     # it delays the fetch (see ``Pending.remote_sending``).
     call_id = interrupts.new_call_id() if interrupts.can_stop(func) else None
     key = PENDING.remote_sending(to, func, call_id)
+    tracking = rref_ledger.is_tracking()
+    if tracking:
+        rref_ledger.enter_made()  # the RRefs of the remotes before, none of them fetched
     try:
         rref, _ = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, args, record,
                         replies=False, call_id=call_id)
@@ -217,8 +220,8 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
         raise
     PENDING.remote_made(key, rref)
     record.made_rref(rref)
-    if rref_ledger.is_tracking():
-        rref_ledger.created(rref)
+    if tracking:
+        rref_ledger.created(rref, to)
     return rref
 
 

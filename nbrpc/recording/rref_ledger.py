@@ -4,7 +4,8 @@ torch keeps only counters per process (``torch_compat.rref_debug_info``). nbrpc 
 a ledger in every member, fed by four hooks (put in place by ``torch_compat.install``
 through ``hook``):
 
-- ``rpc.remote`` and ``PyRRef.__init__`` (``RRef(value)``): a create event, the call site.
+- ``rpc.remote`` and ``PyRRef.__init__`` (``RRef(value)``): a create event, the call site
+  (a ``remote``'s RRef is entered later, see ``_Ledger.made``).
 - the pickler's RRef reducer (``RpcPickler`` asks ``reducer_table``): the sender pickles
   with torch's own fork data (the real fork) and the receiver records a fork event
   from it, whose ``parent`` is the sending worker.
@@ -58,7 +59,7 @@ class _Ref(weakref.ref):
     read). What holds for the RRef id (its value's type and summary) is in
     ``_Ledger.known``, filled when a report asks."""
 
-    __slots__ = ("object_id", "rref_id", "owner", "call_site", "type", "from_owner")
+    __slots__ = ("object_id", "rref_id", "owner", "call_site", "type", "from_owner", "made")
 
 
 class _Ledger:
@@ -66,9 +67,9 @@ class _Ledger:
     known of each id's value, its recent events, whether it tracks and its worker id;
     ``reset`` empties it for a new member or cluster.
 
-    Every RRef's life passes through ``hold`` and ``_dropped``: both do as little as
-    they can (no formatting, no grouping, no summaries: ``report`` does those when it
-    is asked)."""
+    Every RRef's life passes through ``hold`` (or ``made``) and ``_dropped``: they do as
+    little as they can (no formatting, no grouping, no summaries: ``report`` does those
+    when it is asked)."""
 
     def __init__(self):
         self.tracking = False
@@ -80,13 +81,14 @@ class _Ledger:
         self.alive: dict[str, int] = {}  # RRef id -> tracked objects of it alive here
         self.known: dict[str, tuple] = {}  # RRef id -> its value's (type, summary, size)
         self.events: collections.deque = collections.deque(maxlen=EVENTS_KEPT)
+        self.unentered: collections.deque = collections.deque()  # see ``made``
         self._on_drop = self._dropped  # one bound method for every weak reference
 
     def hold(self, rref, rref_id: str, owner: int, kind: str, source: int, target: int,
              type_name: str | None = None, call_site: tuple | None = None) -> None:
         """Start tracking one RRef object and log how it arrived."""
         ref = _Ref(rref, self._on_drop)
-        ref.object_id, ref.rref_id, ref.owner = id(rref), rref_id, owner
+        ref.object_id, ref.rref_id, ref.owner, ref.made = id(rref), rref_id, owner, None
         ref.call_site, ref.type = call_site, type_name
         # torch never marks a fork received from its owner confirmed, but the owner sent it.
         ref.from_owner = kind == "fork" and source == owner
@@ -95,12 +97,43 @@ class _Ledger:
             self.alive[rref_id] = self.alive.get(rref_id, 0) + 1
         self.events.append((time.time(), kind, rref_id, source, target))
 
+    def made(self, rref, to, call_site: tuple | None) -> None:
+        """``rpc.remote`` made ``rref``: only what needs the object now is taken (its repr,
+        which holds its id), and it is entered as it is fetched, reported or dropped. What
+        runs between a ``remote`` and the ``to_here`` after it delays the fetch's request
+        (see ``Pending.remote_sending``): entering it there cost the pair about 9 us."""
+        ref = _Ref(rref, self._on_drop)
+        ref.object_id, ref.made = id(rref), (repr(rref), to, call_site, time.time())
+        self.unentered.append(ref)
+
+    def enter_made(self) -> None:
+        """Enter every RRef ``made`` left for later."""
+        while self.unentered:
+            try:
+                ref = self.unentered.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            with self.lock:
+                self._enter(ref)
+
+    def _enter(self, ref: _Ref) -> None:
+        """(with the lock) Enter a ``made`` RRef, once."""
+        if ref.made is None:
+            return
+        (text, to, ref.call_site, when), ref.made = ref.made, None
+        ref.rref_id, ref.owner = _id_in(text), _worker_id(to)
+        ref.type, ref.from_owner = None, False
+        self.refs[ref.object_id] = ref
+        self.alive[ref.rref_id] = self.alive.get(ref.rref_id, 0) + 1
+        self.events.append((when, "create", ref.rref_id, self.me, ref.owner))
+
     def log(self, kind: str, rref_id: str, source: int, target: int) -> None:
         self.events.append((time.time(), kind, rref_id, source, target))
 
     def _dropped(self, ref: _Ref) -> None:
-        rref_id = ref.rref_id
         with self.lock:
+            self._enter(ref)  # made and dropped before anything entered it
+            rref_id = ref.rref_id
             if self.refs.get(ref.object_id) is not ref:
                 return  # from before a reset
             del self.refs[ref.object_id]
@@ -118,6 +151,7 @@ class _Ledger:
             self.alive.clear()
             self.known.clear()
             self.events.clear()
+            self.unentered.clear()
 
 
 _ledger = _Ledger()
@@ -130,9 +164,26 @@ def _my_id() -> int:
 
 def rref_id(rref) -> str:
     """``created_on:local_id`` of an RRef, read from its repr (never ``_serialize``,
-    which would register a fork that no one ever deletes), by partitioning: a regex took
-    0.6 us of every RRef's life."""
-    return repr(rref).partition(_CREATED_ON)[2].partition(")")[0].replace(_LOCAL_ID, ":")
+    which would register a fork that no one ever deletes)."""
+    return _id_in(repr(rref))
+
+
+def _id_in(text: str) -> str:
+    """The RRef id in an RRef's repr, by partitioning: a regex took 0.6 us of every RRef's life."""
+    return text.partition(_CREATED_ON)[2].partition(")")[0].replace(_LOCAL_ID, ":")
+
+
+def _worker_id(to) -> int:
+    """The id of a call's destination (a name, a ``WorkerInfo`` or an id); -1 once the
+    agent is gone."""
+    if isinstance(to, int):
+        return to
+    if not isinstance(to, str):
+        return to.id
+    try:
+        return torch_compat.current_agent().get_worker_info(to).id
+    except RuntimeError:
+        return -1
 
 
 # -- hooks -----------------------------------------------------------------------
@@ -155,10 +206,14 @@ def is_tracking() -> bool:
     return _ledger.tracking
 
 
-def created(rref) -> None:
-    """``rpc.remote`` made ``rref`` here (while tracking)."""
-    owner = rref.owner().id
-    _ledger.hold(rref, rref_id(rref), owner, "create", _my_id(), owner, call_site=_call_site())
+def created(rref, to) -> None:
+    """``rpc.remote`` made ``rref`` here, sent to ``to`` (while tracking)."""
+    _ledger.made(rref, to, _call_site())
+
+
+def enter_made() -> None:
+    """Enter the RRefs ``remote`` made that are not entered yet (before the next one is sent)."""
+    _ledger.enter_made()
 
 
 def _init(self, value, *args, **kwargs):
@@ -171,6 +226,7 @@ def _init(self, value, *args, **kwargs):
 
 def fetched(rref) -> None:
     """``rref.to_here()`` brought its value here from its owner (while tracking)."""
+    _ledger.enter_made()
     ref = _ledger.refs.get(id(rref))
     if ref is not None and ref() is rref:
         rid, owner = ref.rref_id, ref.owner
@@ -253,6 +309,7 @@ def _summaries(rrefs: list) -> list[tuple]:
 
 def _alive() -> dict[str, list[tuple]]:
     """Per RRef id, ``(reference, object)`` of each tracked object of it still alive here."""
+    _ledger.enter_made()
     with _ledger.lock:
         refs = list(_ledger.refs.values())
     by_id: dict[str, list[tuple]] = {}
