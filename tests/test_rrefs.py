@@ -168,6 +168,25 @@ def test_a_remotes_rref_is_entered_late_and_keeps_its_events(ring):
     assert settle(lambda: rid not in {r["id"] for r in nbrpc.rref_snapshot()["rrefs"]})
 
 
+def test_a_remotes_rref_made_before_a_reset_stays_out_of_the_new_ledger():
+    class Made:  # a stand-in: made() reads only an RRef's repr
+        def __repr__(self):
+            return ("UserRRef(RRefId = GloballyUniqueId(created_on=0, local_id=7), "
+                    "ForkId = GloballyUniqueId(created_on=0, local_id=8))")
+
+    led = rref_ledger._Ledger()
+    early, late = Made(), Made()
+    led.made(early, 1, None)
+    led.reset()  # a new cluster
+    led.made(late, 1, None)
+    del early
+    assert not led.refs and not led.alive and not led.events
+    led.enter_made()
+    assert led.alive == {"0:7": 1} and [e[1:] for e in led.events] == [("create", "0:7", -1, 1)]
+    del late
+    assert not led.alive and [e[1] for e in led.events] == ["create", "delete"]
+
+
 def test_snapshot_lists_every_member(ring):
     snap = nbrpc.rref_snapshot()
     assert [w["name"] for w in snap["workers"]] == ["master", "p1", "p2", "p3", "p4"]

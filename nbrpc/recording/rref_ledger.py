@@ -133,9 +133,9 @@ class _Ledger:
     def _dropped(self, ref: _Ref) -> None:
         with self.lock:
             self._enter(ref)  # made and dropped before anything entered it
-            rref_id = ref.rref_id
             if self.refs.get(ref.object_id) is not ref:
                 return  # from before a reset
+            rref_id = ref.rref_id
             del self.refs[ref.object_id]
             left = self.alive[rref_id] - 1
             if left:
@@ -151,7 +151,11 @@ class _Ledger:
             self.alive.clear()
             self.known.clear()
             self.events.clear()
-            self.unentered.clear()
+            while self.unentered:  # never entered: a drop finds them from before the reset
+                try:
+                    self.unentered.popleft().made = None
+                except IndexError:
+                    break
 
 
 _ledger = _Ledger()
