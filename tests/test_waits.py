@@ -370,16 +370,16 @@ def test_a_remote_is_in_flight_until_its_owner_confirms_the_rref():
 
     table = Pending()
     rrefs = [Made() for _ in range(4)]
-    table.remote_made(table.remote_sending("worker1", time.sleep, "a"), rrefs[0])
-    table.remote_made(table.remote_sending("worker2", time.sleep, "b"), rrefs[1])
+    table.remote_made(table.remote_sending("worker1", time.sleep, "a", None), rrefs[0])
+    table.remote_made(table.remote_sending("worker2", time.sleep, "b", None), rrefs[1])
     assert [e[ID] for e in table.in_flight()] == ["a", "b"] and table.remote_call(rrefs[0]) == "a"
     rrefs[1].future.set_result(None)
     assert [e[ID] for e in table.in_flight()] == ["a"] and table.remote_call(rrefs[1]) is None
     rrefs[0].future.set_result(None)
-    key = table.remote_sending("worker1", time.sleep, "c")  # drops "a" before "c" leaves
+    key = table.remote_sending("worker1", time.sleep, "c", None)  # drops "a" before "c" leaves
     assert list(table.outgoing) == ["c"] and not table.remotes
     table.remote_made(key, rrefs[2])
     assert list(table.remotes) == ["c"] and table.rrefs == {id(rrefs[2]): "c"}
-    table.remote_made(table.remote_sending("worker2", time.sleep, "d"), rrefs[3])
+    table.remote_made(table.remote_sending("worker2", time.sleep, "d", None), rrefs[3])
     del rrefs[2]  # its RRef dropped: nothing can wait on "c" any more
     assert [e[ID] for e in table.in_flight()] == ["d"]

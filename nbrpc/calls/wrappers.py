@@ -39,7 +39,7 @@ from ..errors import (
     UnknownWorkerError,
     WorkerDiedError,
 )
-from ..recording import rref_ledger
+from ..recording import pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
 from . import agent_devices, destinations, helpers, interrupts, output, records, stopping
@@ -205,7 +205,8 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     # In flight from before it is sent: what runs between a remote and the to_here after
     # it delays the fetch (see ``Pending.remote_sending``).
     call_id = interrupts.new_call_id() if interrupts.can_stop(func) else None
-    key = PENDING.remote_sending(to, func, call_id)
+    site = pending.call_site(1)  # for the calls in flight and the RRef ledger
+    key = PENDING.remote_sending(to, func, call_id, site)
     tracking = rref_ledger.is_tracking()
     if tracking:
         rref_ledger.enter_made()  # the RRefs of the remotes before, none of them fetched
@@ -221,7 +222,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     PENDING.remote_made(key, rref)
     record.made_rref(rref)
     if tracking:
-        rref_ledger.created(rref, to)
+        rref_ledger.created(rref, to, site)
     return rref
 
 

@@ -88,13 +88,14 @@ class Pending:
         return f"{os.getpid()}-n{next(self._ids)}"
 
     def calling(self, callee, func, call_id: str | None, kind: str, on: str | None = None,
-                site: bool = True) -> str:
+                site: bool | tuple = True) -> str:
         """A call was sent; returns its key for ``answered``. ``kind``: ``rpc_sync``,
         ``rpc_async``, ``remote``, ``to_here``, ``backward``, or ``rpc_on`` (a cell run on
-        the callee's kernel, which waits on whatever that kernel's main thread calls)."""
+        the callee's kernel, which waits on whatever that kernel's main thread calls).
+        ``site``: found here (True), none (False), or the one given (file, line)."""
         key = call_id or self.new_id()
         name = callee if isinstance(callee, str) else getattr(callee, "name", str(callee))
-        where = call_site(2) if site else None
+        where = call_site(2) if site is True else (site or None)
         self.outgoing[key] = (key, name, func, where, threading.get_ident(), time.time(), kind, on)
         return key
 
@@ -115,14 +116,14 @@ class Pending:
     def done(self, call_id: str) -> None:
         self.served.pop(call_id, None)
 
-    def remote_sending(self, callee, func, call_id: str | None) -> str:
+    def remote_sending(self, callee, func, call_id: str | None, site: tuple | None) -> str:
         """A ``remote`` is about to be sent; returns its key for ``remote_made`` (or
         ``answered``, if it is not sent). Its entry is made now, and the oldest calls whose
         RRef is confirmed dropped: each microsecond between a ``remote`` and the
         ``to_here`` after it delays the fetch's request, and on a busy 2-core machine
         8 us there cost the pair about 40 us of latency."""
         self._drop_created(everything=False)
-        return self.calling(callee, func, call_id, "remote")
+        return self.calling(callee, func, call_id, "remote", site=site)
 
     def remote_made(self, key: str, rref) -> None:
         """The ``remote`` ``key`` made ``rref``: it is in flight until its owner confirms

@@ -210,9 +210,10 @@ def is_tracking() -> bool:
     return _ledger.tracking
 
 
-def created(rref, to) -> None:
-    """``rpc.remote`` made ``rref`` here, sent to ``to`` (while tracking)."""
-    _ledger.made(rref, to, _call_site())
+def created(rref, to, call_site: tuple | None) -> None:
+    """``rpc.remote`` made ``rref`` here, sent to ``to`` from ``call_site`` (file, line)
+    (while tracking)."""
+    _ledger.made(rref, to, call_site)
 
 
 def enter_made() -> None:
