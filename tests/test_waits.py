@@ -383,3 +383,23 @@ def test_a_remote_is_in_flight_until_its_owner_confirms_the_rref():
     table.remote_made(table.remote_sending("worker2", time.sleep, "d", None), rrefs[3])
     del rrefs[2]  # its RRef dropped: nothing can wait on "c" any more
     assert [e[ID] for e in table.in_flight()] == ["d"]
+
+
+def test_a_forked_child_has_its_own_call_ids_and_no_calls_of_its_parent():
+    from nbrpc.recording.pending import PENDING
+
+    key = PENDING.calling("worker1", time.sleep, None, "rpc_sync")
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(w, f"{PENDING.new_id()} {len(PENDING.outgoing)}".encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        child_id, child_calls = os.read(r, 200).decode().split()
+        assert child_id.startswith(f"{pid}-n") and child_calls == "0"
+        assert key.startswith(f"{os.getpid()}-n") and key in PENDING.outgoing
+    finally:
+        PENDING.answered(key)
+        os.close(r)
+        os.close(w)

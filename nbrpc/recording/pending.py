@@ -82,10 +82,11 @@ class Pending:
         self.remotes: dict[str, tuple] = {}
         self._remotes_lock = threading.Lock()
         self._ids = itertools.count()
+        self._id_prefix = f"{os.getpid()}-n"  # getpid is a system call: not on each call's path
 
     def new_id(self) -> str:
         """An id for a call that carries none to its callee (a builtin, ``to_here``)."""
-        return f"{os.getpid()}-n{next(self._ids)}"
+        return self._id_prefix + str(next(self._ids))
 
     def calling(self, callee, func, call_id: str | None, kind: str, on: str | None = None,
                 site: bool | tuple = True) -> str:
@@ -205,3 +206,4 @@ class Pending:
 
 
 PENDING = Pending()
+os.register_at_fork(after_in_child=PENDING.reset)  # a forked child makes none of its parent's calls
