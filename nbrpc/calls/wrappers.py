@@ -292,13 +292,13 @@ def _fetch(rref, timeout: float, record: records.Record | records.Unrecorded):
 def _send(send: Callable, func, args, record: records.Record | records.Unrecorded, replies: bool,
           call_id: str | None = None):
     """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
-    ``Stoppable`` with a new call id (or ``call_id``), so that an interrupt can stop it (a
-    recorded call's carries the record's id, and whether its reply is pickled:
-    ``replies``). Returns what ``send`` returned and the call id (None: cannot be
+    ``Stoppable`` with a new call id (or ``call_id``, given only for a function that can
+    be stopped), so that an interrupt can stop it (a recorded call's carries the record's
+    id, and whether its reply is pickled: ``replies``). Returns what ``send`` returned and the call id (None: cannot be
     stopped); the record learns what was sent, and a failure to send."""
     output.before_call()
     try:
-        if not interrupts.can_stop(func):
+        if call_id is None and not interrupts.can_stop(func):
             return send(func), None
         stoppable = interrupts.Stoppable((func, call_id or interrupts.new_call_id(), record.trace(replies)))
         try:

@@ -30,7 +30,6 @@ import os
 import re
 import reprlib
 import socket
-import sys
 import threading
 import time
 import weakref
@@ -40,14 +39,13 @@ import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from .._compat.torch_compat import PyRRef
+from . import pending
 
 __all__ = ["report", "summarize"]
 
 EVENTS_KEPT = 5000
 # An RRef's repr names its id: "...RRefId = GloballyUniqueId(created_on=0, local_id=5)...".
 _CREATED_ON, _LOCAL_ID = "created_on=", ", local_id="
-# Frames in these directories are library code, not the user's call site.
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
 _CELL_FILE = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
 
 _torch_init = torch_compat.rref_init
@@ -93,8 +91,7 @@ class _Ledger:
         # torch never marks a fork received from its owner confirmed, but the owner sent it.
         ref.from_owner = kind == "fork" and source == owner
         with self.lock:
-            self.refs[ref.object_id] = ref
-            self.alive[rref_id] = self.alive.get(rref_id, 0) + 1
+            self._count_in(ref)
         self.events.append((time.time(), kind, rref_id, source, target))
 
     def made(self, rref, to, call_site: tuple | None) -> None:
@@ -123,9 +120,13 @@ class _Ledger:
         (text, to, ref.call_site, when), ref.made = ref.made, None
         ref.rref_id, ref.owner = _id_in(text), _worker_id(to)
         ref.type, ref.from_owner = None, False
+        self._count_in(ref)
+        self.events.append((when, "create", ref.rref_id, self.me, ref.owner))
+
+    def _count_in(self, ref: _Ref) -> None:
+        """(with the lock) One more tracked object of its RRef id."""
         self.refs[ref.object_id] = ref
         self.alive[ref.rref_id] = self.alive.get(ref.rref_id, 0) + 1
-        self.events.append((when, "create", ref.rref_id, self.me, ref.owner))
 
     def log(self, kind: str, rref_id: str, source: int, target: int) -> None:
         self.events.append((time.time(), kind, rref_id, source, target))
@@ -226,7 +227,7 @@ def _init(self, value, *args, **kwargs):
     _torch_init(self, value, *args, **kwargs)
     if _ledger.tracking:  # the value's summary is made when a report asks (its owner is here)
         me = _ledger.me
-        _ledger.hold(self, rref_id(self), me, "create", me, me, call_site=_call_site())
+        _ledger.hold(self, rref_id(self), me, "create", me, me, call_site=pending.call_site(2))
 
 
 def fetched(rref) -> None:
@@ -261,16 +262,6 @@ def reducer_table() -> dict:
 
 
 _REDUCERS = {PyRRef: reduce, rpc.RRef: reduce}
-
-
-def _call_site() -> tuple | None:
-    """The first frame outside torch and nbrpc, from the caller of a hook's caller."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    return frame.f_code.co_filename, frame.f_lineno
 
 
 def _describe_call_site(site: tuple | None) -> str | None:
