@@ -24,7 +24,7 @@ import socket
 import subprocess
 import time
 
-from conftest import find_processes
+from conftest import find_processes, free_port
 
 from nbrpc._util import kill_pids, pid_alive
 
@@ -94,12 +94,6 @@ def _daemon(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MiniSlurm:
     """munged + slurmctld + slurmd for this machine, state under ``folder``."""
 
@@ -117,7 +111,7 @@ class MiniSlurm:
         os.chmod(f, 0o755)  # munged refuses a socket folder others may write to
         with open(self.conf, "w") as out:
             out.write(CONF.format(host=self.host, folder=f, cpus=CPUS, gpus=GPUS,
-                                  ctld_port=_free_port(), slurmd_port=_free_port()))
+                                  ctld_port=free_port(), slurmd_port=free_port()))
         with open(os.path.join(f, "gres.conf"), "w") as out:
             out.write(f"AutoDetect=off\nNodeName={self.host} Name=gpu File={FAKE_GPU_FILES}\n")
         key = os.path.join(f, "munge.key")

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from conftest import free_port
 
 import nbrpc
 from nbrpc import cli
@@ -146,9 +147,7 @@ def test_link_reports_a_silent_peer_and_a_closed_one():
 
 
 def test_join_to_nowhere_says_what_to_check():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with pytest.raises(ConnectionError, match=f"cannot reach the driver at 127.0.0.1:{port}"):
         request_join(f"127.0.0.1:{port}", TOKEN, None, timeout=5)
 

@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ import nbformat
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import wait_gone, wait_until
+from conftest import free_port, wait_gone, wait_until
 
 import nbrpc
 from nbrpc._util import kill_pids, pid_alive
@@ -110,12 +109,6 @@ APPS = {
     "lab": ("JupyterLab", "jupyterlab", "LabApp", "lab/tree"),
     "notebook": ("Jupyter Notebook 7", "notebook", "JupyterNotebookApp", "notebooks"),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def descendants(pid: int) -> list[int]:

@@ -30,11 +30,9 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from conftest import wait_gone, wait_until
+from conftest import free_port, wait_gone, wait_until
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, why_no_browser
 from users import ROOT, SYSTEM_PYTHON, unavailable
-
-from nbrpc._util import listening_socket
 
 pytestmark = pytest.mark.hub
 
@@ -67,18 +65,13 @@ c.JupyterHub.load_roles = [{{"name": "tests", "services": ["tests"],
 """
 
 
-def _free_port() -> int:
-    with listening_socket() as s:
-        return s.getsockname()[1]
-
-
 class Hub:
     def __init__(self, folder, pids, students=STUDENTS, environment=None, extra_config: str = ""):
         """A hub for ``students``; ``environment`` joins every server's, ``extra_config``'s lines
         follow (and win over) the base configuration."""
         self.folder = folder
         self.token = secrets.token_hex(16)
-        self.port = _free_port()
+        self.port = free_port()
         self.kernels = folder / "share" / "jupyter" / "kernels" / "nbrpc"
         self.kernels.mkdir(parents=True)
         spec = {"argv": [SYSTEM_PYTHON, str(ROOT / "nbrpc" / "deploy" / "kernel.py"), "-f", "{connection_file}"],
@@ -102,7 +95,7 @@ class Hub:
                        **(environment or {})}
         config = folder / "jupyterhub_config.py"
         config.write_text(CONFIG.format(
-            port=self.port, hub_port=_free_port(), proxy_api_port=_free_port(), folder=folder,
+            port=self.port, hub_port=free_port(), proxy_api_port=free_port(), folder=folder,
             password="class", students=list(students), python=SYSTEM_PYTHON, server_start=int(SERVER_START),
             environment=environment, token=self.token) + extra_config)
         self.config, self.pids = config, pids

@@ -10,13 +10,12 @@ from a cell on worker1. Each pair must be equal.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from conftest import DRIVER_START
+from conftest import DRIVER_START, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -158,12 +157,6 @@ def fetch():
 print(json.dumps({"worker1": rpc.rpc_sync("worker1", fetch)}), flush=True)
 cluster.shutdown()
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def script_results(tmp_path, pids) -> dict:

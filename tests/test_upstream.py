@@ -6,7 +6,6 @@ fresh kernel through nbclient and checked on what the original prints or compute
 from __future__ import annotations
 
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import cell_text, execute_cells
+from conftest import cell_text, execute_cells, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +40,6 @@ def index_of(cells: list[str], start: str) -> int:
 
 def floats(pattern: str, text: str) -> list[tuple[float, ...]]:
     return [tuple(float(g) for g in m.groups()) for m in re.finditer(pattern, text)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_script(source: str, folder: Path, pids, timeout: float = 180) -> str:

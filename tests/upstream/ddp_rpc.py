@@ -13,7 +13,8 @@
 #   upstream 0, 1, 3). A trainer's rank in the DDP group is the number in its name, as upstream.
 # - The trainers' branch (init_process_group, then wait) is a %%rpc_on trainer0,trainer1 cell;
 #   its init_method's port, upstream the fixed tcp://localhost:29500, is a free loopback port
-#   that a driver cell picks before %rpc_init and puts in the environment as DDP_PORT, which the
+#   below the ephemeral range (so no socket the cluster opens on port 0 takes it first) that a
+#   driver cell picks before %rpc_init and puts in the environment as DDP_PORT, which the
 #   worker kernels inherit. The master's branch is the driver cell; the ps's branch does nothing.
 # - rpc.shutdown() then dist.destroy_process_group() on the trainers -> a %%rpc_on
 #   trainer0,trainer1 cell that destroys the group (all RPCs are done: the master waited for
@@ -28,13 +29,23 @@
 
 # %%
 # The trainers' process group needs a port besides RPC's: a free one on loopback, in the
-# environment that the worker kernels started next inherit.
+# environment that the worker kernels started next inherit. It lies below the range the OS
+# hands to sockets bound to port 0, or the cluster's own sockets could take it before the
+# trainers bind it.
 import os
+import random
 import socket
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    os.environ["DDP_PORT"] = str(s.getsockname()[1])
+with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+    first_ephemeral = int(f.read().split()[0])
+for port in random.sample(range(first_ephemeral // 2, first_ephemeral), 200):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    os.environ["DDP_PORT"] = str(port)
+    break
 
 # %%
 %rpc_init --names trainer0,trainer1,ps --driver-name master
