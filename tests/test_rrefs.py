@@ -141,31 +141,59 @@ def test_local_rref_and_module_summaries(ring):
     del local, model
 
 
+def returned(x):
+    return x
+
+
 def test_a_remotes_rref_is_entered_late_and_keeps_its_events(ring):
     # remote() takes only the RRef's repr (between a remote and its to_here, work delays
-    # the fetch); the rest is entered later: as it is fetched, reported or dropped, or
-    # before the next remote is sent.
+    # the fetch); the rest is entered as it is fetched or reported, or a fork arrives.
     led = rref_ledger._ledger
+    nbrpc.rref_snapshot()  # enters what earlier tests left
     kept = rpc.remote("p1", load_a)
-    assert [r() for r in led.unentered] == [kept] and id(kept) not in led.refs
     dropped = rpc.remote("p2", load_b)
     rid, gone = rref_ledger.rref_id(kept), rref_ledger.rref_id(dropped)
-    assert [r() for r in led.unentered] == [dropped] and id(kept) in led.refs
-    del dropped  # dropped before anything entered it
-    assert [r() for r in led.unentered] == [None]
+    assert {r() for r in led.fresh.values()} == {kept, dropped}
+    assert not {id(kept), id(dropped)} & led.refs.keys()
+    del dropped  # dropped before anything entered it: one record of its life
+    assert [r() for r in led.fresh.values()] == [kept]
     snap = nbrpc.rref_snapshot()  # a report enters what is left
-    assert not led.unentered
+    assert not led.fresh
     row = next(r for r in snap["rrefs"] if r["id"] == rid)
     assert (row["owner"], row["holders"]) == ("p1", ["master"])
     assert "test_rrefs.py line" in row["call_site"] and "load_a" in row["call_site"]
     events = [(e["kind"], e["from"], e["to"]) for e in snap["events"] if e["rref"] == gone]
     assert events == [("create", "master", "p2"), ("delete", "master", "p2")]
-    # A fire-and-forget loop keeps nothing waiting: each remote enters the one before.
+    # A fire-and-forget loop keeps nothing waiting: each RRef leaves as it dies.
     for _ in range(50):
         rpc.remote("p3", load_a)
-    assert len(led.unentered) <= 1
+    assert not led.fresh
     del kept
     assert settle(lambda: rid not in {r["id"] for r in nbrpc.rref_snapshot()["rrefs"]})
+
+
+def test_a_local_values_rref_dropped_unseen_leaves_its_two_events(ring):
+    led = rref_ledger._ledger
+    nbrpc.rref_snapshot()
+    value = torch.ones(2)
+    kept, dropped = rpc.RRef(value), rpc.RRef(value)
+    kept_id, gone = rref_ledger.rref_id(kept), rref_ledger.rref_id(dropped)
+    assert {r() for r in led.fresh.values()} == {kept, dropped}
+    del dropped
+    # kept's fork comes back from p1: the fork enters kept first, two objects of one id.
+    back = rpc.rpc_sync("p1", returned, args=(kept,))
+    assert not led.fresh and led.alive[kept_id] == 2
+    del back
+    assert settle(lambda: led.alive.get(kept_id) == 1)
+    snap = nbrpc.rref_snapshot()
+    row = next(r for r in snap["rrefs"] if r["id"] == kept_id)
+    assert row["owner"] == "master" and "kept, dropped = rpc.RRef(value)" in row["call_site"]
+    events = [(e["kind"], e["from"], e["to"]) for e in snap["events"] if e["rref"] == gone]
+    assert events == [("create", "master", "master"), ("delete", "master", "master")]
+    created = next(e for e in snap["events"] if e["rref"] == kept_id and e["kind"] == "create")
+    assert created["from"] == created["to"] == "master"
+    del kept
+    assert settle(lambda: kept_id not in led.alive)
 
 
 def test_a_remotes_rref_made_before_a_reset_stays_out_of_the_new_ledger():
@@ -175,16 +203,20 @@ def test_a_remotes_rref_made_before_a_reset_stays_out_of_the_new_ledger():
                     "ForkId = GloballyUniqueId(created_on=0, local_id=8))")
 
     led = rref_ledger._Ledger()
-    early, late = Made(), Made()
+    early, late, unseen = Made(), Made(), Made()
     led.made(early, 1, None)
     led.reset()  # a new cluster
     led.made(late, 1, None)
     del early
     assert not led.refs and not led.alive and not led.events
     led.enter_made()
-    assert led.alive == {"0:7": 1} and [e[1:] for e in led.events] == [("create", "0:7", -1, 1)]
+    assert led.alive == {"0:7": 1} and [e[1:] for e in led.read_events()] == [("create", "0:7", -1, 1)]
     del late
-    assert not led.alive and [e[1] for e in led.events] == ["create", "delete"]
+    assert not led.alive and [e[1] for e in led.read_events()] == ["create", "delete"]
+    led.made(unseen, 1, None)
+    del unseen  # never entered: its life, read as two events
+    assert not led.alive and [e[1:] for e in led.read_events()[2:]] == [("create", "0:7", -1, 1),
+                                                                          ("delete", "0:7", -1, 1)]
 
 
 def test_snapshot_lists_every_member(ring):

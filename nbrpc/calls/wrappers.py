@@ -207,9 +207,6 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     call_id = interrupts.new_call_id() if interrupts.can_stop(func) else None
     site = pending.call_site(1)  # for the calls in flight and the RRef ledger
     key = PENDING.remote_sending(to, func, call_id, site)
-    tracking = rref_ledger.is_tracking()
-    if tracking:
-        rref_ledger.enter_made()  # the RRefs of the remotes before, none of them fetched
     try:
         rref, _ = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, args, record,
                         replies=False, call_id=call_id)
@@ -221,7 +218,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
         raise
     PENDING.remote_made(key, rref)
     record.made_rref(rref)
-    if tracking:
+    if rref_ledger.is_tracking():
         rref_ledger.created(rref, to, site)
     return rref
 

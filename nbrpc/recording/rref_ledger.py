@@ -5,7 +5,7 @@ a ledger in every member, fed by four hooks (put in place by ``torch_compat.inst
 through ``hook``):
 
 - ``rpc.remote`` and ``PyRRef.__init__`` (``RRef(value)``): a create event, the call site
-  (a ``remote``'s RRef is entered later, see ``_Ledger.made``).
+  (the RRef is entered later, or never if it dies first: see ``_Ledger.made``).
 - the pickler's RRef reducer (``RpcPickler`` asks ``reducer_table``): the sender pickles
   with torch's own fork data (the real fork) and the receiver records a fork event
   from it, whose ``parent`` is the sending worker.
@@ -79,38 +79,42 @@ class _Ledger:
         self.alive: dict[str, int] = {}  # RRef id -> tracked objects of it alive here
         self.known: dict[str, tuple] = {}  # RRef id -> its value's (type, summary, size)
         self.events: collections.deque = collections.deque(maxlen=EVENTS_KEPT)
-        self.unentered: collections.deque = collections.deque()  # see ``made``
+        self.fresh: dict[int, _Ref] = {}  # id() of each RRef object made here, not entered yet
         self._on_drop = self._dropped  # one bound method for every weak reference
 
-    def hold(self, rref, rref_id: str, owner: int, kind: str, source: int, target: int,
-             type_name: str | None = None, call_site: tuple | None = None) -> None:
-        """Start tracking one RRef object and log how it arrived."""
+    def hold(self, rref, rref_id: str, owner: int, type_name: str, source: int) -> None:
+        """Start tracking a fork of an RRef that arrived here from ``source``."""
         ref = _Ref(rref, self._on_drop)
         ref.object_id, ref.rref_id, ref.owner, ref.made = id(rref), rref_id, owner, None
-        ref.call_site, ref.type = call_site, type_name
+        ref.call_site, ref.type = None, type_name
         # torch never marks a fork received from its owner confirmed, but the owner sent it.
-        ref.from_owner = kind == "fork" and source == owner
+        ref.from_owner = source == owner
+        self.enter_made()  # an object of this id made here counts too
         with self.lock:
             self._count_in(ref)
-        self.events.append((time.time(), kind, rref_id, source, target))
+        self.events.append((time.time(), "fork", rref_id, source, self.me))
 
     def made(self, rref, to, call_site: tuple | None) -> None:
-        """``rpc.remote`` made ``rref``: only what needs the object now is taken (its repr,
-        which holds its id), and it is entered as it is fetched, reported or dropped. What
-        runs between a ``remote`` and the ``to_here`` after it delays the fetch's request
-        (see ``Pending.remote_sending``): entering it there took 8-10 us of that gap."""
+        """``rpc.remote`` (to ``to``) or ``RRef(value)`` (``to`` is this member's id) made
+        ``rref``: only what needs the object now is taken (its repr, which holds its id).
+        It is entered when a report, a fetch or a fork arriving asks (``enter_made``); one
+        dropped before leaves its create and delete events only. What runs between a
+        ``remote`` and the ``to_here`` after it delays the fetch's request (see
+        ``Pending.remote_sending``): entering it there took 8-10 us of that gap; entering
+        an ``RRef(value)`` and dropping it took 2 us of its 5.4 us tracked life."""
         ref = _Ref(rref, self._on_drop)
-        ref.object_id, ref.made = id(rref), (repr(rref), to, call_site, time.time())
-        self.unentered.append(ref)
+        ref.object_id = key = id(rref)
+        ref.made = (repr(rref), to, call_site, time.time())
+        self.fresh[key] = ref
 
     def enter_made(self) -> None:
         """Enter every RRef ``made`` left for later."""
-        while self.unentered:
-            try:
-                ref = self.unentered.popleft()
-            except IndexError:  # another thread took the last one
-                return
+        while self.fresh:
             with self.lock:
+                try:
+                    _, ref = self.fresh.popitem()
+                except KeyError:  # another thread took the last one
+                    return
                 self._enter(ref)
 
     def _enter(self, ref: _Ref) -> None:
@@ -132,8 +136,10 @@ class _Ledger:
         self.events.append((time.time(), kind, rref_id, source, target))
 
     def _dropped(self, ref: _Ref) -> None:
+        if self.fresh.pop(ref.object_id, None) is ref:  # made and dropped before anything entered it
+            self.events.append((ref.made, time.time()))  # a whole life: see ``_events``
+            return
         with self.lock:
-            self._enter(ref)  # made and dropped before anything entered it
             if self.refs.get(ref.object_id) is not ref:
                 return  # from before a reset
             rref_id = ref.rref_id
@@ -146,17 +152,27 @@ class _Ledger:
             self.known.pop(rref_id, None)
         self.events.append((time.time(), "delete", rref_id, self.me, ref.owner))
 
+    def read_events(self) -> list[tuple]:
+        """The events as ``(time, kind, RRef id, source, target)``. An RRef made here and
+        dropped before anything entered it left one record of its life (what ``made`` took,
+        and when it died): its create and delete events, read here."""
+        events = []
+        for event in list(self.events):
+            if len(event) == 2:
+                (text, to, _, when), died = event
+                rid, owner = _id_in(text), _worker_id(to)
+                events += [(when, "create", rid, self.me, owner), (died, "delete", rid, self.me, owner)]
+            else:
+                events.append(event)
+        return events
+
     def reset(self) -> None:
         with self.lock:
             self.refs.clear()
             self.alive.clear()
             self.known.clear()
             self.events.clear()
-            while self.unentered:  # never entered: a drop finds them from before the reset
-                try:
-                    self.unentered.popleft().made = None
-                except IndexError:
-                    break
+            self.fresh.clear()  # never entered: a drop finds them from before the reset
 
 
 _ledger = _Ledger()
@@ -217,17 +233,11 @@ def created(rref, to, call_site: tuple | None) -> None:
     _ledger.made(rref, to, call_site)
 
 
-def enter_made() -> None:
-    """Enter the RRefs ``remote`` made that are not entered yet (before the next one is sent)."""
-    _ledger.enter_made()
-
-
-def _init(self, value, *args, **kwargs):
+def _init(self, value, type_hint=None):
     """``RRef(value)``: a local value owned here."""
-    _torch_init(self, value, *args, **kwargs)
+    _torch_init(self, value, type_hint)
     if _ledger.tracking:  # the value's summary is made when a report asks (its owner is here)
-        me = _ledger.me
-        _ledger.hold(self, rref_id(self), me, "create", me, me, call_site=pending.call_site(2))
+        _ledger.made(self, _ledger.me, pending.call_site(2))
 
 
 def fetched(rref) -> None:
@@ -251,8 +261,7 @@ def _receive(fork_data, quiet: bool = False):
     rref = torch_compat.rref_from_fork_data(fork_data)
     if _ledger.tracking and not quiet:
         owner, created_on, local_id, _, _, parent, type_name = fork_data
-        _ledger.hold(rref, f"{created_on}:{local_id}", owner, "fork", parent, _my_id(),
-                     type_name=type_name.rsplit(".", 1)[-1])
+        _ledger.hold(rref, f"{created_on}:{local_id}", owner, type_name.rsplit(".", 1)[-1], parent)
     return rref
 
 
@@ -361,7 +370,7 @@ def report(timeout: float = 5.0) -> dict:
     by_id = _alive()
     if _ledger.tracking:
         _fill_summaries(by_id, timeout)
-    events = list(_ledger.events)
+    events = _ledger.read_events()
     rows = []
     for rid, pairs in by_id.items():
         refs = [ref for ref, _ in pairs]
