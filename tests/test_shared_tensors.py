@@ -3,6 +3,7 @@ torch's path for the rest, and nothing left after any ending."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import struct
 
@@ -251,6 +252,52 @@ def test_the_copier_copies_every_byte_in_halves_and_alone():
     assert torch.equal(target, source)
     assert wait_until(lambda: _thread_state(helper.native_id) == "S", timeout=5)
     assert copier.helper is helper
+
+
+def test_a_mapping_is_faulted_in_and_in_huge_pages_where_the_system_gives_them():
+    """Every page resident as it is mapped, in the sender and in a receiver; huge pages
+    where the system's policy for shared memory allows them (``never`` is a common default)."""
+    size = 8 << 20
+    fd = os.memfd_create("nbrpc-test", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        sender = shared_tensors.mapped(fd, size)
+        receiver = shared_tensors.mapped(fd, size)
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            policy = f.read().split("[")[1].split("]")[0]
+        for mm in (sender, receiver):
+            fields = _smaps(mm)
+            assert fields["Rss"] == size >> 10, fields
+            if policy in ("advise", "within_size", "always", "force"):
+                assert fields["ShmemPmdMapped"] >= (size >> 10) - 2048, fields  # all but an unaligned end
+        receiver[5] = 7  # one memory: what one side writes, the other reads
+        assert sender[5] == 7
+        sender.close()
+        receiver.close()
+    finally:
+        os.close(fd)
+
+
+def _smaps(mm) -> dict[str, int]:
+    """The kB fields of ``/proc/self/smaps`` for the mapping ``mm``."""
+    view = (ctypes.c_char * 1).from_buffer(mm)
+    address = ctypes.addressof(view)
+    del view
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        first = line.split(" ", 1)[0]
+        if "-" in first and all(c in "0123456789abcdef-" for c in first):
+            start, end = (int(x, 16) for x in first.split("-"))
+            if start <= address < end:
+                fields = {}
+                for field in lines[i + 1:]:
+                    name, _, rest = field.partition(":")
+                    if not rest.strip().endswith("kB"):
+                        break
+                    fields[name] = int(rest.split()[0])
+                return fields
+    raise AssertionError(f"no mapping at {address:#x}")
 
 
 def _thread_state(tid: int) -> str:
