@@ -6,9 +6,9 @@ tensor, whose pages are faulted in as it lands. A 100 MiB round trip took 2.7x t
 memcpys of it. Here a member that sends a big tensor copies it, as it pickles the
 message, into a segment of shared memory it keeps faulted in (``Pool``; a ``memfd``,
 which has no name in any file system and is freed with the last process that maps
-it), and the message carries only the segment's handle. The receiver maps the
-segment (the mapping is kept for the next message) and its tensor is that memory:
-no copy. When the receiver's tensor is freed (its last view), the segment's header
+it; in huge pages where the system allows, see ``mapped``), and the message carries only
+the segment's handle. The receiver maps the segment (the mapping is kept for the next
+message) and its tensor is that memory: no copy. When the receiver's tensor is freed (its last view), the segment's header
 says so and the sender uses it again. A round trip is two memcpys.
 
 Copy semantics stay: the sender copied (it may change its tensor at once), and a
