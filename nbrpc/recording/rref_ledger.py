@@ -100,8 +100,9 @@ class _Ledger:
         It is entered when a report, a fetch or a fork arriving asks (``enter_made``); one
         dropped before leaves its create and delete events only. What runs between a
         ``remote`` and the ``to_here`` after it delays the fetch's request (see
-        ``Pending.remote_sending``): entering it there took 8-10 us of that gap; entering
-        an ``RRef(value)`` and dropping it took 2 us of its 5.4 us tracked life."""
+        ``Pending.remote_sending``): entering it there took 8-10 us of that gap. An
+        ``RRef(value)``'s tracked life took 3.96 us over torch's when each was entered as
+        it was made, 2.02 us like this."""
         ref = _Ref(rref, self._on_drop)
         ref.object_id = key = id(rref)
         ref.made = (repr(rref), to, call_site, time.time())
@@ -118,9 +119,7 @@ class _Ledger:
                 self._enter(ref)
 
     def _enter(self, ref: _Ref) -> None:
-        """(with the lock) Enter a ``made`` RRef, once."""
-        if ref.made is None:
-            return
+        """(with the lock) Enter a ``made`` RRef taken out of ``fresh``."""
         (text, to, ref.call_site, when), ref.made = ref.made, None
         ref.rref_id, ref.owner = _id_in(text), _worker_id(to)
         ref.type, ref.from_owner = None, False
@@ -137,7 +136,7 @@ class _Ledger:
 
     def _dropped(self, ref: _Ref) -> None:
         if self.fresh.pop(ref.object_id, None) is ref:  # made and dropped before anything entered it
-            self.events.append((ref.made, time.time()))  # a whole life: see ``_events``
+            self.events.append((ref.made, time.time()))  # a whole life: see ``read_events``
             return
         with self.lock:
             if self.refs.get(ref.object_id) is not ref:

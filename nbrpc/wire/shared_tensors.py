@@ -8,8 +8,9 @@ message, into a segment of shared memory it keeps faulted in (``Pool``; a ``memf
 which has no name in any file system and is freed with the last process that maps
 it; in huge pages where the system allows, see ``mapped``), and the message carries only
 the segment's handle. The receiver maps the segment (the mapping is kept for the next
-message) and its tensor is that memory: no copy. When the receiver's tensor is freed (its last view), the segment's header
-says so and the sender uses it again. A round trip is two memcpys.
+message) and its tensor is that memory: no copy. When the receiver's tensor is freed
+(its last view), the segment's header says so and the sender uses it again. A round
+trip is two memcpys.
 
 Copy semantics stay: the sender copied (it may change its tensor at once), and a
 segment is the receiver's alone until its tensor is freed. Only what torch would send
