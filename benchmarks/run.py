@@ -419,7 +419,6 @@ def _shmem_huge_pages() -> str:
         return "unknown"
 
 
-
 def summarize(calls: dict) -> list[dict]:
     """One row per metric: both values, their ratio and whether it meets the target."""
     idle = calls["idle"]

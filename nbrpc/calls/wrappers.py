@@ -291,8 +291,9 @@ def _send(send: Callable, func, args, record: records.Record | records.Unrecorde
     """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
     ``Stoppable`` with a new call id (or ``call_id``, given only for a function that can
     be stopped), so that an interrupt can stop it (a recorded call's carries the record's
-    id, and whether its reply is pickled: ``replies``). Returns what ``send`` returned and the call id (None: cannot be
-    stopped); the record learns what was sent, and a failure to send."""
+    id, and whether its reply is pickled: ``replies``). Returns what ``send`` returned
+    and the call id (None: cannot be stopped); the record learns what was sent, and a
+    failure to send."""
     output.before_call()
     try:
         if call_id is None and not interrupts.can_stop(func):
