@@ -147,7 +147,8 @@ def returned(x):
 
 def test_a_remotes_rref_is_entered_late_and_keeps_its_events(ring):
     # remote() takes only the RRef's repr (between a remote and its to_here, work delays
-    # the fetch); the rest is entered as it is fetched or reported, or a fork arrives.
+    # the fetch); the rest is entered as it is reported, or a fork arrives. A fetch leaves
+    # it as it is, one record beside it.
     led = rref_ledger._ledger
     nbrpc.rref_snapshot()  # enters what earlier tests left
     kept = rpc.remote("p1", load_a)
@@ -155,6 +156,8 @@ def test_a_remotes_rref_is_entered_late_and_keeps_its_events(ring):
     rid, gone = rref_ledger.rref_id(kept), rref_ledger.rref_id(dropped)
     assert {r() for r in led.fresh.values()} == {kept, dropped}
     assert not {id(kept), id(dropped)} & led.refs.keys()
+    assert torch.equal(kept.to_here(), load_a()) and torch.equal(dropped.to_here(), load_b())
+    assert {r() for r in led.fresh.values()} == {kept, dropped}
     del dropped  # dropped before anything entered it: one record of its life
     assert [r() for r in led.fresh.values()] == [kept]
     snap = nbrpc.rref_snapshot()  # a report enters what is left
@@ -162,8 +165,11 @@ def test_a_remotes_rref_is_entered_late_and_keeps_its_events(ring):
     row = next(r for r in snap["rrefs"] if r["id"] == rid)
     assert (row["owner"], row["holders"]) == ("p1", ["master"])
     assert "test_rrefs.py line" in row["call_site"] and "load_a" in row["call_site"]
-    events = [(e["kind"], e["from"], e["to"]) for e in snap["events"] if e["rref"] == gone]
-    assert events == [("create", "master", "p2"), ("delete", "master", "p2")]
+    events = [(e["kind"], e["from"], e["to"]) for e in sorted(snap["events"], key=lambda e: e["t"])
+              if e["rref"] == gone]
+    assert events == [("create", "master", "p2"), ("fetch", "p2", "master"), ("delete", "master", "p2")]
+    fetches = [(e["from"], e["to"]) for e in snap["events"] if e["rref"] == rid and e["kind"] == "fetch"]
+    assert fetches == [("p1", "master")]
     # A fire-and-forget loop keeps nothing waiting: each RRef leaves as it dies.
     for _ in range(50):
         rpc.remote("p3", load_a)
