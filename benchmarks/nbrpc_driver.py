@@ -5,8 +5,9 @@
 Besides the shared measurements it takes ``latency_unwrapped`` (and
 ``cuda_latency_unwrapped``): the same calls through torch's own ``rpc_sync`` inside
 the nbrpc cluster, which splits nbrpc's overhead into its ``rpc_sync`` wrapper's
-share and the rest; and ``remote_untracked``:
-``rpc.remote`` with the driver's RRef tracking off, for tracking's share; and
+share and the rest; and ``remote_tracking``:
+``rpc.remote`` with the driver's RRef tracking on and off, taking turns, for tracking's
+share; and
 ``recording``: the same small calls with call recording on and off in every member
 (``nbrpc.trace``), for recording's cost; and ``handoff``: the same small calls served
 as nbrpc serves every call (``calls.serving``: an async_execution function, handed to
@@ -42,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 # recording costs, and turns this short see the same machine.
 RECORDING_STRIDE = 10
 _recording_measurements = itertools.count()
+_tracking_measurements = itertools.count()
 _handoff_measurements = itertools.count()
 
 
@@ -70,14 +72,15 @@ def main(argv: list[str] | None = None) -> None:
 def _measure(op: str, count: int):
     if op in ("latency_unwrapped", "cuda_latency_unwrapped"):
         return timing.measure("worker1", op.removesuffix("_unwrapped"), count, rpc_sync=wrappers._torch_rpc_sync)
-    if op == "remote_untracked":
-        rref_ledger.hook(False)  # the driver's share of tracking; the worker's stays on
-        try:
-            return timing.measure("worker1", "remote", count)
-        finally:
-            rref_ledger.hook(True)
+    if op == "remote_tracking":  # the driver's share of tracking; the worker's stays on
+        timing.remote_latencies("worker1", timing.WAKE_UP_CALLS)
+        return _on_and_off(rref_ledger.hook, lambda n: timing.remote_latencies("worker1", n), count,
+                           next(_tracking_measurements) % 2 == 0, True)
     if op == "recording":
-        return _recording_on_and_off(count)
+        timing.sync_latencies("worker1", timing.WAKE_UP_CALLS)
+        return _on_and_off(lambda on: ask_members(recorder.enable, (on,)),
+                           lambda n: timing.sync_latencies("worker1", n), count,
+                           next(_recording_measurements) % 2 == 0, False)
     if op == "cell_bytes":
         timing.measure("worker1", "cell_sync", 1)
         return {name: _call_bytes(func) for name, func in timing.CELL.items()}
@@ -98,24 +101,21 @@ def _call_bytes(func) -> int:
         receivers.end()
 
 
-def _recording_on_and_off(count: int) -> dict[str, list[float]]:
-    """``count`` small calls' seconds, half of them with recording on in every member
-    (what ``with nbrpc.trace():`` turns on, without its snapshot), in turns of
-    ``RECORDING_STRIDE`` calls; the first turn's side alternates from one measurement
-    to the next. Each turn begins with its switch (a ``trace()`` block opened, or the
-    open one closed) and an untimed call."""
-    timing.sync_latencies("worker1", timing.WAKE_UP_CALLS)
+def _on_and_off(switch, calls, count: int, on: bool, after: bool) -> dict[str, list[float]]:
+    """``count`` calls' seconds (``calls(n)`` times ``n``), half of them with ``switch(True)``
+    (call recording in every member, what ``with nbrpc.trace():`` turns on without its
+    snapshot; or the driver's RRef tracking), in turns of ``RECORDING_STRIDE`` calls,
+    the first turn's side ``on``. Each turn begins with its switch and an untimed call;
+    the switch is left at ``after``."""
     samples = {"on": [], "off": []}
-    on = next(_recording_measurements) % 2 == 0
     try:
         for _ in range(max(1, count // RECORDING_STRIDE)):
-            ask_members(recorder.enable, (on,))
-            timing.sync_latencies("worker1", 1)
-            samples["on" if on else "off"] += timing.sync_latencies("worker1", RECORDING_STRIDE)
+            switch(on)
+            calls(1)
+            samples["on" if on else "off"] += calls(RECORDING_STRIDE)
             on = not on
     finally:
-        if recorder.RECORDER.recording:
-            ask_members(recorder.enable, (False,))
+        switch(after)
     return samples
 
 

@@ -182,9 +182,9 @@ def compare_calls() -> dict:
         recording = _recording_turns(nbrpc_uv)
         handoff = _handoff_turns(nbrpc_uv)
         progress(f"rpc.remote latency, {LATENCY_ROUNDS} rounds")
-        remote = _take_turns({"nbrpc": (nbrpc_uv, "remote"),
-                              "nbrpc_untracked": (nbrpc_uv, "remote_untracked"),
-                              "raw": (raw_uv, "remote")}, LATENCY_ROUNDS, LATENCY_CALLS)
+        remote = _take_turns({"nbrpc": (nbrpc_uv, "remote"), "raw": (raw_uv, "remote")},
+                             LATENCY_ROUNDS, LATENCY_CALLS)
+        tracking = _on_off_turns(nbrpc_uv, "remote_tracking", "rpc.remote + to_here, the driver's RRef tracking")
         local_rref = _take_turns({"nbrpc": (nbrpc_uv, "local_rref"), "raw": (raw_uv, "local_rref")},
                                  LATENCY_ROUNDS, LATENCY_CALLS)
         cells = cell_calls(nbrpc_uv, raw_uv)
@@ -197,6 +197,7 @@ def compare_calls() -> dict:
         copies = [timing.copy_seconds(TENSOR_TRIPS) for _ in range(TENSOR_ROUNDS)]  # every group paused
         progress("stopping the RPC groups")
     return {"idle": idle, "latency": latency, "recording": recording, "handoff": handoff, "remote": remote,
+            "tracking": tracking,
             "local_rref": local_rref, "throughput": throughput, "tensor": tensor, "copies": copies,
             "cells": cells}
 
@@ -300,9 +301,15 @@ def recording_overhead() -> dict:
 
 
 def _recording_turns(cluster: processes.Group) -> dict[str, list]:
-    progress(f"rpc_sync latency, call recording on and off, {RECORDING_ROUNDS} rounds")
-    rounds = [_measure(cluster, "recording", RECORDING_CALLS) for _ in range(RECORDING_ROUNDS)]
-    return {"nbrpc_traced": [r["on"] for r in rounds], "nbrpc": [r["off"] for r in rounds]}
+    turns = _on_off_turns(cluster, "recording", "rpc_sync latency, call recording")
+    return {"nbrpc_traced": turns["on"], "nbrpc": turns["off"]}
+
+
+def _on_off_turns(cluster: processes.Group, op: str, what: str) -> dict[str, list]:
+    """``op``'s rounds (see ``nbrpc_driver._on_and_off``), by side: "on" and "off"."""
+    progress(f"{what} on and off, {RECORDING_ROUNDS} rounds")
+    rounds = [_measure(cluster, op, RECORDING_CALLS) for _ in range(RECORDING_ROUNDS)]
+    return {"on": [r["on"] for r in rounds], "off": [r["off"] for r in rounds]}
 
 
 def recording_row(recording: dict[str, list]) -> dict:
@@ -495,7 +502,7 @@ def _count(rounds: list[list[float]]) -> int:
 def latency_breakdown(calls: dict) -> dict:
     """Median latency (ms) per side of ``rpc_sync`` ("latency") and ``remote`` calls."""
     return {op: {side: _pooled_median(rounds) * 1e3 for side, rounds in calls[op].items()}
-            for op in ("latency", "recording", "remote")}
+            for op in ("latency", "recording", "remote", "tracking")}
 
 
 def render_breakdown(medians: dict) -> str:
@@ -503,7 +510,7 @@ def render_breakdown(medians: dict) -> str:
     sync, remote, recording = medians["latency"], medians["remote"], medians["recording"]
     wrapper = sync["nbrpc"] - sync["nbrpc_unwrapped"]
     rest = sync["nbrpc_unwrapped"] - sync["raw"]
-    tracking = remote["nbrpc"] - remote["nbrpc_untracked"]
+    tracking = medians["tracking"]
     return (
         f"\nrpc_sync median (ms): nbrpc {sync['nbrpc']:.3f} = raw torch {sync['raw']:.3f}"
         f"\n  {wrapper:+.3f} nbrpc's interruptible rpc_sync wrapper"
@@ -514,7 +521,9 @@ def render_breakdown(medians: dict) -> str:
         f"against {recording['nbrpc']:.3f}"
         f"\n  load average during the run: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
         f"\nrpc.remote + to_here median (ms): nbrpc {remote['nbrpc']:.3f}, raw torch {remote['raw']:.3f}"
-        f"\n  {tracking:+.3f} the driver's RRef tracking (off: {remote['nbrpc_untracked']:.3f})"
+        f"\n  {tracking['on'] - tracking['off']:+.3f} the driver's RRef tracking, from its own rounds (on and "
+        f"off taking turns every few calls): {tracking['on']:.3f} "
+        f"against {tracking['off']:.3f}"
     )
 
 
