@@ -165,8 +165,7 @@ def test_a_remotes_rref_is_entered_late_and_keeps_its_events(ring):
     row = next(r for r in snap["rrefs"] if r["id"] == rid)
     assert (row["owner"], row["holders"]) == ("p1", ["master"])
     assert "test_rrefs.py line" in row["call_site"] and "load_a" in row["call_site"]
-    events = [(e["kind"], e["from"], e["to"]) for e in sorted(snap["events"], key=lambda e: e["t"])
-              if e["rref"] == gone]
+    events = [(e["kind"], e["from"], e["to"]) for e in snap["events"] if e["rref"] == gone]  # by time
     assert events == [("create", "master", "p2"), ("fetch", "p2", "master"), ("delete", "master", "p2")]
     fetches = [(e["from"], e["to"]) for e in snap["events"] if e["rref"] == rid and e["kind"] == "fetch"]
     assert fetches == [("p1", "master")]
