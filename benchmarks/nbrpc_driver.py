@@ -5,9 +5,9 @@
 Besides the shared measurements it takes ``latency_unwrapped`` (and
 ``cuda_latency_unwrapped``): the same calls through torch's own ``rpc_sync`` inside
 the nbrpc cluster, which splits nbrpc's overhead into its ``rpc_sync`` wrapper's
-share and the rest; and ``remote_tracking``:
-``rpc.remote`` with the driver's RRef tracking on and off, taking turns, for tracking's
-share; and
+share and the rest; and ``remote_tracking`` and ``local_rref_tracking``:
+``rpc.remote`` and ``RRef(value)`` with the driver's RRef tracking on and off, taking
+turns, for tracking's share; and
 ``recording``: the same small calls with call recording on and off in every member
 (``nbrpc.trace``), for recording's cost; and ``handoff``: the same small calls served
 as nbrpc serves every call (``calls.serving``: an async_execution function, handed to
@@ -75,6 +75,9 @@ def _measure(op: str, count: int):
     if op == "remote_tracking":  # the driver's share of tracking; the worker's stays on
         timing.remote_latencies("worker1", timing.WAKE_UP_CALLS)
         return _on_and_off(rref_ledger.hook, lambda n: timing.remote_latencies("worker1", n), count,
+                           next(_tracking_measurements) % 2 == 0, True)
+    if op == "local_rref_tracking":  # RRef(value): tracking's CPU alone, no message
+        return _on_and_off(rref_ledger.hook, timing.local_rref_lives, count,
                            next(_tracking_measurements) % 2 == 0, True)
     if op == "recording":
         timing.sync_latencies("worker1", timing.WAKE_UP_CALLS)

@@ -187,6 +187,7 @@ def compare_calls() -> dict:
         tracking = _on_off_turns(nbrpc_uv, "remote_tracking", "rpc.remote + to_here, the driver's RRef tracking")
         local_rref = _take_turns({"nbrpc": (nbrpc_uv, "local_rref"), "raw": (raw_uv, "local_rref")},
                                  LATENCY_ROUNDS, LATENCY_CALLS)
+        local_tracking = _on_off_turns(nbrpc_uv, "local_rref_tracking", "RRef(value), the driver's RRef tracking")
         cells = cell_calls(nbrpc_uv, raw_uv)
         progress(f"rpc_async throughput, {THROUGHPUT_ROUNDS} rounds")
         throughput = _take_turns({"nbrpc": (nbrpc_uv, "throughput"), "raw": (raw_uv, "throughput")},
@@ -197,7 +198,7 @@ def compare_calls() -> dict:
         copies = [timing.copy_seconds(TENSOR_TRIPS) for _ in range(TENSOR_ROUNDS)]  # every group paused
         progress("stopping the RPC groups")
     return {"idle": idle, "latency": latency, "recording": recording, "handoff": handoff, "remote": remote,
-            "tracking": tracking,
+            "tracking": tracking, "local_tracking": local_tracking,
             "local_rref": local_rref, "throughput": throughput, "tensor": tensor, "copies": copies,
             "cells": cells}
 
@@ -500,9 +501,10 @@ def _count(rounds: list[list[float]]) -> int:
 
 
 def latency_breakdown(calls: dict) -> dict:
-    """Median latency (ms) per side of ``rpc_sync`` ("latency") and ``remote`` calls."""
+    """Median latency (ms) per side of what the lines under the table read: ``rpc_sync``
+    ("latency"), ``remote`` and ``RRef(value)`` ("local_rref"), and their on/off turns."""
     return {op: {side: _pooled_median(rounds) * 1e3 for side, rounds in calls[op].items()}
-            for op in ("latency", "recording", "remote", "tracking")}
+            for op in ("latency", "recording", "remote", "tracking", "local_rref", "local_tracking")}
 
 
 def render_breakdown(medians: dict) -> str:
@@ -511,6 +513,8 @@ def render_breakdown(medians: dict) -> str:
     wrapper = sync["nbrpc"] - sync["nbrpc_unwrapped"]
     rest = sync["nbrpc_unwrapped"] - sync["raw"]
     tracking = medians["tracking"]
+    local, local_tracking = ({side: ms * 1e3 for side, ms in medians[op].items()}  # in us
+                             for op in ("local_rref", "local_tracking"))
     return (
         f"\nrpc_sync median (ms): nbrpc {sync['nbrpc']:.3f} = raw torch {sync['raw']:.3f}"
         f"\n  {wrapper:+.3f} nbrpc's interruptible rpc_sync wrapper"
@@ -524,6 +528,9 @@ def render_breakdown(medians: dict) -> str:
         f"\n  {tracking['on'] - tracking['off']:+.3f} the driver's RRef tracking, from its own rounds (on and "
         f"off taking turns every few calls): {tracking['on']:.3f} "
         f"against {tracking['off']:.3f}"
+        f"\nRRef(value) created and deleted median (us): nbrpc {local['nbrpc']:.2f}, raw torch {local['raw']:.2f}"
+        f"\n  {local_tracking['on'] - local_tracking['off']:+.2f} the driver's RRef tracking, from its own rounds "
+        f"(on and off taking turns every few lives): {local_tracking['on']:.2f} against {local_tracking['off']:.2f}"
     )
 
 
