@@ -25,13 +25,7 @@ from .._util import muted_stderr
 from ..calls import wrappers
 from ..calls.output import PrintOutput
 from ..diagnostics import trace
-from ..errors import (
-    ClusterRunningError,
-    NoClusterError,
-    UnknownWorkerError,
-    WorkerDiedError,
-    WorkerStartError,
-)
+from ..errors import ClusterRunningError, NoClusterError, UnknownWorkerError, WorkerDiedError, WorkerStartError
 from ..group import DEFAULT_TRANSPORT, devices, membership
 from ..recording.pending import PENDING
 from ..wire import shared_tensors
@@ -216,6 +210,7 @@ class Cluster:
                     if everyone_alive and _calls_drained(within=2.0):
                         self._leave_gracefully()
                 finally:
+                    membership.close_connections_at_their_end(w.name for w in self._workers)
                     self.launcher.stop(self._workers)
                     self._forget_workers()
         finally:

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 import torch.distributed.rpc as rpc
 
@@ -35,6 +36,8 @@ from . import DEFAULT_TRANSPORT, devices
 
 DRIVER_RANK = 0
 RELEASE_TIMEOUT = 5.0  # seconds a member waits for the others' RRef deletions as a cluster ends
+# How long a call left waiting on an ending member may wait (s); it ends with the member.
+UNTIL_THE_END_TIMEOUT = 60.0
 # Keys torch keeps in the group's store: the join/leave lock and the member list.
 TOKEN = torch_compat.STORE_LOCK_KEY
 NAMES = torch_compat.STORE_MEMBERS_KEY
@@ -316,6 +319,30 @@ def release_rrefs(timeout: float = RELEASE_TIMEOUT) -> None:
     (torch prints the failure), and a value the driver owns would be kept for good."""
     if is_member():
         torch_compat.delete_all_rrefs(datetime.timedelta(seconds=timeout))
+
+
+def close_connections_at_their_end(names: Iterable[str]) -> None:
+    """Have this process's connections to the members ``names`` close as they end.
+
+    torch keeps its connection to every member it called for the life of its agent (a
+    member's leave drops the name, not the connection) and reads one only while a reply
+    is due, so it never sees the other end close: a driver kept 4 half-closed sockets
+    (CLOSE_WAIT) for every worker it had called, for good. A call left waiting on each
+    member (``_until_the_end``) has torch read as the member ends and close its end."""
+    if not is_member():
+        return
+    for name in names:
+        try:
+            torch_compat.invoke_rpc(name, _until_the_end, torch_compat.RPCExecMode.ASYNC, None, None,
+                                    UNTIL_THE_END_TIMEOUT)
+        except RuntimeError:  # no longer in the group
+            pass
+
+
+@rpc.functions.async_execution
+def _until_the_end() -> torch.futures.Future:
+    """A reply that never comes: the member ends first (no thread waits for it)."""
+    return torch.futures.Future()
 
 
 def leave(graceful: bool, timeout: float) -> None:
