@@ -258,7 +258,7 @@ class JsonLines:
         return json.loads(line)
 
 
-# Enough descriptors for thousands of workers over a kernel's life (see raise_fd_limit).
+# Enough descriptors for clusters of thousands of workers (see raise_fd_limit).
 FD_LIMIT = 65536
 
 
@@ -266,10 +266,10 @@ def raise_fd_limit(wanted: int = FD_LIMIT) -> int:
     """Raise this process's soft limit on open descriptors toward ``wanted`` (never
     above the hard limit); returns the soft limit now.
 
-    torch's RPC agent keeps its connections to every worker that ever left (about two
-    descriptors each, for the life of the process), so a driver that starts clusters
-    all day would reach a soft limit of 1024, common on laptops, and then fail to
-    accept connections at all.
+    A driver holds several descriptors per worker while a cluster runs (torch's pipes to
+    each worker it calls, four sockets each, and the worker's kernel channels), so a large
+    cluster would reach a soft limit of 1024, common on laptops, and then fail to accept
+    connections at all.
     """
     import resource
 
