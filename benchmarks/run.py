@@ -7,8 +7,9 @@ Calls: idle CPU per member, small ``rpc_sync`` latency, ``rpc.remote`` latency (
 tracking on), ``rpc_async`` throughput and a 100 MiB tensor round trip, through an
 nbrpc cluster (a plain script as the driver, worker1) with its default transport
 (``uv``) and with ``shm`` (torch's default), and through plain ``rpc.init_rpc`` pairs
-of processes with each; the 100 MiB trip also through a pair left at all of torch's
-defaults. The groups take turns in short rounds, each paused (SIGSTOP) while another
+of processes with each (the ``uv`` pair twice: two measurements of the same code show
+how far this run's figures part by chance); the 100 MiB trip also through a pair left
+at all of torch's defaults. The groups take turns in short rounds, each paused (SIGSTOP) while another
 measures, so a burst of load from elsewhere hits them alike.
 
 Then, each a script of its own that prints its table: start-up cold and warm next to
@@ -159,15 +160,17 @@ def _elapsed() -> float:
 def compare_calls() -> dict:
     """Results by measurement, then by side: one list entry per round."""
     settings = dict(threads=THREADS, timeout=TIMEOUT)
-    progress("starting two nbrpc clusters and three raw torch RPC pairs")
+    progress("starting two nbrpc clusters and four raw torch RPC pairs")
     with contextlib.ExitStack() as stack:
         nbrpc_uv = stack.enter_context(processes.nbrpc_cluster(**settings))
         nbrpc_shm = stack.enter_context(processes.nbrpc_cluster(transport="shm", **settings))
         raw_uv = stack.enter_context(processes.raw_pair(fast_alloc=True, transport="uv", **settings))
+        # The same pair again: how far two runs of the same code part in this run.
+        raw_twin = stack.enter_context(processes.raw_pair(fast_alloc=True, transport="uv", **settings))
         raw_shm = stack.enter_context(processes.raw_pair(fast_alloc=True, **settings))
         raw_default = stack.enter_context(processes.raw_pair(fast_alloc=False, **settings))
-        groups = {"nbrpc": nbrpc_uv, "nbrpc_shm": nbrpc_shm, "raw": raw_uv, "raw_shm": raw_shm,
-                  "raw_default": raw_default}
+        groups = {"nbrpc": nbrpc_uv, "nbrpc_shm": nbrpc_shm, "raw": raw_uv, "raw_twin": raw_twin,
+                  "raw_shm": raw_shm, "raw_default": raw_default}
         for group in groups.values():
             group.wait_ready()
             group.pause()  # until its turn, so the others start and measure undisturbed
@@ -177,7 +180,8 @@ def compare_calls() -> dict:
         progress(f"rpc_sync latency, {LATENCY_ROUNDS} rounds")
         latency = _take_turns({"nbrpc": (nbrpc_uv, "latency"),
                                "nbrpc_unwrapped": (nbrpc_uv, "latency_unwrapped"),
-                               "raw": (raw_uv, "latency"), "nbrpc_shm": (nbrpc_shm, "latency"),
+                               "raw": (raw_uv, "latency"), "raw_twin": (raw_twin, "latency"),
+                               "nbrpc_shm": (nbrpc_shm, "latency"),
                                "raw_shm": (raw_shm, "latency")}, LATENCY_ROUNDS, LATENCY_CALLS)
         recording = _recording_turns(nbrpc_uv)
         handoff = _handoff_turns(nbrpc_uv)
@@ -444,6 +448,9 @@ def summarize(calls: dict) -> list[dict]:
              idle["nbrpc_shm"], idle["raw_shm"], "nbrpc/raw", "<=", None),
         _row(f"rpc_sync latency, median of {calls_counted:,} (ms)",
              latency["nbrpc"], latency["raw"], "nbrpc/raw", "<=", 1.05),
+        _row("rpc_sync latency, a second raw torch uv pair vs the first: the same code, so how far "
+             "two measurements part in this run (ms)", latency["raw_twin"], latency["raw"], "twin/raw", "<=", None,
+             columns=("second pair", "first pair")),
         recording_row(calls["recording"]),
         *handoff_rows(calls["handoff"]),
         _row(f"rpc_sync latency, --transport shm vs raw shm, median of {calls_counted:,} (ms)",
