@@ -154,12 +154,12 @@ def test_a_remotes_rref_is_entered_late_and_keeps_its_events(ring):
     kept = rpc.remote("p1", load_a)
     dropped = rpc.remote("p2", load_b)
     rid, gone = rref_ledger.rref_id(kept), rref_ledger.rref_id(dropped)
-    assert {r() for r in led.fresh.values()} == {kept, dropped}
+    assert {r() for r in led.fresh} == {kept, dropped}
     assert not {id(kept), id(dropped)} & led.refs.keys()
     assert torch.equal(kept.to_here(), load_a()) and torch.equal(dropped.to_here(), load_b())
-    assert {r() for r in led.fresh.values()} == {kept, dropped}
+    assert {r() for r in led.fresh} == {kept, dropped}
     del dropped  # dropped before anything entered it: one record of its life
-    assert [r() for r in led.fresh.values()] == [kept]
+    assert [r() for r in led.fresh] == [kept]
     snap = nbrpc.rref_snapshot()  # a report enters what is left
     assert not led.fresh
     row = next(r for r in snap["rrefs"] if r["id"] == rid)
@@ -183,7 +183,7 @@ def test_a_local_values_rref_dropped_unseen_leaves_its_two_events(ring):
     value = torch.ones(2)
     kept, dropped = rpc.RRef(value), rpc.RRef(value)
     kept_id, gone = rref_ledger.rref_id(kept), rref_ledger.rref_id(dropped)
-    assert {r() for r in led.fresh.values()} == {kept, dropped}
+    assert {r() for r in led.fresh} == {kept, dropped}
     del dropped
     # kept's fork comes back from p1: the fork enters kept first, two objects of one id.
     back = rpc.rpc_sync("p1", returned, args=(kept,))

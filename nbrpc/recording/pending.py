@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import types
 import weakref
 from collections.abc import Callable
 
@@ -31,8 +32,8 @@ from .._compat import torch_compat
 from .._util import Hooks
 
 # Frames in these folders are nbrpc's or torch's own, never a call's site.
-_OWN = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-        os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+OWN_FOLDERS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+               os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 # The slots of an outgoing entry: call id, callee, what runs, site (file, line),
 # thread ident, since (time.time()), how it was made, the call it waits on instead
@@ -48,10 +49,20 @@ def call_site(depth: int = 2) -> tuple[str, int] | None:
     frame = sys._getframe(depth)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(_OWN):
+        if not name.startswith(OWN_FOLDERS):
             return name, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+def site_line(site: tuple | None) -> tuple[str, int] | None:
+    """A call site as (file, line), given so (``call_site``) or as (code, instruction
+    offset), which ``rref_ledger`` takes since reading the line costs every RRef's life."""
+    if site is None or not isinstance(site[0], types.CodeType):
+        return site
+    code, offset = site
+    line = next((line for start, end, line in code.co_lines() if start <= offset < end), None)
+    return code.co_filename, line or code.co_firstlineno
 
 
 def function_name(func: Callable | str) -> str:
