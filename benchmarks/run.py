@@ -9,8 +9,8 @@ nbrpc cluster (a plain script as the driver, worker1) with its default transport
 (``uv``) and with ``shm`` (torch's default), and through plain ``rpc.init_rpc`` pairs
 of processes with each (the ``uv`` pair twice: two measurements of the same code show
 how far this run's figures part by chance); the 100 MiB trip also through a pair left
-at all of torch's defaults. The groups take turns in short rounds, each paused (SIGSTOP) while another
-measures, so a burst of load from elsewhere hits them alike.
+at all of torch's defaults. The groups take turns in short rounds, each paused (SIGSTOP)
+while another measures, so a burst of load from elsewhere hits them alike.
 
 Then, each a script of its own that prints its table: start-up cold and warm next to
 ``import torch`` with PSS per worker (``startup.py``), a notebook-defined function

@@ -106,7 +106,7 @@ class _Ledger:
         delete events only (and its fetches'). What runs between a ``remote`` and the
         ``to_here`` after it delays the fetch's request (see ``Pending.remote_sending``):
         entering it there took 8-10 us of that gap. An ``RRef(value)``'s tracked life took
-        3.96 us over torch's when each was entered as it was made, 2.1-2.2 with an object
+        3.96 us over torch's when each was entered as it was made, 2.1-2.3 with an object
         per RRef keyed by its id() and its call site's line read at once, 1.8 like this
         (``_init``)."""
         self.fresh[weakref.ref(rref, self.on_fresh_drop)] = (repr(rref), to, call_site, time.time())
@@ -125,7 +125,7 @@ class _Ledger:
                 except KeyError:  # another thread took the last one
                     return
                 rref = weak()
-                if rref is None:  # dying as it was taken: its life, as its drop would have
+                if rref is None:  # dying as it was taken (its drop finds nothing): its life
                     self.events.append((made, time.time()))
                 else:
                     self._enter(rref, made)
