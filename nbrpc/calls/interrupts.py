@@ -171,17 +171,6 @@ class Stoppable(_Call):
         return serving.serve(self.serve, args, kwargs)
 
 
-class InlineStoppable(_Call):
-    """A ``Stoppable`` torch runs as a plain function on its own RPC thread (the
-    benchmarks compare the two)."""
-
-    __slots__ = ()
-
-    def __call__(self, *args, **kwargs):
-        torch_compat.keep_thread_state()
-        return self.serve(*args, **kwargs)
-
-
 def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):
     served = Served(call_id, threading.get_ident())
     try:

@@ -45,7 +45,6 @@ from ..wire import remote_errors
 from . import agent_devices, destinations, helpers, interrupts, output, records, stopping
 
 _torch_to_worker_info = torch_compat.to_worker_info
-_torch_rpc_sync = torch_compat.rpc_sync
 _torch_to_here = torch_compat.to_here
 _torch_collect_all = torch_compat.collect_all
 
