@@ -28,22 +28,12 @@ import time
 from pathlib import Path
 
 import psutil
+from usage import cpu_seconds, pss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TARGET_STUDENTS, TARGET_INIT_S = 30, 3.0
-
-
-def pss_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def execute(kc, code: str, timeout: float = 300) -> str:
@@ -66,9 +56,9 @@ class Student:
     def __init__(self, specs, folder: str):
         from jupyter_client import KernelManager
 
-        from nbrpc.deploy import kernel
+        from nbrpc._bench import KERNEL_NAME
 
-        self.km = KernelManager(kernel_name=kernel.NAME, kernel_spec_manager=specs)
+        self.km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
         self.km.start_kernel(cwd=folder)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -92,17 +82,6 @@ class Student:
         finally:
             self.kc.stop_channels()
             self.km.shutdown_kernel(now=True)
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            times = psutil.Process(pid).cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def main() -> int:

@@ -7,22 +7,21 @@ same ``rpc_sync`` to worker1 of a tiny function defined here is timed two ways, 
 alternating rounds: nbrpc's ``RpcPickler`` (the function's code pickled once, bound on
 the worker once, then only its per-call state) and cloudpickle's plain by-value pickling
 of the whole function every call (what nbrpc did before). A function importable by
-reference (``operator.add``) is the floor. Prints a table; ``--json`` writes the rows.
+reference (``operator.add``) is the floor. Prints a table; ``--json`` writes its rows (``results.py``).
 """
 
 import nbrpc  # isort: skip  (before torch, as in a notebook)
 
 import argparse
-import json
 import operator
 import statistics
 import time
 
 import cloudpickle
 import torch.distributed.rpc as rpc
-from torch.distributed.rpc import internal
+from results import row, write_rows
 
-from nbrpc.wire.serialization import RpcPickler
+from nbrpc import _bench
 
 ROUNDS = 10
 SCALE = 3
@@ -37,7 +36,7 @@ def helper(x):
     return x + 1
 
 
-class ByValueEveryCall(RpcPickler):
+class ByValueEveryCall(_bench.RpcPickler):
     """nbrpc's pickler with definitions pickled as cloudpickle does, whole, every call."""
 
     def reducer_override(self, obj):
@@ -55,18 +54,18 @@ def timed_calls(func, args, calls: int) -> list[float]:
 
 def measure(calls_per_side: int) -> list[dict]:
     sides = {
-        "notebook function, bound once (nbrpc)": (RpcPickler, scaled, (1,)),
+        "notebook function, bound once (nbrpc)": (_bench.RpcPickler, scaled, (1,)),
         "notebook function, by value every call": (ByValueEveryCall, scaled, (1,)),
-        "importable function (operator.add)": (RpcPickler, operator.add, (1, 2)),
+        "importable function (operator.add)": (_bench.RpcPickler, operator.add, (1, 2)),
     }
     samples = {name: [] for name in sides}
     per_round = max(1, calls_per_side // ROUNDS)
     for _ in range(ROUNDS):
         for name, (pickler, func, args) in sides.items():
-            internal._pickler = pickler
+            _bench.set_pickler(pickler)
             timed_calls(func, args, 20)  # settle after the switch
             samples[name] += timed_calls(func, args, per_round)
-    internal._pickler = RpcPickler
+    _bench.set_pickler(_bench.RpcPickler)
     return [{"what": name, "median_us": statistics.median(s) * 1e6,
              "p90_us": statistics.quantiles(s, n=10)[-1] * 1e6, "calls": len(s)}
             for name, s in samples.items()]
@@ -75,9 +74,9 @@ def measure(calls_per_side: int) -> list[dict]:
 def render(rows: list[dict]) -> str:
     base = rows[1]["median_us"]
     lines = [f"{'rpc_sync of':<42} {'median':>9} {'p90':>9} {'vs by value':>12}"]
-    for row in rows:
-        lines.append(f"{row['what']:<42} {row['median_us']:>7.0f}us {row['p90_us']:>7.0f}us "
-                     f"{row['median_us'] / base:>11.2f}x")
+    for side in rows:
+        lines.append(f"{side['what']:<42} {side['median_us']:>7.0f}us {side['p90_us']:>7.0f}us "
+                     f"{side['median_us'] / base:>11.2f}x")
     return "\n".join(lines)
 
 
@@ -93,9 +92,10 @@ def main() -> None:
     finally:
         cluster.shutdown()
     print(render(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    floor = rows[2]["median_us"]
+    write_rows([row("definitions", rows[0]["median_us"], rows[1]["median_us"],
+                    note=f"medians of {rows[0]['calls']:,} calls a side, in turns; an importable "
+                         f"function (the floor): {floor:.0f} us")], args.json)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ share and the rest; and ``remote_tracking`` and ``local_rref_tracking``:
 turns, for tracking's share; and
 ``recording``: the same small calls with call recording on and off in every member
 (``nbrpc.trace``), for recording's cost; and ``handoff``: the same small calls served
-as nbrpc serves every call (``calls.serving``: an async_execution function, handed to
+as nbrpc serves every call (an async_execution function, handed to
 a serving thread when torch's threads are scarce) and as torch would (a plain
 function, on torch's RPC thread), for the serving's cost; ``handoff_forced``: the same,
 every call handed to a serving thread.
@@ -27,15 +27,11 @@ import sys
 from pathlib import Path
 
 import commands
-import targets
+import rpc_functions
 import timing
-from targets import set_inline_limit
+import torch.distributed.rpc as rpc
 
-from nbrpc._compat import torch_compat
-from nbrpc.calls import interrupts, wrappers
-from nbrpc.calls.fanout import ask_members
-from nbrpc.recording import recorder, rref_ledger
-from nbrpc.wire.definitions import receivers
+from nbrpc import _bench
 
 HERE = Path(__file__).resolve().parent
 # Recording on and off take turns every few calls within one measurement: the machine's
@@ -49,7 +45,7 @@ _handoff_measurements = itertools.count()
 
 # The "cell_*" measurements call the same code as the raw pair's importable targets,
 # defined here in __main__ as a notebook cell defines it.
-exec(compile(targets.CELL_SOURCE, "<cell>", "exec"), globals())
+exec(compile(rpc_functions.CELL_SOURCE, "<cell>", "exec"), globals())
 timing.CELL = {"echo": echo, "scaled": scaled}  # noqa: F821 (defined just above)
 
 
@@ -71,37 +67,27 @@ def main(argv: list[str] | None = None) -> None:
 
 def _measure(op: str, count: int):
     if op in ("latency_unwrapped", "cuda_latency_unwrapped"):
-        return timing.measure("worker1", op.removesuffix("_unwrapped"), count, rpc_sync=wrappers._torch_rpc_sync)
+        return timing.measure("worker1", op.removesuffix("_unwrapped"), count, rpc_sync=_bench.torch_rpc_sync)
     if op == "remote_tracking":  # the driver's share of tracking; the worker's stays on
         timing.remote_latencies("worker1", timing.WAKE_UP_CALLS)
-        return _on_and_off(rref_ledger.hook, lambda n: timing.remote_latencies("worker1", n), count,
+        return _on_and_off(_bench.rref_tracking, lambda n: timing.remote_latencies("worker1", n), count,
                            next(_tracking_measurements) % 2 == 0, True)
     if op == "local_rref_tracking":  # RRef(value): tracking's CPU alone, no message
-        return _on_and_off(rref_ledger.hook, timing.local_rref_lives, count,
+        return _on_and_off(_bench.rref_tracking, timing.local_rref_lives, count,
                            next(_tracking_measurements) % 2 == 0, True)
     if op == "recording":
         timing.sync_latencies("worker1", timing.WAKE_UP_CALLS)
-        return _on_and_off(lambda on: ask_members(recorder.enable, (on,)),
+        return _on_and_off(_bench.recording,
                            lambda n: timing.sync_latencies("worker1", n), count,
                            next(_recording_measurements) % 2 == 0, False)
     if op == "cell_bytes":
         timing.measure("worker1", "cell_sync", 1)
-        return {name: _call_bytes(func) for name, func in timing.CELL.items()}
+        return {name: _bench.sent_bytes(func, "worker1") for name, func in timing.CELL.items()}
     if op in ("handoff", "handoff_forced"):
         # worker1 serves; None: its default limit, found again
-        wrappers.rpc_sync("worker1", set_inline_limit, args=(0 if op == "handoff_forced" else None,))
+        rpc.rpc_sync("worker1", _bench.set_inline_limit, args=(0 if op == "handoff_forced" else None,))
         return _served_and_plain(count)
     return timing.measure("worker1", op, count)
-
-
-def _call_bytes(func) -> int:
-    """What an ``rpc_sync`` of ``func`` to worker1 sends: nbrpc's wrapper sends a
-    ``Stoppable``, pickled knowing its destination."""
-    receivers.begin("worker1")
-    try:
-        return timing.call_bytes(func, lambda f: interrupts.Stoppable((f, interrupts.new_call_id(), None)))
-    finally:
-        receivers.end()
 
 
 def _on_and_off(switch, calls, count: int, on: bool, after: bool) -> dict[str, list[float]]:
@@ -126,7 +112,7 @@ def _served_and_plain(count: int) -> dict[str, list[float]]:
     """``count`` small calls' seconds, half of them served as nbrpc serves every call
     and half sent as a plain function, in turns of ``RECORDING_STRIDE`` calls, sent
     alike otherwise (a call id, no wait of nbrpc's)."""
-    calls = {"served": _stoppable_sync(plain=False), "plain": _stoppable_sync(plain=True)}
+    calls = {"served": _bench.stoppable_sync(plain=False), "plain": _bench.stoppable_sync(plain=True)}
     timing.sync_latencies("worker1", timing.WAKE_UP_CALLS, calls["served"])
     samples = {"served": [], "plain": []}
     side = ("served", "plain")[next(_handoff_measurements) % 2]
@@ -137,19 +123,8 @@ def _served_and_plain(count: int) -> dict[str, list[float]]:
     return samples
 
 
-def _stoppable_sync(plain: bool):
-    kind = interrupts.InlineStoppable if plain else interrupts.Stoppable
-
-    def call(to, func, args=()):
-        stoppable = kind((func, interrupts.new_call_id(), None))
-        return torch_compat.invoke_rpc(to, stoppable, torch_compat.RPCExecMode.SYNC, args, None,
-                                       torch_compat.UNSET_RPC_TIMEOUT).wait()
-
-    return call
-
-
 def _worker_env() -> dict[str, str]:
-    """Let the worker kernel import ``targets`` by reference, as this driver does."""
+    """Let the worker kernel import ``rpc_functions`` by reference, as this driver does."""
     paths = [str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {"PYTHONPATH": os.pathsep.join(paths)}
 

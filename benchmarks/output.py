@@ -7,22 +7,22 @@ small ``rpc_sync`` of a function that prints nothing (``echo``) and of one that 
 one line (``chatty``, whose line is sent to the driver before the reply). A call that
 prints nothing pays only the thread's mark and an empty-outbox check around the call
 (``output.begin`` / ``output.end``), timed alone here too. The driver's sink counts
-the lines instead of printing them. Prints a table; ``--json`` writes the rows.
+the lines instead of printing them. Prints a table; ``--json`` writes its rows (``results.py``).
 """
 
 import nbrpc  # isort: skip  (before torch, as in a notebook)
 
 import argparse
-import json
 import statistics
 import threading
 import time
 import timeit
 
 import torch.distributed.rpc as rpc
-from targets import chatty, echo
+from results import row, write_rows
+from rpc_functions import chatty, echo
 
-from nbrpc.calls import output
+from nbrpc import _bench
 
 ROUNDS = 10
 
@@ -38,11 +38,7 @@ def timed_calls(func, calls: int) -> list[float]:
 
 def mark_and_check_us() -> float:
     """``output.begin()`` + ``output.end()`` with nothing written, in microseconds."""
-    def around():
-        output.begin()
-        output.end()
-
-    return min(timeit.repeat(around, number=100_000, repeat=5)) / 100_000 * 1e6
+    return min(timeit.repeat(_bench.mark_and_check, number=100_000, repeat=5)) / 100_000 * 1e6
 
 
 def measure(calls_per_side: int) -> list[dict]:
@@ -61,9 +57,9 @@ def measure(calls_per_side: int) -> list[dict]:
 def render(rows: list[dict], around_us: float, lines: int) -> str:
     base = rows[0]["median_us"]
     out = [f"{'rpc_sync of a function that':<42} {'median':>9} {'p90':>9} {'vs silent':>10}"]
-    for row in rows:
-        out.append(f"{row['what']:<42} {row['median_us']:>7.0f}us {row['p90_us']:>7.0f}us "
-                   f"{row['median_us'] / base:>9.2f}x")
+    for side in rows:
+        out.append(f"{side['what']:<42} {side['median_us']:>7.0f}us {side['p90_us']:>7.0f}us "
+                   f"{side['median_us'] / base:>9.2f}x")
     out.append(f"a silent call's own cost (mark + empty check): {around_us:.2f} us "
                f"({around_us / base * 100:.2f}% of its median); lines shown: {lines}")
     return "\n".join(out)
@@ -81,18 +77,19 @@ def main() -> None:
         with lock:
             shown.extend(p[2].count("\n") for p in pieces if p[0] == "stream")
 
-    output.SINKS.add(count)
+    _bench.OUTPUT_SINKS.add(count)
     cluster = nbrpc.start(1, progress=None)
     try:
         rows = measure(args.calls)
     finally:
         cluster.shutdown()
-        output.SINKS.discard(count)
+        _bench.OUTPUT_SINKS.discard(count)
     around = mark_and_check_us()
     print(render(rows, around, sum(shown)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "mark_and_check_us": around}, f, indent=1)
+    silent, chatty_ = rows[0]["median_us"], rows[1]["median_us"]
+    note = f"medians of {rows[0]['calls']:,} calls a side, in turns; lines shown: {sum(shown)}"
+    write_rows([row("output", chatty_, silent, note=note),
+                row("output_silent", around, silent, note="begin + end with nothing written, best of 5")], args.json)
 
 
 if __name__ == "__main__":

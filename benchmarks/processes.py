@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nbrpc._util import kill_pids, start_time
+from usage import kill_pids, start_time
 
 HERE = Path(__file__).resolve().parent
 FAST_ALLOC = "THP_MEM_ALLOC_ENABLE"
@@ -191,13 +191,6 @@ def nbrpc_cluster(threads: int, timeout: float, transport: str = "uv", device_ma
 
 def _device_map(gpu: int | None) -> list[str]:
     return [] if gpu is None else ["--device-map", str(gpu)]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time ``pid`` has used, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _environment_without_fast_alloc() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""RPC targets of the benchmark.
+"""The functions the benchmarks call over RPC.
 
 They live in an importable module (not in ``__main__``) so that nbrpc and raw
 torch both pickle them by reference: the comparison then measures the RPC layers,
@@ -50,10 +50,3 @@ def scaled(x):
     return math.floor(helper(x) * SCALE)
 '''
 
-
-def set_inline_limit(limit):
-    """How many calls torch's RPC threads may run themselves in this nbrpc member
-    (``calls.serving``; 0: hand every call off, None: the default)."""
-    from nbrpc.calls import serving
-
-    serving.pool.inline_limit = limit

@@ -10,10 +10,10 @@ from __future__ import annotations
 import collections
 import time
 
-import targets
+import rpc_functions
 import torch
 import torch.distributed.rpc as rpc
-from targets import echo
+from rpc_functions import echo
 from torch.distributed.rpc import internal
 
 TENSOR_MB = 100
@@ -27,7 +27,7 @@ WAKE_UP_TRIPS = 1
 # What the "cell_*" measurements call: here the importable functions (what a script
 # calls, and what the raw pair calls); the nbrpc driver puts in the same code defined
 # in its ``__main__``, as a notebook cell defines it.
-CELL = {"echo": targets.echo, "scaled": targets.scaled}
+CELL = {"echo": rpc_functions.echo, "scaled": rpc_functions.scaled}
 
 
 def sync_latencies(to: str, calls: int, rpc_sync=None, value=SMALL_ARG, func=echo) -> list[float]:

@@ -1,0 +1,101 @@
+"""The regression gate: a run against a stored baseline, failing only where a row got worse
+by more than the runs' own spread (``make bench-gate``).
+
+    python benchmarks/gate.py [RESULTS] [--baseline benchmarks/baseline.json]
+
+How it decides, row by row (rows are matched by ``id``):
+
+- The tolerance is the larger spread of the two files, as a fraction: a spread of 1.04 or
+  of 0.96 (the same raw torch code measured twice in one run) allows 4%. A row measured
+  by whole runs taking turns brings its own spread, and the larger one counts.
+- A row with a ratio in both files is compared by its ratio, which is measured against
+  a reference in the same run and so carries over from one run (and machine) to the
+  next: it got worse when it moved the wrong way (``better``) by more than the tolerance.
+- A row whose baseline ratio is 0 or missing, with a target on nbrpc's own value (idle
+  CPU, warm start, PSS), got worse when the baseline met the target and the run misses
+  it by more than the tolerance.
+- Rows in only one of the files are listed, not judged.
+
+Exit status: 1 when a row got worse, 0 otherwise (targets missed in both are the
+table's business, not the gate's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import results as results_file
+
+BASELINE = Path(__file__).resolve().with_name("baseline.json")
+
+
+def tolerance(*spreads: float | None) -> float:
+    """The largest spread as a fraction (1.04 and 0.96 both allow 0.04)."""
+    found = [max(s, 1 / s) - 1 for s in spreads if s]
+    return max(found, default=0.0)
+
+
+def judge(row: dict, base: dict, allowed: float) -> tuple[str, float | None]:
+    """("worse" | "same" | "not compared", how much worse as a fraction)."""
+    allowed = max(allowed, tolerance(row.get("spread"), base.get("spread")))
+    new, old = row.get("ratio"), base.get("ratio")
+    if row.get("better") == "none":
+        return "not compared", None
+    if new is not None and old:
+        worse = new / old - 1 if row["better"] == "lower" else old / new - 1 if new else float("inf")
+        return ("worse" if worse > allowed else "same"), worse
+    if base.get("met") is True and row.get("met") is False and (row["target"] or "").startswith("nbrpc "):
+        bound = float(row["target"].split()[-1])
+        beyond = row["nbrpc"] / bound - 1 if "<=" in row["target"] else bound / row["nbrpc"] - 1
+        return ("worse" if beyond > allowed else "same"), beyond
+    return "not compared", None
+
+
+def compare(run: dict, baseline: dict) -> tuple[list[dict], list[str]]:
+    """One verdict per row present in both; and the rows only one file has."""
+    allowed = tolerance(run.get("spread"), baseline.get("spread"))
+    old = {row["id"]: row for row in baseline["rows"]}
+    new = {row["id"]: row for row in run["rows"]}
+    verdicts = []
+    for key, row in new.items():
+        if key in old:
+            verdict, worse = judge(row, old[key], allowed)
+            verdicts.append({"id": key, "baseline": old[key].get("ratio"), "now": row.get("ratio"),
+                             "worse": worse, "allowed": max(allowed, tolerance(row.get("spread"),
+                                                                                old[key].get("spread"))),
+                             "verdict": verdict})
+    unmatched = [f"only in the run: {k}" for k in new if k not in old]
+    unmatched += [f"only in the baseline: {k}" for k in old if k not in new]
+    return verdicts, unmatched
+
+
+def render(verdicts: list[dict], unmatched: list[str]) -> str:
+    lines = [f"{'row':<32} {'baseline':>9} {'now':>9} {'worse by':>9} {'allowed':>8}  verdict"]
+    for v in verdicts:
+        worse = "" if v["worse"] is None else f"{v['worse']:+.1%}"
+        lines.append(f"{v['id']:<32} {_ratio(v['baseline']):>9} {_ratio(v['now']):>9} {worse:>9} "
+                     f"{v['allowed']:>8.1%}  {v['verdict'].upper() if v['verdict'] == 'worse' else v['verdict']}")
+    return "\n".join(lines + unmatched)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", default=str(results_file.FILE))
+    parser.add_argument("--baseline", default=str(BASELINE))
+    args = parser.parse_args(argv)
+    verdicts, unmatched = compare(results_file.read(args.results), results_file.read(args.baseline))
+    print(render(verdicts, unmatched))
+    worse = [v["id"] for v in verdicts if v["verdict"] == "worse"]
+    print(f"\ngate: {len(worse)} row{'s' * (len(worse) != 1)} worse than the baseline beyond the spread"
+          + (f": {', '.join(worse)}" if worse else ""))
+    return 1 if worse else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""What a process uses, read from /proc by pid: the helpers every benchmark shares.
+
+- ``pss_mib(pid)``: proportional set size (shared pages split among their sharers).
+- ``cpu_seconds(pids)``: user and system CPU time used so far, summed.
+- ``process_usage(pid)``: open descriptors, resident MB and threads.
+- ``start_time(pid)``, ``kill_pids(pids)``: a pid's process by its start, and ending them.
+- ``load()``: the machine's load averages, rounded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+
+def pss_mib(pid: int) -> float:
+    """PSS of ``pid`` in MiB (``/proc/PID/smaps_rollup``); 0.0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def cpu_seconds(pids: int | list[int]) -> float:
+    """User and system CPU seconds the processes have used; gone ones count 0."""
+    total = 0.0
+    for pid in [pids] if isinstance(pids, int) else pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def process_usage(pid: int | None = None) -> dict:
+    """Open descriptors, resident memory (MB) and threads of a process (this one by default)."""
+    process = psutil.Process(pid)
+    with process.oneshot():
+        return {"descriptors": process.num_fds(), "rss_mb": process.memory_info().rss / 1e6,
+                "threads": process.num_threads()}
+
+
+def start_time(pid: int) -> float | None:
+    """When ``pid`` started: with the pid, it names one process."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def kill_pids(pids: list[int], grace: float = 3.0) -> None:
+    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL whatever is left."""
+    alive = []
+    for pid in pids:
+        try:
+            alive.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    for proc in alive:
+        _quietly(proc.terminate)
+        _quietly(proc.resume)  # a stopped process acts on SIGTERM only once resumed
+    _gone, left = psutil.wait_procs(alive, timeout=grace)
+    for proc in left:
+        _quietly(proc.kill)
+    psutil.wait_procs(left, timeout=5.0)
+
+
+def _quietly(action) -> None:
+    try:
+        action()
+    except psutil.Error:
+        pass
+
+
+def load() -> list[float]:
+    """The 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+

@@ -1,0 +1,157 @@
+"""The user's comparison: a notebook running nbrpc against the script it replaces.
+
+    python benchmarks/user.py [--runs 3] [--calls 1000] [--trips 3] [--json FILE]
+
+Three sides run the same code (``user_script.py``): a real Jupyter kernel (``%load_ext
+nbrpc``, ``%rpc_init -n 1``, the script's functions as a cell), a plain script driving
+nbrpc (``nbrpc.start(1)``), and the script with ``rpc.init_rpc`` between two plain
+processes. Whole runs take turns (kernel, script, init_rpc; the order rotating), each
+side ``--runs`` times, and each row compares the median of a side's runs with the
+median of the init_rpc runs. A row's ``spread`` is the init_rpc runs' own: the farthest
+of them from their median, as a ratio. Every process starts in a session of its own,
+as a kernel does, so the scheduler shares the CPU among them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+from results import row, write_rows
+from usage import kill_pids
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "user_script.py"
+SIDES = ("kernel", "script", "raw")
+FIGURES = {"sync": "sync_ms", "remote": "remote_ms", "throughput": "throughput", "tensor": "tensor_ms"}
+TIMEOUT = 600
+
+
+def cells(calls: int, trips: int) -> list[str]:
+    """The notebook: what a user runs in place of the script."""
+    text = SCRIPT.read_text()
+    body = text.split("# -- cells begin\n", 1)[1].split("# -- cells end", 1)[0]
+    return ["%load_ext nbrpc", "%rpc_init -n 1", body,
+            f"import json\nprint(json.dumps(measure_all({calls}, {trips})))", "%rpc_shutdown"]
+
+
+def run_kernel(calls: int, trips: int) -> dict:
+    """One run in a real Jupyter kernel; its figures."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=tempfile.gettempdir())
+    started = []
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=TIMEOUT)
+        printed = []
+        for cell in cells(calls, trips):
+            started += _children(km.provisioner.pid)
+            printed.append(_execute(kc, cell))
+        kc.stop_channels()
+        return _last_json("".join(printed), "the kernel")
+    finally:
+        km.shutdown_kernel(now=True)
+        kill_pids(sorted(set(started)))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _execute(kc, code: str) -> str:
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+            out.append(msg["content"]["text"])
+
+    reply = kc.execute_interactive(code, timeout=TIMEOUT, output_hook=hook)
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"the kernel failed on {code.splitlines()[0]!r}: "
+                           f"{reply['content'].get('ename')}: {reply['content'].get('evalue')}")
+    return "".join(out)
+
+
+def run_script(calls: int, trips: int) -> dict:
+    """One run of the script driving nbrpc."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "nbrpc", str(calls), str(trips)], capture_output=True,
+                          text=True, timeout=TIMEOUT, start_new_session=True)
+    return _last_json(done.stdout, "the script with nbrpc", done.stderr)
+
+
+def run_raw(calls: int, trips: int) -> dict:
+    """One run of the script as two plain processes joined by ``init_rpc``."""
+    with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
+        store = str(Path(scratch) / "store")
+        procs = [subprocess.Popen([sys.executable, str(SCRIPT), "raw", str(rank), store, str(calls), str(trips)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True) for rank in (0, 1)]
+        try:
+            out, err = procs[0].communicate(timeout=TIMEOUT)
+            procs[1].communicate(timeout=60)
+        finally:
+            kill_pids([p.pid for p in procs if p.poll() is None])
+    return _last_json(out, "the script with init_rpc", err)
+
+
+def _last_json(stdout: str, who: str, stderr: str = "") -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{who} printed no figures:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def take_turns(runs: int, calls: int, trips: int, progress=print) -> dict[str, list[dict]]:
+    """Whole runs of each side in turns, the order rotating."""
+    run = {"kernel": run_kernel, "script": run_script, "raw": run_raw}
+    found = {side: [] for side in SIDES}
+    for turn in range(runs):
+        for side in SIDES[turn % 3:] + SIDES[:turn % 3]:
+            progress(f"user's comparison: {side}, run {turn + 1} of {runs}")
+            found[side].append(run[side](calls, trips))
+    return found
+
+
+def user_rows(found: dict[str, list[dict]]) -> list[dict]:
+    rows = []
+    for side in ("kernel", "script"):
+        for name, key in FIGURES.items():
+            ours, raw = ([run[key] for run in found[s]] for s in (side, "raw"))
+            middle = statistics.median(raw)
+            spread = max((max(r / middle, middle / r) for r in raw), default=None)
+            rows.append(row(f"user_{side}_{name}", statistics.median(ours), middle, spread=spread,
+                            note=f"medians of {len(ours)} whole runs a side; runs: "
+                                 f"{', '.join(f'{x:.4g}' for x in ours)} against {', '.join(f'{x:.4g}' for x in raw)}"))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="whole runs of each side")
+    parser.add_argument("--calls", type=int, default=1000, help="small calls a run (remote: half)")
+    parser.add_argument("--trips", type=int, default=3, help="100 MiB round trips a run")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    found = take_turns(args.runs, args.calls, args.trips,
+                       lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+    rows = user_rows(found)
+    for r in rows:
+        print(f"{r['id']:<24} {r['nbrpc']:>10.4g} {r['reference']:>10.4g} {r['ratio']:>6.2f}  {r['target']}")
+    write_rows(rows, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

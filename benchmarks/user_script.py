@@ -1,0 +1,85 @@
+"""The user's script, and the notebook that replaces it (``user.py`` runs both).
+
+    python user_script.py nbrpc [CALLS TRIPS]            # nbrpc.start(1): a plain script as the driver
+    python user_script.py raw RANK STORE [CALLS TRIPS]   # init_rpc between two plain processes
+
+The same functions, called the same way: a small ``rpc_sync`` of a function defined in
+``__main__``, ``rpc.remote`` + ``to_here``, ``rpc_async`` throughput with 32 in flight and
+a 100 MiB round trip, all to "worker1". The raw pair is ``rpc.init_rpc`` left at torch's
+defaults, meeting through a file store; rank 1 serves until rank 0 is done. A notebook
+runs the code between the two "cells" markers below as a cell, after ``%load_ext nbrpc``
+and ``%rpc_init -n 1``. The measuring process prints one JSON line.
+"""
+
+import sys
+
+if __name__ == "__main__" and sys.argv[1:2] == ["nbrpc"]:
+    import nbrpc  # before torch, as ``%load_ext nbrpc`` is a notebook's first cell
+
+# -- cells begin
+import collections  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed.rpc as rpc  # noqa: E402
+
+
+def echo(value):
+    return value
+
+
+def timed(call, n):
+    samples = []
+    for _ in range(n):
+        began = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - began)
+    return statistics.median(samples) * 1e3
+
+
+def throughput(n, in_flight=32):
+    pending = collections.deque()
+    began = time.perf_counter()
+    for _ in range(n):
+        if len(pending) >= in_flight:
+            pending.popleft().wait()
+        pending.append(rpc.rpc_async("worker1", echo, args=(1,)))
+    while pending:
+        pending.popleft().wait()
+    return n / (time.perf_counter() - began)
+
+
+def measure_all(calls=1000, trips=3):
+    """Medians: ms per small call, per remote + to_here, calls/s, ms per 100 MiB trip."""
+    tensor = torch.ones(100 * 2**20 // 4)
+    timed(lambda: rpc.rpc_sync("worker1", echo, args=(1,)), 100)  # connections, threads: not timed
+    timed(lambda: rpc.remote("worker1", echo, args=(1,)).to_here(), 50)
+    timed(lambda: rpc.rpc_sync("worker1", echo, args=(tensor,)), 1)
+    return {"sync_ms": timed(lambda: rpc.rpc_sync("worker1", echo, args=(1,)), calls),
+            "remote_ms": timed(lambda: rpc.remote("worker1", echo, args=(1,)).to_here(), calls // 2),
+            "throughput": statistics.median(throughput(calls) for _ in range(3)),
+            "tensor_ms": timed(lambda: rpc.rpc_sync("worker1", echo, args=(tensor,)), trips)}
+# -- cells end
+
+
+def main(argv: list[str]) -> None:
+    import json
+
+    if argv[0] == "nbrpc":
+        cluster = nbrpc.start(1, progress=None)
+        try:
+            print(json.dumps(measure_all(*map(int, argv[1:]))), flush=True)
+        finally:
+            cluster.shutdown()
+        return
+    rank, store = int(argv[1]), argv[2]
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{store}")
+    rpc.init_rpc(("master", "worker1")[rank], rank=rank, world_size=2, rpc_backend_options=options)
+    if rank == 0:
+        print(json.dumps(measure_all(*map(int, argv[3:]))), flush=True)
+    rpc.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
