@@ -89,60 +89,68 @@ def main() -> int:
     parser.add_argument("--students", type=int, default=4)
     parser.add_argument("--rest", type=float, default=10.0, help="seconds of rest the CPU is measured over")
     args = parser.parse_args()
+    load_before = os.getloadavg()
+    found = measure(args.students, args.rest)
+    print(f"\nclassroom: {args.students} students, each the nbrpc kernel + %rpc_init -n 2, idle "
+          f"(load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
+          f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB)")
+    print(render(found, args.students))
+    return 1 if any(s >= TARGET_INIT_S for s in found["inits"]) else 0
+
+
+def measure(count: int, rest: float) -> dict:
+    """Start ``count`` students one after another, then measure them idle."""
     from jupyter_client.kernelspec import KernelSpecManager
 
-    from nbrpc.deploy import kernel
+    from nbrpc._bench import install_kernel
 
-    load_before = os.getloadavg()
     students: list[Student] = []
     with tempfile.TemporaryDirectory(prefix="classroom-") as folder:
-        installed = kernel.install(prefix=os.path.join(folder, "prefix"))
+        installed = install_kernel(prefix=os.path.join(folder, "prefix"))
         specs = KernelSpecManager(kernel_dirs=[os.path.dirname(installed)])
         try:
-            for i in range(args.students):
+            for i in range(count):
                 students.append(Student(specs, folder))
                 print(f"student {i + 1}: %load_ext nbrpc in {students[-1].load_s:.2f} s, "
                       f"%rpc_init -n 2 in {students[-1].init_s:.2f} s "
                       f"({i} others idle)", file=sys.stderr, flush=True)
             time.sleep(2.0)  # start-up allocations settle
-            memory = [sum(pss_mib(p) for p in s.pids()) for s in students]
-            processes = [len(s.pids()) for s in students]
+            found = {"memory": [sum(pss_mib(p) for p in s.pids()) for s in students],
+                     "processes": [len(s.pids()) for s in students]}
             every = [p for s in students for p in s.pids()]
             before, began = cpu_seconds(every), time.monotonic()
-            time.sleep(args.rest)
-            at_rest = (cpu_seconds(every) - before) / (time.monotonic() - began)
+            time.sleep(rest)
+            found["at_rest"] = (cpu_seconds(every) - before) / (time.monotonic() - began)
             last = students[-1]  # a kernel's next cluster: its template is warm
             execute(last.kc, "%rpc_shutdown")
             began = time.perf_counter()
             execute(last.kc, "%rpc_init -n 2")
-            again = time.perf_counter() - began
+            found["again"] = time.perf_counter() - began
         finally:
             for s in students:
                 s.close()
-    inits = [s.init_s for s in students]
-    loads = [s.load_s for s in students]
-    per_student = statistics.median(memory)
-    print(f"\nclassroom: {args.students} students, each the nbrpc kernel + %rpc_init -n 2, idle "
-          f"(load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
-          f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB)")
-    print("| measure | value |")
-    print("| --- | --- |")
-    print(f"| processes per student | {statistics.median(processes):.0f} (kernel, template, 2 workers) |")
-    print(f"| memory per student (PSS) | {per_student:.0f} MiB (min {min(memory):.0f}, max {max(memory):.0f}) |")
-    print(f"| CPU at rest, all {args.students} | {at_rest * 100:.1f} % of one core |")
-    print(f"| %rpc_init -n 2, first student | {inits[0]:.2f} s |")
-    print(f"| %rpc_init -n 2, last ({args.students - 1} idle) | {inits[-1]:.2f} s |")
-    print(f"| %rpc_init -n 2, median | {statistics.median(inits):.2f} s |")
-    slow = [i + 1 for i, s in enumerate(inits) if s >= TARGET_INIT_S]
-    print(f"| %rpc_init -n 2, slowest | {max(inits):.2f} s (target: each < {TARGET_INIT_S:g} s: "
-          f"{'met' if not slow else f'missed by student {slow}'}) |")
-    print(f"| %load_ext nbrpc before it (imports torch), median / slowest | {statistics.median(loads):.2f} / "
-          f"{max(loads):.2f} s |")
-    print(f"| the last kernel's next %rpc_init -n 2 ({args.students - 1} idle) | {again:.2f} s |")
-    print(f"| {TARGET_STUDENTS} students by these figures | {TARGET_STUDENTS * per_student / 1024:.1f} GiB, "
-          f"{TARGET_STUDENTS * at_rest / args.students * 100:.1f} % of one core at rest |")
-    return 1 if slow else 0
+    return {**found, "inits": [s.init_s for s in students], "loads": [s.load_s for s in students]}
 
+
+def render(found: dict, count: int) -> str:
+    inits, loads, memory, at_rest = found["inits"], found["loads"], found["memory"], found["at_rest"]
+    per_student = statistics.median(memory)
+    slow = [i + 1 for i, s in enumerate(inits) if s >= TARGET_INIT_S]
+    return "\n".join([
+        "| measure | value |", "| --- | --- |",
+        f"| processes per student | {statistics.median(found['processes']):.0f} (kernel, template, 2 workers) |",
+        f"| memory per student (PSS) | {per_student:.0f} MiB (min {min(memory):.0f}, max {max(memory):.0f}) |",
+        f"| CPU at rest, all {count} | {at_rest * 100:.1f} % of one core |",
+        f"| %rpc_init -n 2, first student | {inits[0]:.2f} s |",
+        f"| %rpc_init -n 2, last ({count - 1} idle) | {inits[-1]:.2f} s |",
+        f"| %rpc_init -n 2, median | {statistics.median(inits):.2f} s |",
+        f"| %rpc_init -n 2, slowest | {max(inits):.2f} s (target: each < {TARGET_INIT_S:g} s: "
+        f"{'met' if not slow else f'missed by student {slow}'}) |",
+        f"| %load_ext nbrpc before it (imports torch), median / slowest | {statistics.median(loads):.2f} / "
+        f"{max(loads):.2f} s |",
+        f"| the last kernel's next %rpc_init -n 2 ({count - 1} idle) | {found['again']:.2f} s |",
+        f"| {TARGET_STUDENTS} students by these figures | {TARGET_STUDENTS * per_student / 1024:.1f} GiB, "
+        f"{TARGET_STUDENTS * at_rest / count * 100:.1f} % of one core at rest |"])
 
 if __name__ == "__main__":
     sys.exit(main())

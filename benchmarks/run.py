@@ -136,10 +136,15 @@ def tutorials_part(quick: bool) -> tuple[list[dict], str]:
         source = HERE.parent / "tutorials" / f"{name}.ipynb"
         output = HERE.parent / "build" / "bench" / f"{name}.ipynb"
         began = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "nbrpc.cli", "run", str(source), "--output", str(output)],
+        subprocess.run([_nbrpc_command(), "run", str(source), "--output", str(output)],
                        check=True, timeout=600, capture_output=True)
         found.append(results.row(f"tutorial_{name}", time.perf_counter() - began))
     return found, ""
+
+
+def _nbrpc_command() -> str:
+    """The ``nbrpc`` command installed beside this Python (the user's way in)."""
+    return str(Path(sys.executable).with_name("nbrpc"))
 
 
 PARTS = {"calls": calls_part, "cuda": cuda_part, "user": script_part("user"), "tutorials": tutorials_part,

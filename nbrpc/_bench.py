@@ -19,7 +19,7 @@ Nothing in nbrpc imports it; it is not for users and may change with the layers.
 - ``RpcPickler``, ``set_pickler(cls)``: nbrpc's RPC pickler, and torch's pickler slot.
 - ``PENDING``: the bookkeeping of pending calls that ``nbrpc.waits()`` reads.
 - ``template_process()``: the warm template's pid and seconds to ready, or None.
-- ``KERNEL_NAME``: the kernel spec nbrpc installs.
+- ``KERNEL_NAME``, ``install_kernel(prefix)``: the kernel spec nbrpc installs, and its install.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ from .calls import interrupts, output, serving
 from .calls.fanout import ask_members
 from .deploy import template
 from .deploy.kernel import NAME as KERNEL_NAME
+from .deploy.kernel import install as install_kernel
 from .recording import recorder, rref_ledger
 from .recording.pending import PENDING
 from .wire.definitions import receivers
 from .wire.serialization import RpcPickler
 
-__all__ = ["KERNEL_NAME", "OUTPUT_SINKS", "PENDING", "RpcPickler", "mark_and_check", "recording",
+__all__ = ["KERNEL_NAME", "OUTPUT_SINKS", "PENDING", "RpcPickler", "install_kernel", "mark_and_check", "recording",
            "rref_tracking", "sent_bytes", "set_inline_limit", "set_pickler", "stoppable_sync",
            "template_process", "torch_rpc_sync"]
 
