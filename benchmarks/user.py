@@ -42,25 +42,27 @@ def cells(calls: int, trips: int) -> list[str]:
 
 
 def run_kernel(calls: int, trips: int) -> dict:
-    """One run in a real Jupyter kernel; its figures."""
+    """One run in a real Jupyter kernel; its figures. The kernel talks over Unix sockets:
+    TCP ports chosen before the kernel binds them can be taken by others meanwhile."""
     from jupyter_client import KernelManager
 
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=tempfile.gettempdir())
-    started = []
-    try:
-        kc = km.client()
-        kc.start_channels()
-        kc.wait_for_ready(timeout=TIMEOUT)
-        printed = []
-        for cell in cells(calls, trips):
-            started += _children(km.provisioner.pid)
-            printed.append(_execute(kc, cell))
-        kc.stop_channels()
-        return _last_json("".join(printed), "the kernel")
-    finally:
-        km.shutdown_kernel(now=True)
-        kill_pids(sorted(set(started)))
+    with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(scratch) / "kernel"))
+        km.start_kernel(cwd=scratch)
+        started = []
+        try:
+            kc = km.client()
+            kc.start_channels()
+            kc.wait_for_ready(timeout=TIMEOUT)
+            printed = []
+            for cell in cells(calls, trips):
+                started += _children(km.provisioner.pid)
+                printed.append(_execute(kc, cell))
+            kc.stop_channels()
+            return _last_json("".join(printed), "the kernel")
+        finally:
+            km.shutdown_kernel(now=True)
+            kill_pids(sorted(set(started)))
 
 
 def _children(pid: int) -> list[int]:
