@@ -66,6 +66,7 @@ def summary(results: dict) -> str:
     judged = sum(row["met"] is not None for row in rows)
     lines = [f"{judged - len(missed)} of {judged} targets met" + (f"; missed: {', '.join(missed)}" if missed else "")]
     lines += [f"not run: {what}" for what in results.get("skipped", [])]
+    lines += [f"FAILED to run: {what}" for what in results.get("failed", [])]
     return "\n".join(lines)
 
 
