@@ -8,12 +8,15 @@ How it decides, row by row (rows are matched by ``id``):
 - The tolerance is the larger spread of the two files, as a fraction: a spread of 1.04 or
   of 0.96 (the same raw torch code measured twice in one run) allows 4%. A row measured
   by whole runs taking turns brings its own spread, and the larger one counts.
-- A row with a ratio in both files is compared by its ratio, which is measured against
-  a reference in the same run and so carries over from one run (and machine) to the
-  next: it got worse when it moved the wrong way (``better``) by more than the tolerance.
-- A row whose baseline ratio is 0 or missing, with a target on nbrpc's own value (idle
-  CPU, warm start, PSS), got worse when the baseline met the target and the run misses
-  it by more than the tolerance.
+- A row of the in-run comparison or the user's comparison (``gate = "ratio"`` in
+  ``targets.toml``, the default) with a ratio in both files is compared by its ratio,
+  which is measured against a reference in the same run and so carries over from one
+  run (and machine) to the next: it got worse when it moved the wrong way (``better``)
+  by more than the tolerance.
+- Any other row (``gate = "target"``: measured by a script of its own or from a few
+  samples, whose noise the spread does not measure), and a row whose baseline ratio is
+  0 or missing, got worse when the baseline met its target and the run misses it by
+  more than the tolerance.
 - Rows in only one of the files are listed, not judged.
 
 Exit status: 1 when a row got worse, 0 otherwise (targets missed in both are the
@@ -27,6 +30,7 @@ import sys
 from pathlib import Path
 
 import results as results_file
+import targets
 
 BASELINE = Path(__file__).resolve().with_name("baseline.json")
 
@@ -37,31 +41,41 @@ def tolerance(*spreads: float | None) -> float:
     return max(found, default=0.0)
 
 
-def judge(row: dict, base: dict, allowed: float) -> tuple[str, float | None]:
-    """("worse" | "same" | "not compared", how much worse as a fraction)."""
+def judge(row: dict, base: dict, allowed: float, by: str = "ratio") -> tuple[str, float | None]:
+    """("worse" | "same" | "not compared", how much worse as a fraction); ``by``: the
+    row's ``gate`` in ``targets.toml``."""
     allowed = max(allowed, tolerance(row.get("spread"), base.get("spread")))
     new, old = row.get("ratio"), base.get("ratio")
     if row.get("better") == "none":
         return "not compared", None
-    if new is not None and old:
+    if by == "ratio" and new is not None and old:
         worse = new / old - 1 if row["better"] == "lower" else old / new - 1 if new else float("inf")
         return ("worse" if worse > allowed else "same"), worse
-    if base.get("met") is True and row.get("met") is False and (row["target"] or "").startswith("nbrpc "):
-        bound = float(row["target"].split()[-1])
-        beyond = row["nbrpc"] / bound - 1 if "<=" in row["target"] else bound / row["nbrpc"] - 1
+    if base.get("met") is True and row.get("met") is False:
+        beyond = _beyond(row)
         return ("worse" if beyond > allowed else "same"), beyond
-    return "not compared", None
+    return ("same" if row.get("met") is not None and base.get("met") is not None else "not compared"), None
+
+
+def _beyond(row: dict) -> float:
+    """How far a row misses its target (``ratio <= 1.05``), as a fraction of the bound."""
+    of, sense, bound = row["target"].split()
+    value = row["nbrpc"] - (row.get("reference") or 0.0) if of == "difference" else row[of]
+    if sense == "<=":
+        return value / float(bound) - 1 if float(bound) else float("inf")
+    return float(bound) / value - 1 if value else float("inf")
 
 
 def compare(run: dict, baseline: dict) -> tuple[list[dict], list[str]]:
     """One verdict per row present in both; and the rows only one file has."""
     allowed = tolerance(run.get("spread"), baseline.get("spread"))
+    rules = targets.load()
     old = {row["id"]: row for row in baseline["rows"]}
     new = {row["id"]: row for row in run["rows"]}
     verdicts = []
     for key, row in new.items():
         if key in old:
-            verdict, worse = judge(row, old[key], allowed)
+            verdict, worse = judge(row, old[key], allowed, rules[key].gate if key in rules else "ratio")
             verdicts.append({"id": key, "baseline": old[key].get("ratio"), "now": row.get("ratio"),
                              "worse": worse, "allowed": max(allowed, tolerance(row.get("spread"),
                                                                                 old[key].get("spread"))),

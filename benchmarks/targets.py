@@ -31,6 +31,7 @@ class Target:
     at_most: float | None = None
     at_least: float | None = None
     better: str = "lower"
+    gate: str = "ratio"  # or "target": see targets.toml
 
     def __post_init__(self):
         if self.ratio_of not in ("nbrpc/reference", "reference/nbrpc"):
@@ -41,6 +42,8 @@ class Target:
             raise ValueError(f"{self.id}: a target needs one of at_most and at_least")
         if self.better not in ("lower", "higher", "none"):
             raise ValueError(f"{self.id}: better must be 'lower', 'higher' or 'none', not {self.better!r}")
+        if self.gate not in ("ratio", "target"):
+            raise ValueError(f"{self.id}: gate must be 'ratio' or 'target', not {self.gate!r}")
 
     def text(self) -> str | None:
         """The target as the table shows it, e.g. ``ratio <= 1.05``."""
@@ -76,11 +79,11 @@ def load(path: Path = FILE) -> dict[str, Target]:
 def _target(key: str, entry: dict) -> Target:
     entry = dict(entry)
     bound = entry.pop("target", None) or {}
-    unknown = set(entry) - {"what", "unit", "reason", "reference_name", "ratio", "better"}
+    unknown = set(entry) - {"what", "unit", "reason", "reference_name", "ratio", "better", "gate"}
     if unknown or set(bound) - {"of", "at_most", "at_least"}:
         raise ValueError(f"{key}: unknown keys {sorted(unknown | (set(bound) - {'of', 'at_most', 'at_least'}))}")
     better = entry.pop("better", "higher" if "at_least" in bound else "lower")
     return Target(id=key, what=entry["what"], unit=entry["unit"], reason=entry["reason"],
                   reference_name=entry.get("reference_name"), ratio_of=entry.get("ratio", "nbrpc/reference"),
                   of=bound.get("of"), at_most=bound.get("at_most"), at_least=bound.get("at_least"),
-                  better=better)
+                  better=better, gate=entry.get("gate", "ratio"))
