@@ -139,9 +139,10 @@ def test_a_quick_run_of_one_part_writes_its_rows(tmp_path):
     done = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--only", "definitions,nonesuch"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unknown part nonesuch" in done.stderr
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--only", "recording",
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--quick", "--only", "recording,handoff",
                            "--output", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert [row["id"] for row in results["rows"]] == ["recording"] and results["complete"]
+    assert [row["id"] for row in results["rows"]] == ["recording", "handoff", "handoff_forced"]
+    assert results["complete"] and all(row["ratio"] > 0 for row in results["rows"])
     assert "call recording on" in done.stdout
