@@ -2,10 +2,12 @@
 
     python benchmarks/user.py [--runs 3] [--calls 1000] [--trips 3] [--json FILE]
 
-Three sides run the same code (``user_script.py``): a real Jupyter kernel (``%load_ext
+Four sides run the same code (``user_script.py``): a real Jupyter kernel (``%load_ext
 nbrpc``, ``%rpc_init -n 1``, the script's functions as a cell), a plain script driving
 nbrpc (``nbrpc.start(1)``), and the script with ``rpc.init_rpc`` between two plain
-processes. Whole runs take turns (kernel, script, init_rpc; the order rotating), each
+processes, at torch's defaults as a user writes it, and told to use ``uv`` as nbrpc
+does (on a machine with few cores the default's ``shm`` pollers take the cores, so the
+``uv`` rows show nbrpc's own cost). Whole runs take turns (the order rotating), each
 side ``--runs`` times, and each row compares the median of a side's runs with the
 median of the init_rpc runs. A row's ``spread`` is the init_rpc runs' own: the farthest
 of them from their median, as a ratio. Every process starts in a session of its own,
@@ -28,7 +30,7 @@ from usage import kill_pids
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "user_script.py"
-SIDES = ("kernel", "script", "raw")
+SIDES = ("kernel", "script", "raw", "raw_uv")
 FIGURES = {"sync": "sync_ms", "remote": "remote_ms", "throughput": "throughput", "tensor": "tensor_ms"}
 TIMEOUT = 600
 
@@ -93,11 +95,12 @@ def run_script(calls: int, trips: int) -> dict:
     return _last_json(done.stdout, "the script with nbrpc", done.stderr)
 
 
-def run_raw(calls: int, trips: int) -> dict:
-    """One run of the script as two plain processes joined by ``init_rpc``."""
+def run_raw(calls: int, trips: int, mode: str = "raw") -> dict:
+    """One run of the script as two plain processes joined by ``init_rpc`` (``mode``
+    "raw-uv": told to use the ``uv`` transport only)."""
     with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
         store = str(Path(scratch) / "store")
-        procs = [subprocess.Popen([sys.executable, str(SCRIPT), "raw", str(rank), store, str(calls), str(trips)],
+        procs = [subprocess.Popen([sys.executable, str(SCRIPT), mode, str(rank), store, str(calls), str(trips)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True) for rank in (0, 1)]
         try:
@@ -105,7 +108,7 @@ def run_raw(calls: int, trips: int) -> dict:
             procs[1].communicate(timeout=60)
         finally:
             kill_pids([p.pid for p in procs if p.poll() is None])
-    return _last_json(out, "the script with init_rpc", err)
+    return _last_json(out, f"the script with init_rpc ({mode})", err)
 
 
 def _last_json(stdout: str, who: str, stderr: str = "") -> dict:
@@ -117,25 +120,31 @@ def _last_json(stdout: str, who: str, stderr: str = "") -> dict:
 
 def take_turns(runs: int, calls: int, trips: int, progress=print) -> dict[str, list[dict]]:
     """Whole runs of each side in turns, the order rotating."""
-    run = {"kernel": run_kernel, "script": run_script, "raw": run_raw}
+    run = {"kernel": run_kernel, "script": run_script, "raw": run_raw,
+           "raw_uv": lambda c, t: run_raw(c, t, "raw-uv")}
     found = {side: [] for side in SIDES}
     for turn in range(runs):
-        for side in SIDES[turn % 3:] + SIDES[:turn % 3]:
+        for side in SIDES[turn % len(SIDES):] + SIDES[:turn % len(SIDES)]:
             progress(f"user's comparison: {side}, run {turn + 1} of {runs}")
             found[side].append(run[side](calls, trips))
     return found
 
 
 def user_rows(found: dict[str, list[dict]]) -> list[dict]:
+    """Each nbrpc side against the script at torch's defaults (``user_<side>_<figure>``),
+    and its small calls against the script told to use ``uv`` (``..._uv``)."""
+    pairs = [(side, name, "raw", "") for side in ("kernel", "script") for name in FIGURES]
+    pairs += [(side, name, "raw_uv", "_uv") for side in ("kernel", "script") for name in FIGURES if name != "tensor"]
     rows = []
-    for side in ("kernel", "script"):
-        for name, key in FIGURES.items():
-            ours, raw = ([run[key] for run in found[s]] for s in (side, "raw"))
-            middle = statistics.median(raw)
-            spread = max((max(r / middle, middle / r) for r in raw), default=None)
-            rows.append(row(f"user_{side}_{name}", statistics.median(ours), middle, spread=spread,
-                            note=f"medians of {len(ours)} whole runs a side; runs: "
-                                 f"{', '.join(f'{x:.4g}' for x in ours)} against {', '.join(f'{x:.4g}' for x in raw)}"))
+    for side, name, reference, suffix in pairs:
+        if not found.get(reference):
+            continue
+        ours, raw = ([run[FIGURES[name]] for run in found[s]] for s in (side, reference))
+        middle = statistics.median(raw)
+        spread = max((max(r / middle, middle / r) for r in raw), default=None)
+        rows.append(row(f"user_{side}_{name}{suffix}", statistics.median(ours), middle, spread=spread,
+                        note=f"medians of {len(ours)} whole runs a side; runs: "
+                             f"{', '.join(f'{x:.4g}' for x in ours)} against {', '.join(f'{x:.4g}' for x in raw)}"))
     return rows
 
 

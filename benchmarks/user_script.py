@@ -2,11 +2,13 @@
 
     python user_script.py nbrpc [CALLS TRIPS]            # nbrpc.start(1): a plain script as the driver
     python user_script.py raw RANK STORE [CALLS TRIPS]   # init_rpc between two plain processes
+    python user_script.py raw-uv RANK STORE [CALLS TRIPS]  # the same, told to use uv as nbrpc does
 
 The same functions, called the same way: a small ``rpc_sync`` of a function defined in
 ``__main__``, ``rpc.remote`` + ``to_here``, ``rpc_async`` throughput with 32 in flight and
 a 100 MiB round trip, all to "worker1". The raw pair is ``rpc.init_rpc`` left at torch's
-defaults, meeting through a file store; rank 1 serves until rank 0 is done. A notebook
+defaults (or told to use TensorPipe's ``uv`` transport only, nbrpc's default), meeting
+through a file store; rank 1 serves until rank 0 is done. A notebook
 runs the code between the two "cells" markers below as a cell, after ``%load_ext nbrpc``
 and ``%rpc_init -n 1``. The measuring process prints one JSON line.
 """
@@ -74,7 +76,8 @@ def main(argv: list[str]) -> None:
             cluster.shutdown()
         return
     rank, store = int(argv[1]), argv[2]
-    options = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{store}")
+    uv = {"_transports": ["uv"]} if argv[0] == "raw-uv" else {}
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{store}", **uv)
     rpc.init_rpc(("master", "worker1")[rank], rank=rank, world_size=2, rpc_backend_options=options)
     if rank == 0:
         print(json.dumps(measure_all(*map(int, argv[3:]))), flush=True)
