@@ -15,6 +15,7 @@ import threading
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import optimizer_steps_sent
 from jupyter_client.blocking import BlockingKernelClient
 from torch._C._distributed_rpc import PyRRef
 
@@ -129,9 +130,14 @@ def test_the_patch_points_exist_in_torch():
                  "AGENT_INIT", "AGENT_GROUP_MEMBERSHIP"):
         for owner, attribute in getattr(torch_compat, name):
             assert hasattr(owner, attribute), (name, owner, attribute)
-    from torch.distributed.optim import optimizer
 
-    assert all(callable(getattr(optimizer, name)) for name in torch_compat.OPTIMIZER_STEPS)
+
+def test_every_optimizer_step_this_torch_sends_is_known():
+    sent = optimizer_steps_sent()
+    # the plain step and the functional optimizers' one (TorchScript's before 2.15)
+    assert len(sent) == 2 and "_local_optimizer_step" in sent, sent
+    assert set(sent) <= set(torch_compat.OPTIMIZER_STEPS), sent
+
 
 
 INSTALL_AND_UNINSTALL = """

@@ -325,7 +325,7 @@ def test_load_ext_warms_the_template_for_the_first_cluster(kernel):
         _, reply = execute(kernel, "", user_expressions={"v": expression})
         return eval(reply["user_expressions"]["v"]["data"]["text/plain"])
 
-    template = "__import__('nbrpc.deploy.template', fromlist=['current']).current()"
+    template = "__import__('nbrpc.launchers.template', fromlist=['current']).current()"
     for code in ("import os\nos.environ['NBRPC_WARM_START'] = '0'", "%load_ext nbrpc"):
         assert execute(kernel, code)[1]["status"] == "ok"
     assert value(f"{template} is None")  # turned off: nothing started

@@ -25,7 +25,7 @@ import pytest
 from conftest import wait_gone
 from netns import Driver, DriverError, Network, Process
 
-from nbrpc.deploy.launchers.rendezvous import LOST_AFTER, ORPHANED_AFTER
+from nbrpc.launchers.rendezvous import LOST_AFTER, ORPHANED_AFTER
 
 REASON = netns.unavailable()
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]

@@ -22,7 +22,6 @@ from conftest import as_main, run, wait_gone, wait_until
 from IPython.core.error import UsageError
 
 import nbrpc
-from nbrpc.deploy import probes
 
 THREADS = 4
 
@@ -335,7 +334,7 @@ def test_a_call_that_only_runs_long_is_no_finding(shell):
         assert [c["function"] for c in snap["calls"]] == ["train_step"]
         assert snap["calls"][0]["state"] == "running"
         assert snap["findings"] == []
-        assert probes.explainer(nbrpc.current())(snap["calls"][0]["id"]).startswith(
+        assert nbrpc.current().queries.explain(snap["calls"][0]["id"]).startswith(
             "worker1 runs train_step (cell ")
     finally:
         cell.join()

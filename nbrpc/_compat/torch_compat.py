@@ -249,9 +249,12 @@ retrieve_context = dist_autograd._retrieve_context
 # torch's own backward, kept before recording replaces it.
 backward = dist_autograd.backward
 # The functions DistributedOptimizer.step sends to each owner of parameters, with the
-# optimizer's RRef and the context id (the timeline's optimizer steps); known to work
-# with torch 2.11 and 2.13. Names only: importing torch.distributed.optim takes most of a second.
-OPTIMIZER_STEPS = ("_local_optimizer_step", "_script_local_optimizer_step")
+# optimizer's RRef and the context id (the timeline's optimizer steps): the plain one, and
+# the one for torch's functional optimizers, compiled with TorchScript up to torch 2.14
+# (``_script_``) and plain Python from 2.15 (``_functional_``). Names only: importing
+# torch.distributed.optim takes most of a second; ``tests/test_compat.py`` checks that
+# every name the installed torch's ``step`` sends is here.
+OPTIMIZER_STEPS = ("_local_optimizer_step", "_script_local_optimizer_step", "_functional_local_optimizer_step")
 
 
 def context_creator(context_id: int) -> int:

@@ -7,7 +7,7 @@ import time
 import anywidget
 import traitlets
 
-from ..deploy.cluster import Cluster, current
+from ..cluster.cluster import Cluster, current
 from ..drawing.status import StatusTable
 from ..errors import NoClusterError
 from ._live import Refresher, SyncLock, cluster_running

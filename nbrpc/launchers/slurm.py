@@ -36,8 +36,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..._util import kill_pids
-from ...errors import JobRefusedError, WorkerStartError
+from .._util import kill_pids
+from ..errors import JobRefusedError, WorkerStartError
 from ..settings import TOKEN_ENV
 from .attach import AttachLauncher, RemoteWorker
 from .slurm_options import SlurmOptions

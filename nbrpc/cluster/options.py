@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..group.membership import DEFAULT_TRANSPORT, TRANSPORTS
-from .launchers.options import option
+from ..launchers.options import option
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import zmq
 
 from ..calls import output as output_mod
 from ..errors import RemoteError
-from .launchers.base import Worker
+from ..launchers.base import Worker
 
 POLL_MS = 50
 

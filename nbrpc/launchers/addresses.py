@@ -12,7 +12,7 @@ import socket
 
 import psutil
 
-from ..._util import LOOPBACK
+from .._util import LOOPBACK
 
 # Any routable address works: connecting a UDP socket sends nothing, it only asks
 # the kernel which source address its routes would use.

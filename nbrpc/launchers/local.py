@@ -4,7 +4,7 @@ Parts:
 
 - ``LocalWorker``: a worker process on this machine, known by its pid.
 - ``LocalLauncher``: starts every worker at once (forked from the warm template,
-  ``nbrpc.deploy.template``, or launched fresh), all sockets on loopback, and waits until
+  ``nbrpc.launchers.template``, or launched fresh), all sockets on loopback, and waits until
   each has joined RPC and answers on the Jupyter protocol, or fails with the
   worker's own output.
 - ``launch`` and ``wait_ready``: one worker's process, and its kernel's first answer.
@@ -26,12 +26,13 @@ from jupyter_client import BlockingKernelClient
 from jupyter_client.launcher import launch_kernel
 from jupyter_core.utils import ensure_event_loop
 
-from ..._compat import jupyter_compat
-from ..._util import LOOPBACK, kill_pids, pid_alive, pid_stopped
-from ...errors import WorkerStartError
-from ...group import membership
-from .. import private_network, scratch, template
+from .._compat import jupyter_compat
+from .._util import LOOPBACK, kill_pids, pid_alive, pid_stopped
+from ..errors import WorkerStartError
+from ..group import membership
 from ..settings import FAST_ALLOC_ENV
+from ..shared_server import private_network, scratch
+from . import template
 from .base import Admission, Worker, close_clients, connect, mark_stopped, write_unbound_connection_file
 
 
@@ -207,7 +208,7 @@ def _start_failure(w: LocalWorker, what: str) -> str:
 def launch(worker: LocalWorker, env: dict[str, str], workdir: str, warm_start: bool | None = None) -> None:
     """Start ``worker``'s kernel process; it joins RPC by itself from ``env``.
 
-    The process is forked from the warm template (``nbrpc.deploy.template``) unless warm
+    The process is forked from the warm template (``nbrpc.launchers.template``) unless warm
     start is off or the template cannot serve it; then it is a fresh Python.
     """
     folder = scratch.make(worker.name)  # only this user can enter it

@@ -20,19 +20,22 @@ from collections.abc import Iterable
 
 import torch.distributed.rpc as rpc
 
-from .._compat import torch_compat
 from .._util import muted_stderr
 from ..calls import wrappers
 from ..calls.output import PrintOutput
 from ..diagnostics import trace
 from ..errors import ClusterRunningError, NoClusterError, UnknownWorkerError, WorkerDiedError, WorkerStartError
 from ..group import DEFAULT_TRANSPORT, devices, membership
+from ..launchers import registry, template
+from ..launchers.base import Progress, Started, Worker
 from ..recording.pending import PENDING
+from ..settings import WorkerSettings, shared_tensors_wanted
+from ..shared_server import limits, private_network
 from ..wire import shared_tensors
-from . import execution, launchers, limits, private_network, probes, template
-from .launchers.base import Progress, Started, Worker
+from . import counts, execution
+from .control import Probes
 from .options import DEFAULTS, ClusterOptions
-from .settings import WorkerSettings, shared_tensors_wanted
+from .queries import Queries
 
 __all__ = ["Cluster", "current"]
 
@@ -79,7 +82,7 @@ class Cluster:
         ``with nbrpc.trace() as t:``.
     attach, bind, port, hosts, ssh, python, slurm
         Where the workers come from (default: local kernels): the options of the launcher
-        they ask for (``launchers.options``), read by ``launchers.choose``.
+        they ask for (``launchers.options``), read by ``registry.choose``.
     attach
         Wait for this many workers started elsewhere with ``nbrpc worker --join``
         (the command, with its token, is printed and in ``join_command``); more
@@ -136,11 +139,11 @@ class Cluster:
         self.limits = limits.load()  # the server's: default threads, longest timeout, most workers
         threads, timeout = self.limits.apply(threads, timeout, DEFAULTS.threads, DEFAULTS.timeout)
         own = ClusterOptions(threads, timeout, startup_timeout, transport)
-        self.launcher = launchers.choose(launchers.Request(n, names, driver_name, self.warm_start, bool(gpus)),
+        self.launcher = registry.choose(registry.Request(n, names, driver_name, self.warm_start, bool(gpus)),
                                          **where)
-        if isinstance(self.launcher, launchers.LocalLauncher):
+        if isinstance(self.launcher, registry.LocalLauncher):
             self.limits.check_workers(len(self.launcher.planned()), limits.local_workers())
-        self.shared_tensors = isinstance(self.launcher, launchers.LocalLauncher) and shared_tensors_wanted()
+        self.shared_tensors = isinstance(self.launcher, registry.LocalLauncher) and shared_tensors_wanted()
         self.transport = own.transport or membership.driver_transport() or DEFAULT_TRANSPORT
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
@@ -149,8 +152,9 @@ class Cluster:
         self.progress = progress or (lambda done, total, message: None)
         self._workers = self.launcher.planned()
         self._admitting = threading.Lock()
-        self.probes = probes.Probes()  # the side channel nbrpc.waits() and stacks() ask
-        self._explain = probes.explainer(self)
+        self.probes = Probes()  # the side channel nbrpc.waits() and stacks() ask
+        self.queries = Queries(driver_name, self.threads, lambda: self.workers, lambda: self.state == "running",
+                               self.probes)
         self.placements = _placements(driver_name, self.launcher.placement_names(), gpus, device_maps,
                                       self.launcher.own_gpus)
         self.gpus = bool(gpus)
@@ -172,13 +176,13 @@ class Cluster:
         driver = private_network.NETWORK.join_as_driver(functools.partial(
             membership.driver_group, self.driver_name, self.threads, self.timeout, self.startup_timeout,
             self.launcher.interface, self._driver_placement(), self.transport, track=self.track, trace=self.trace),
-            first=membership.driver_name() is None, local=isinstance(self.launcher, launchers.LocalLauncher))
+            first=membership.driver_name() is None, local=isinstance(self.launcher, registry.LocalLauncher))
         self._driver, self._store = driver, driver.store
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
         wrappers.WORKER_FATES.add(self._fate)
         trace.CLUSTER_TRACES.add(self._traces)
-        PENDING.explainers.add(self._explain)
+        PENDING.explainers.add(self.queries.explain)
         try:
             self.launcher.start(self, driver, began + self.startup_timeout)
             self.install_devices()
@@ -218,7 +222,7 @@ class Cluster:
             self._store, self.state = None, "stopped"
             wrappers.WORKER_FATES.discard(self._fate)
             trace.CLUSTER_TRACES.discard(self._traces)
-            PENDING.explainers.discard(self._explain)
+            PENDING.explainers.discard(self.queries.explain)
             PENDING.forget_calls_to(w.name for w in self._workers)
             self.probes.close()
             if _current is self:
@@ -292,19 +296,12 @@ class Cluster:
         self._refresh_states()
         rows = [dict(name=self.driver_name, rank=0, host=socket.gethostname(),
                      pid=os.getpid(), state=self.state if self.state != "running" else "driver",
-                     devices=self._devices_label(self.driver_name),
-                     **(_debug_counts(local=True) if membership.is_member() else _no_counts()))]
-        futures = {w.name: rpc.rpc_async(w.name, _debug_counts, timeout=5)
-                   for w in self._workers if w.state == "running"}
+                     devices=self._devices_label(self.driver_name), **counts.own())]
+        asked = counts.of_workers([w.name for w in self._workers if w.state == "running"])
         for w in self._workers:
-            counts = _no_counts()
-            if w.name in futures:
-                try:
-                    counts = futures[w.name].wait()
-                except (RuntimeError, TimeoutError):
-                    counts = _no_counts()
             rows.append(dict(name=w.name, rank=w.rank, host=w.host, pid=w.pid, state=w.state,
-                             devices=self._devices_label(w.name), **counts, **({"job": w.job} if w.job else {})))
+                             devices=self._devices_label(w.name), **asked.get(w.name, counts.NONE),
+                             **({"job": w.job} if w.job else {})))
         return rows
 
     def __repr__(self) -> str:
@@ -431,15 +428,3 @@ def _calls_drained(within: float) -> bool:
             return False
         time.sleep(0.02)
     return True
-
-
-def _no_counts() -> dict:
-    return {"busy": None, "owned_rrefs": None}
-
-
-def _debug_counts(local: bool = False) -> dict:
-    """Busy RPC threads and owned RRefs of this member, from torch's debug info."""
-    info = torch_compat.debug_info()
-    busy = int(info["agent.thread_pool_size"]) - int(info["agent.num_idle_threads"])
-    # Asked over RPC, one busy thread is the one answering.
-    return {"busy": busy - (0 if local else 1), "owned_rrefs": int(info["num_owner_rrefs"])}

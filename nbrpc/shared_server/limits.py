@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import tomllib
 
 from ..errors import LimitError
-from .settings import LIMITS_ENV as KEYS
-from .settings import LIMITS_FILE_ENV as FILE_ENV
+from ..settings import LIMITS_ENV as KEYS
+from ..settings import LIMITS_FILE_ENV as FILE_ENV
 
 FILE = "/etc/nbrpc/limits.toml"
 WORKER_COMMAND = "nbrpc.member.worker"

@@ -1,7 +1,7 @@
 """The nbrpc kernel: ipykernel in a user namespace of its own, so that its local clusters
 get a private network (see ``private_network``).
 
-Its kernel spec runs this file by path (``python .../nbrpc/deploy/kernel.py -f
+Its kernel spec runs this file by path (``python .../nbrpc/shared_server/kernel.py -f
 {connection_file}``), not with ``-m``: only a process with one thread can enter a user
 namespace, and importing the nbrpc package (torch, numpy's thread pool) starts threads.
 Where the server forbids user namespaces the kernel starts as a plain one, and says why

@@ -28,8 +28,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..._util import LOOPBACK, listening_socket
-from ...errors import JoinRefusedError
+from .._util import LOOPBACK, listening_socket
+from ..errors import JoinRefusedError
 
 PROTOCOL = 1
 HEARTBEAT = 1.0

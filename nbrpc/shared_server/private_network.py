@@ -10,7 +10,7 @@ the machine's network, since a network namespace is a property of each thread.
 
 Parts:
 
-- ``enter_user_namespace``: at the very start of a kernel (``nbrpc.deploy.kernel``, the
+- ``enter_user_namespace``: at the very start of a kernel (``nbrpc.shared_server.kernel``, the
   nbrpc kernel spec), while it runs one thread, make a user namespace that maps the
   user to itself. The process keeps its uid, files and groups; it gains the right to
   make network namespaces, which an unprivileged process lacks, and no right over

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from jupyter_client import BlockingKernelClient
 
-from ..._util import LOOPBACK
+from .._util import LOOPBACK
 
 if TYPE_CHECKING:
-    from ...group.devices import Placement
-    from ...group.membership import DriverGroup
+    from ..group.devices import Placement
+    from ..group.membership import DriverGroup
     from ..settings import WorkerSettings
 
 Progress = Callable[[int, int, str], None]

@@ -24,9 +24,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from .._util import switched_on
-from ..group import DEFAULT_TRANSPORT
-from ..group.devices import Placement
+from ._util import switched_on
+from .group import DEFAULT_TRANSPORT
+from .group.devices import Placement
 
 # Set by people: the join token (``nbrpc worker``), and ``0`` to turn the warm template off.
 TOKEN_ENV = "NBRPC_TOKEN"

@@ -23,11 +23,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..._util import kill_pids
-from ...errors import DeviceMapError, JoinRefusedError, WorkerStartError
-from ...group import devices, membership
-from .. import scratch
+from .._util import kill_pids
+from ..errors import DeviceMapError, JoinRefusedError, WorkerStartError
+from ..group import devices, membership
 from ..settings import check_name
+from ..shared_server import scratch
 from . import addresses
 from .base import Admission, Worker, close_clients, connect, mark_stopped
 from .rendezvous import LOST_AFTER, Link, Rendezvous, receive, send

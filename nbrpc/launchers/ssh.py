@@ -14,8 +14,8 @@ import sys
 import tempfile
 import threading
 
-from ..._util import kill_pids
-from ...errors import WorkerStartError
+from .._util import kill_pids
+from ..errors import WorkerStartError
 from .attach import AttachLauncher
 
 

@@ -38,8 +38,8 @@ import time
 
 from .._util import JsonLines, kill_pids, switched_on
 from ..errors import WorkerStartError
-from . import private_network
-from .settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV, WORKER_NAME_ENV
+from ..settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV, WORKER_NAME_ENV
+from ..shared_server import private_network
 
 READY_TIMEOUT = 60.0
 REPLY_TIMEOUT = 30.0
