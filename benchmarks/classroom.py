@@ -66,7 +66,7 @@ class Student:
     def __init__(self, specs, folder: str):
         from jupyter_client import KernelManager
 
-        from nbrpc.deploy import kernel
+        from nbrpc.shared_server import kernel
 
         self.km = KernelManager(kernel_name=kernel.NAME, kernel_spec_manager=specs)
         self.km.start_kernel(cwd=folder)
@@ -112,7 +112,7 @@ def main() -> int:
     args = parser.parse_args()
     from jupyter_client.kernelspec import KernelSpecManager
 
-    from nbrpc.deploy import kernel
+    from nbrpc.shared_server import kernel
 
     load_before = os.getloadavg()
     students: list[Student] = []

@@ -37,7 +37,7 @@ def child(n: int, warm_start: bool) -> None:
     """One driver: cold start, PSS, shutdown, warm start, shutdown; prints JSON."""
     sys.path.insert(0, str(ROOT))
     import nbrpc
-    from nbrpc.deploy import template
+    from nbrpc.launchers import template
 
     began = time.perf_counter()
     cluster = nbrpc.start(n, progress=None, warm_start=warm_start)
