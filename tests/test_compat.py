@@ -197,7 +197,7 @@ def calls_in(function) -> list[str]:
 
 def test_init_rpc_has_the_steps_that_join_repeats():
     # ARCHITECTURE.md, "What a member's join does": init_rpc's steps and the order that
-    # membership.join repeats (torch 2.11 and 2.13); a torch that adds or moves one fails here.
+    # membership.join repeats (torch 2.11 to 2.15); a torch that adds or moves one fails here.
     steps = [name for name in calls_in(rpc.init_rpc) if name in (
         "torch._C._log_api_usage_once", "dist._create_store_from_options", "dist.rendezvous",
         "store.set_timeout", "dist.PrefixStore", "dist_autograd._init", "_set_profiler_node_id",

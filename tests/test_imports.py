@@ -74,12 +74,13 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     expected = {"calls.wrappers", "cluster.cluster", "errors", "cluster.execution", "group.membership",
                 "wire.serialization", "member.worker", "member.template_process", "launchers.local",
-                "launchers.attach", "launchers.template", "launchers.registry", "cluster.queries", "cluster.control", "member.control",
+                "launchers.attach", "launchers.template", "launchers.registry", "cluster.queries",
+                "cluster.control", "member.control",
                 "launchers.ssh", "launchers.rendezvous", "launchers.addresses", "shared_server.limits",
                 "diagnostics.rrefs", "recording.rref_ledger", "_compat.torch_compat", "settings",
                 "diagnostics.autograd", "diagnostics.trace", "lab.rpc_basics", "wire.definitions",
-                "wire.remote_errors", "schemas", "drawing.status", "drawing.report", "drawing.timeline_svg",
-                "launchers.options", "cluster.options"}
+                "wire.remote_errors", "schemas", "drawing.status_table", "drawing.report", "drawing.timeline_svg",
+                "launchers.options", "cluster.cluster_options"}
     assert expected <= set(report["runtime"]), expected - set(report["runtime"])
     assert report["headless"] == []
     # nbrpc.RRefGraph is the widget class, and only asking for it imports ipywidgets

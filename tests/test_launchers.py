@@ -11,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import nbrpc
-from nbrpc.cluster.options import DEFAULTS, ClusterOptions
+from nbrpc.cluster.cluster_options import DEFAULTS, ClusterOptions
 from nbrpc.launchers import options
 from nbrpc.launchers import registry as launchers
 from nbrpc.launchers.slurm_options import SlurmOptions
@@ -134,6 +134,8 @@ def test_each_option_is_declared_once_for_the_magic_and_the_api(ip):
             assert flags[name].default is None  # left out: the dataclass's default
     assert flags["transport"].choices == ("uv", "shm") and DEFAULTS.transport is None
     assert flags["args"].option_strings == ["--slurm-args"]
+    assert parser.parse_args(["--torch-threads-only"]).torch_threads_only is True
+    assert parser.parse_args([]).torch_threads_only is None and DEFAULTS.torch_threads_only is False
     with pytest.raises(UsageError, match="threads must be a positive number, got 0"):
         ip.run_line_magic("rpc_init", "-n 1 --threads 0")
     with pytest.raises(UsageError, match="port must be a number from 0"):

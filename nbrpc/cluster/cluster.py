@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import torch.distributed.rpc as rpc
 
 from .._util import muted_stderr
-from ..calls import wrappers
+from ..calls import serving, wrappers
 from ..calls.output import PrintOutput
 from ..diagnostics import trace
 from ..errors import ClusterRunningError, NoClusterError, UnknownWorkerError, WorkerDiedError, WorkerStartError
@@ -33,8 +33,8 @@ from ..settings import WorkerSettings, shared_tensors_wanted
 from ..shared_server import limits, private_network
 from ..wire import shared_tensors
 from . import counts, execution
+from .cluster_options import DEFAULTS, ClusterOptions
 from .control import Probes
-from .options import DEFAULTS, ClusterOptions
 from .queries import Queries
 
 __all__ = ["Cluster", "current"]
@@ -107,6 +107,10 @@ class Cluster:
         it): ``True``, or the job's options as a dict or ``nbrpc.SlurmOptions``
         (partition, time_limit, account, nodes, tasks_per_node, cpus_per_task,
         gpus_per_task, args, queue_timeout). ``bind`` and ``port`` apply as for attach.
+    torch_threads_only
+        Serve every call on torch's own RPC threads in every member, as torch does (its
+        thread-pool deadlock included, for teaching it); default: nbrpc hands calls that
+        would take the last threads to threads of its own (``calls.serving``).
     warm_start
         Fork local workers from a warm template process that has imported torch
         and ipykernel once (default: on, unless ``NBRPC_WARM_START=0``); off, each
@@ -130,6 +134,7 @@ class Cluster:
         device_maps: dict | str | None = None,
         transport: str | None = None,
         warm_start: bool | None = None,
+        torch_threads_only: bool = False,
         **where,
     ):
         # torch binds RRefs to the first agent, so the driver keeps its first name.
@@ -138,7 +143,7 @@ class Cluster:
         self.warm_start = template.enabled(warm_start)
         self.limits = limits.load()  # the server's: default threads, longest timeout, most workers
         threads, timeout = self.limits.apply(threads, timeout, DEFAULTS.threads, DEFAULTS.timeout)
-        own = ClusterOptions(threads, timeout, startup_timeout, transport)
+        own = ClusterOptions(threads, timeout, startup_timeout, transport, bool(torch_threads_only))
         self.launcher = registry.choose(registry.Request(n, names, driver_name, self.warm_start, bool(gpus)),
                                          **where)
         if isinstance(self.launcher, registry.LocalLauncher):
@@ -149,6 +154,7 @@ class Cluster:
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
         self.env = dict(env or {})
         self.track, self.trace = bool(track), bool(trace)
+        self.torch_threads_only = own.torch_threads_only
         self.progress = progress or (lambda done, total, message: None)
         self._workers = self.launcher.planned()
         self._admitting = threading.Lock()
@@ -191,6 +197,8 @@ class Cluster:
             raise
         self.state = "running"
         shared_tensors.enable(self.shared_tensors)
+        if self.torch_threads_only:
+            self.serve_on_torch_threads(True, with_driver=True)
         kept = f" ({self.driver_name!r} kept from an earlier cluster)" if self._kept_name else ""
         self.progress(len(self._workers), len(self._workers),
                       Started(f"{self._summary()} up in {time.monotonic() - began:.1f} s{kept}"))
@@ -211,7 +219,7 @@ class Cluster:
                 try:
                     # A graceful leave waits for every call still awaited (one the user
                     # interrupted may run for minutes); the workers end either way.
-                    if everyone_alive and _calls_drained(within=2.0):
+                    if everyone_alive and membership.calls_drained(within=2.0):
                         self._leave_gracefully()
                 finally:
                     membership.close_connections_at_their_end(w.name for w in self._workers)
@@ -219,6 +227,7 @@ class Cluster:
                     self._forget_workers()
         finally:
             shared_tensors.enable(False)
+            serving.serve_on_torch_threads(False)  # the driver outlives the cluster
             self._store, self.state = None, "stopped"
             wrappers.WORKER_FATES.discard(self._fate)
             trace.CLUSTER_TRACES.discard(self._traces)
@@ -279,6 +288,18 @@ class Cluster:
         finally:
             for key in keys:
                 PENDING.answered(key)
+
+    def serve_on_torch_threads(self, on: bool = True, targets: str | Iterable[str] = "all",
+                               with_driver: bool = False) -> None:
+        """Have the ``targets`` workers (and the driver, ``with_driver``) serve every call on
+        torch's own RPC threads, as torch does, so that functions that block on other calls can
+        take every thread (torch's thread-pool deadlock, as a lesson shows it); ``on=False``:
+        nbrpc's hand-off again. ``torch_threads_only=True`` at start does it for every member."""
+        self._require_running()
+        for w in self.select(targets):
+            rpc.rpc_sync(w.name, serving.serve_on_torch_threads, args=(on,), timeout=self.timeout)
+        if with_driver:
+            serving.serve_on_torch_threads(on)
 
     def select(self, targets: str | Iterable[str]) -> list[Worker]:
         """Workers named by ``"all"``, ``"a,b"`` or a list of names."""
@@ -418,13 +439,3 @@ def _placements(driver_name, worker_names, gpus, device_maps, own_gpus) -> dict[
                               own_gpus)
     membership.check_placement(placements.get(driver_name))
     return placements
-
-
-def _calls_drained(within: float) -> bool:
-    """Wait briefly for this process's outstanding RPCs (RRef deletes just sent, say)."""
-    deadline = time.monotonic() + within
-    while membership.calls_in_flight():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True

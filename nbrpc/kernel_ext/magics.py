@@ -11,9 +11,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from ..cluster import cluster as cluster_mod
 from ..cluster import queries
-from ..cluster.options import ClusterOptions
+from ..cluster.cluster_options import ClusterOptions
 from ..diagnostics import stacks as stacks_mod
-from ..drawing.status import StatusTable
+from ..drawing.status_table import StatusTable
 from ..errors import JobRefusedError, NoClusterError, UnknownWorkerError
 from ..launchers import registry
 from ..launchers.options import flags

@@ -13,7 +13,8 @@ from ..launchers.options import option
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    """TensorPipe's threads and transport, the default RPC timeout, the start's limit."""
+    """TensorPipe's threads and transport, the default RPC timeout, the start's limit, and
+    whether calls are served on torch's threads only."""
 
     threads: int = option(16, "TensorPipe worker threads per member (default 16, or the server's default)",
                                  type=int)
@@ -25,6 +26,10 @@ class ClusterOptions:
         "rest) or shm (torch's default: shared memory, a little faster per small call, but a polling "
         "thread keeps a core busy in every member, idle or not); fixed by the first cluster of a kernel",
         choices=tuple(TRANSPORTS))
+    torch_threads_only: bool = option(
+        False, "serve every call on torch's own RPC threads, as torch does: functions that block on other "
+        "calls can then take every thread (torch's thread-pool deadlock, to show it); default: nbrpc hands "
+        "such calls to threads of its own", action="store_true")
 
     def __post_init__(self):
         for label in ("threads", "timeout", "startup_timeout"):

@@ -142,19 +142,25 @@ def chrome_trace(snap: TraceSnapshot) -> dict:
             events.append(dict(ph="f", bp="e", name="reply", cat="rpc", id=reply,
                                pid=pid(c["caller"]), tid=caller_tid,
                                ts=min(max(began + run_dur, sent), sent + sent_dur)))
+    meta = _chrome_names(pids, threads, lanes)
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms",
+            "otherData": {"clocks": snap["clocks"], "dropped": snap["dropped"]}}
+
+
+def _chrome_names(pids: dict[str, int], threads: dict[tuple, int], lanes: dict[str, list[float]]) -> list[dict]:
+    """Chrome's metadata events: each member's process and each lane's thread by name."""
     meta = []
     for name, p in pids.items():
         meta.append(dict(ph="M", name="process_name", pid=p, tid=0, ts=0, args={"name": name}))
         meta.append(dict(ph="M", name="process_sort_index", pid=p, tid=0, ts=0, args={"sort_index": p}))
     for (member, thread), tid in threads.items():
-        meta.append(dict(ph="M", name="thread_name", pid=pid(member), tid=tid, ts=0,
+        meta.append(dict(ph="M", name="thread_name", pid=pids[member], tid=tid, ts=0,
                          args={"name": thread or "?"}))
     for member, ends in lanes.items():
         for lane in range(len(ends)):
-            meta.append(dict(ph="M", name="thread_name", pid=pid(member), tid=1_000_000 + lane, ts=0,
+            meta.append(dict(ph="M", name="thread_name", pid=pids[member], tid=1_000_000 + lane, ts=0,
                              args={"name": f"calls sent ({lane + 1})"}))
-    return {"traceEvents": meta + events, "displayTimeUnit": "ms",
-            "otherData": {"clocks": snap["clocks"], "dropped": snap["dropped"]}}
+    return meta
 
 
 def _lane(ends: list[float], start: float, end: float) -> int:
