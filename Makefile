@@ -1,17 +1,22 @@
-# make demo | make test | make test-fast | make bench | make lint | make lab | make conformance — each sets up .venv on first use.
+# make demo | make test | make test-fast | make test-newest | make bench | make lint | make lab | make conformance
+# — each sets up its virtual environment on first use.
 PYTHON ?= python3
 # The torch build to install; a machine with a GPU may choose another, e.g.
 # make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+# or any supported release: make test TORCH=torch==2.15.0 VENV=.venv-2.15
 TORCH ?= torch==2.13.0
-VENV := .venv
+# The newest torch nbrpc supports, tested in an environment of its own (make test-newest).
+NEWEST_TORCH ?= torch==2.15.0
+VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
 
-.PHONY: demo test test-fast bench lint lab conformance clean
+.PHONY: demo test test-fast test-newest test-runtime bench lint lab conformance clean
 
 $(READY): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(TORCH)
+	# PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release
+	PIP_CONSTRAINT= $(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e ".[test,tutorials]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(READY)
@@ -32,6 +37,16 @@ lint: $(READY)
 test-fast: $(READY)
 	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu"
 
+# The runtime's tier under the newest supported torch, in .venv-newest: the fast tests, the
+# upstream corpus and membership (the compat checks, every private name read on this torch, are fast).
+test-newest:
+	$(MAKE) test-runtime VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
+
+test-runtime: $(READY)
+	$(PY) -c "import torch; print('torch', torch.__version__)"
+	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu and not hub"
+	$(PY) -m pytest tests/test_upstream.py tests/test_membership.py -m "not gpu"
+
 # Exits non-zero when a target row fails (after the CUDA recipe has run too).
 bench: $(READY)
 	status=0; $(PY) benchmarks/run.py || status=$$?; $(PY) benchmarks/cuda_rpc.py && exit $$status
@@ -45,4 +60,4 @@ lab: $(READY)
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir tutorials
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf .venv .venv-newest build
