@@ -6,8 +6,9 @@ cluster and shows ``%rref_graph``. The test checks the nodes, hover details,
 click-to-pin (read back from the kernel), the fork toggle, the worker filter and a
 live update that arrives while a cell is still running, and saves screenshots under
 build/browser/; the pictures of the documentation (``docs/_static/``: the RRef graph, the
-autograd graph, the timeline) are these screenshots, copied there by ``picture``. Jupyter Notebook 7, which loads the same extensions, shows the live
-graph too: its nodes, click-to-pin and a live update. The RPC timeline of a traced
+autograd graph, the timeline) are these screenshots, copied there by ``picture``.
+Jupyter Notebook 7, which loads the same extensions, shows the live graph too: its
+nodes, click-to-pin and a live update. The RPC timeline of a traced
 cluster gets the same: bars, hover details, wheel zoom with its axis, pin, and calls of
 a still running cell appearing live. It also measures the first paint of
 1,000 RRefs over 8 workers, and (no browser needed) ``nbrpc.rref_snapshot()`` of 1,000 RRefs on 8 worker kernels;

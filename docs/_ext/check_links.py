@@ -32,6 +32,8 @@ class _Page(HTMLParser):
 def check(root: Path) -> list[str]:
     pages = {}
     for path in root.rglob("*.html"):
+        if path.relative_to(root).parts[0] in ("_static", "_sources"):
+            continue  # the theme's templates and the pages' sources, not pages
         page = _Page()
         page.feed(path.read_text(errors="replace"))
         pages[path.resolve()] = page

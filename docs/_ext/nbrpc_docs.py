@@ -25,6 +25,7 @@ import inspect
 import json
 import os
 import re
+import textwrap
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[1]
@@ -188,15 +189,17 @@ def magics() -> str:
     for name in sorted(kinds):
         method = getattr(RpcMagics, RpcMagics.magics["line"].get(name) or RpcMagics.magics["cell"][name])
         lines += [f"## {' and '.join(f'`{form}`' for form in kinds[name])}", ""]
-        doc = inspect.getdoc(method)
-        if doc:
-            lines += [doc.replace("%%", "%%"), ""]
         parser = getattr(method, "parser", None)
+        # @magic_arguments puts the usage into __doc__; the magic's own words are the description
+        doc = parser.description if parser is not None else inspect.getdoc(method)
+        if doc:
+            lines += [inspect.cleandoc(doc), ""]
         if parser is None:
             lines += ["```text", f"{kinds[name][0]}", "```", "", "It takes no arguments.", ""]
             continue
         usage = " ".join(parser.format_usage().split())
-        usage = usage.removeprefix("usage: ").replace(f"%{name}", kinds[name][0], 1)
+        usage = usage.removeprefix("usage:").removeprefix("::").strip()
+        usage = textwrap.fill(usage, 88, subsequent_indent="    ", break_on_hyphens=False, break_long_words=False)
         lines += ["```text", usage, "```", "", "| argument | default | what it does |", "| --- | --- | --- |"]
         for names, default, help_text in _magic_rows(parser):
             lines.append(f"| `{names}` | {f'`{default}`' if default else ''} | {_cell(help_text)} |")
@@ -367,8 +370,7 @@ def _figure(value) -> str:
 
 def performance(results: Path | None = None) -> str:
     results = results or REPO / "benchmarks" / "results.json"
-    lines = ["# Performance", "",
-             "```{include} ../performance-method.md", "```", "", "## The latest stored run", ""]
+    lines = ["## The latest stored run", ""]
     if not results.exists():
         lines += ["No benchmark results are stored: `benchmarks/results.json` is missing.",
                   "`make bench` writes it.", ""]
