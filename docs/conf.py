@@ -20,6 +20,9 @@ extensions = [
 
 # Notebooks are shown with the outputs stored in them; nothing runs while the site builds.
 nb_execution_mode = "off"
+# A widget's stored view needs a kernel; its static fallback (the drawing as SVG in HTML, or
+# text) is what a page can show.
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
 myst_enable_extensions = ["colon_fence", "deflist"]
 # Links to headings (page.md#a-heading) are checked like any other reference.
 myst_heading_anchors = 4
