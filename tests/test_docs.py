@@ -1,9 +1,9 @@
 """The documentation is true.
 
-- Every ```python block of the user guide (``docs/guide/*.md``) runs, in order, page by
-  page, in a real notebook kernel with a real cluster. Each page starts in a fresh kernel
-  that has run ``PREAMBLE`` (the guide's index says so). Comments on the line before a
-  block, in the page's Markdown:
+- Every ```python block of the user guide (``docs/guide/*.md``), of the getting-started page
+  and of the README runs, in order, page by page, in a real notebook kernel with a real
+  cluster. Each page starts in a fresh kernel that has run ``PREAMBLE`` (the guide's index
+  says so). Comments on the line before a block, in the page's Markdown:
 
   - ``<!-- no-test: why -->``: the block cannot run here (another machine, a GPU, Slurm,
     a configuration file); the reason is required;
@@ -63,8 +63,10 @@ def blocks(path: Path) -> list[dict]:
     return found
 
 
-PAGES = sorted(p for p in GUIDE.glob("*.md") if p.name != "index.md")
-RUNNABLE = [p.name for p in PAGES if any(b["no_test"] is None for b in blocks(p))]
+# The user guide, the getting-started page and the README's quick start.
+PAGES = sorted(p for p in GUIDE.glob("*.md") if p.name != "index.md") + [DOCS / "getting-started.md",
+                                                                         REPO / "README.md"]
+RUNNABLE = [str(p.relative_to(REPO)) for p in PAGES if any(b["no_test"] is None for b in blocks(p))]
 
 
 def test_every_guide_block_runs_or_says_why():
@@ -82,7 +84,7 @@ def test_every_guide_block_runs_or_says_why():
 def test_guide_page_runs(name, kernel):
     """The page's blocks, in order, in a fresh kernel that starts real clusters."""
     _, client = kernel
-    page = GUIDE / name
+    page = REPO / name
     setups = [s.strip() for s in SETUP.findall(page.read_text())]
     for code, where in [(PREAMBLE, "the preamble")] + [(s, "its test-setup") for s in setups]:
         _, reply = execute(client, code, timeout=240)
@@ -90,7 +92,7 @@ def test_guide_page_runs(name, kernel):
     for block in blocks(page):
         if block["no_test"] is not None:
             continue
-        where = f"docs/guide/{name}:{block['line']}"
+        where = f"{name}:{block['line']}"
         _, reply = execute(client, block["code"], timeout=240)
         if block["raises"]:
             assert reply["status"] == "error" and reply["ename"] == block["raises"], (
