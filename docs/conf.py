@@ -43,6 +43,8 @@ autodoc_typehints = "none"
 autodoc_member_order = "bysource"
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
+# "bind, port" stays one entry, as the docstring groups them
+napoleon_use_param = False
 
 html_theme = "pydata_sphinx_theme"
 html_title = "nbrpc"
