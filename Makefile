@@ -27,7 +27,7 @@ test: $(READY)
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials/labs/source
 
 lint: $(READY)
-	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance
+	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance docs
 
 # The fast tier: no notebooks, browser, network namespaces, GPU or slow tests (minutes, not an hour).
 test-fast: $(READY)
