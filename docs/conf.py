@@ -35,8 +35,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     # names from other projects' documentation, which is not fetched (no intersphinx offline)
     ("py:class", r"(torch|typing|typing_extensions|collections|ipywidgets|anywidget|traitlets|pathlib|os)\..*"),
-    ("py:class", r"(optional|callable|iterable|mapping|sequence|dict|list|tuple|str|int|float|bool|bytes|None)"),
-    ("py:class", r"nbrpc\..*"),  # internal types in signatures; the public ones are documented
+    ("py:class", r"nbrpc\.[\w.]*\._\w+"),  # private bases (errors._OneLine): not documented
     ("py:class", r".* .*|[a-z_]+"),  # a docstring's words that napoleon takes for a type
 ]
 autodoc_typehints = "none"
