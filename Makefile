@@ -1,5 +1,5 @@
 # make demo | make test | make test-fast | make test-newest | make bench | make lint | make lab | make conformance
-# — each sets up its virtual environment on first use.
+# | make docs — each sets up its virtual environment on first use.
 PYTHON ?= python3
 # The torch build to install; a machine with a GPU may choose another, e.g.
 # make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
@@ -10,8 +10,9 @@ NEWEST_TORCH ?= torch==2.15.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
+DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
-.PHONY: demo test test-fast test-newest test-runtime bench lint lab conformance clean
+.PHONY: demo test test-fast test-newest test-runtime bench lint lab conformance docs clean
 
 $(READY): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +32,7 @@ test: $(READY)
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials/labs/source
 
 lint: $(READY)
-	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance
+	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance docs
 
 # The fast tier: no notebooks, browser, network namespaces, GPU or slow tests (minutes, not an hour).
 test-fast: $(READY)
@@ -55,9 +56,20 @@ bench: $(READY)
 conformance: $(READY)
 	$(PY) conformance/run.py
 
+$(DOCS_READY): $(READY)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $(DOCS_READY)
+
+# The site in docs/_build/html: warnings are errors (-W), every reference must resolve (-n),
+# then every link between its pages and every anchor is checked, offline.
+docs: $(DOCS_READY)
+	rm -rf docs/_build/html
+	$(VENV)/bin/sphinx-build -W -n --keep-going -q -b html docs docs/_build/html
+	$(PY) docs/_ext/check_links.py docs/_build/html
+
 lab: $(READY)
 	$(PY) -m pip install --quiet -e ".[lab]"
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir tutorials
 
 clean:
-	rm -rf .venv .venv-newest build
+	rm -rf .venv .venv-newest build docs/_build docs/generated

@@ -84,7 +84,7 @@ def start(n=None, **options) -> Cluster:
 def waits() -> dict:
     """The running cluster's pending calls as a wait-for graph, with the hangs it names
     (``findings``); asked over each worker's side channel, so it answers while every RPC
-    thread is blocked. See DESIGN.md, "Waits snapshot"."""
+    thread is blocked. Its shape: the documentation's "When a cell hangs" (docs/guide/hangs.md)."""
     return _queries.waits(current())
 
 

@@ -44,7 +44,7 @@ NO_PRIVATE_NETWORK_ENV = "NBRPC_NO_PRIVATE_NETWORK"
 # (``slurm`` on a hub whose servers are Slurm jobs: workers as steps of that job).
 LAUNCHER_ENV = "NBRPC_LAUNCHER"
 LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THREADS",
-              "max_timeout": "NBRPC_MAX_TIMEOUT"}
+              "max_timeout": "NBRPC_MAX_TIMEOUT"}  # each limit, over the limits file's (by an administrator)
 # Room the template process keeps in its environment for a worker's (see ``template``).
 TEMPLATE_ROOM_ENV = "NBRPC_TEMPLATE_ROOM"
 

@@ -508,7 +508,7 @@ def test_waits_and_stacks_of_an_ssh_worker_whose_rpc_threads_are_all_blocked(hos
 
 
 def test_torchrun_starts_attached_workers(hosts):
-    """The README's torchrun recipe: torchrun starts the processes, nbrpc does the rest."""
+    """The torchrun recipe of docs/guide/other-machines.md: torchrun starts the processes, nbrpc does the rest."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     nbrpc_command = os.path.join(os.path.dirname(sys.executable), "nbrpc")
     driver = hosts.driver()

@@ -84,7 +84,7 @@ def test_no_cluster_is_a_clear_error():
 
 def test_idle_cluster_has_no_calls_and_no_findings(cluster):
     snap = nbrpc.waits()
-    json.dumps(snap)  # JSON-serializable, as DESIGN.md says
+    json.dumps(snap)  # JSON-serializable, as docs/guide/hangs.md says
     assert [m["name"] for m in snap["members"]] == [cluster.driver_name, "worker1", "worker2"]
     assert all(m["state"] == "running" and m["threads"] == THREADS for m in snap["members"])
     assert snap["calls"] == [] and snap["findings"] == []

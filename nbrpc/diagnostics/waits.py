@@ -179,7 +179,7 @@ class Graph:
 
 
 def snapshot(members: list[dict], now: float | None = None) -> dict:
-    """The waits snapshot (DESIGN.md) from every member's probe.
+    """The waits snapshot (its shape: docs/guide/hangs.md) from every member's probe.
 
     ``members``: ``{"name", "state": running|gone|frozen, "why"?, "pool": RPC threads,
     "report": member_report() or None}``.

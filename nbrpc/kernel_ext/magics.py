@@ -22,10 +22,24 @@ from . import hangs
 from .display import KernelOutput, start_progress
 
 
+def _without_comment(line: str) -> str:
+    """``line`` without a trailing ``# comment`` (a ``#`` outside quotes, at the start or
+    after a space), as a script's line would read: ``%rpc_init -n 2  # two workers``."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line
+
+
 def _parse(magic, line: str):
     """``parse_argstring`` that reports bad input as ``UsageError``."""
     try:
-        return parse_argstring(magic, line)
+        return parse_argstring(magic, _without_comment(line))
     except UsageError:
         raise
     except (SystemExit, ValueError) as e:
@@ -135,7 +149,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_status(self, line: str = ""):
         """Show every member: name, rank, host, pid, state, devices, busy threads, owned RRefs."""
-        if line.strip():
+        if _without_comment(line).strip():
             raise UsageError("%rpc_status takes no arguments")
         return StatusTable(_running().status())
 
@@ -195,7 +209,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_shutdown(self, line: str = ""):
         """Stop RPC everywhere and end every worker process."""
-        if line.strip():
+        if _without_comment(line).strip():
             raise UsageError("%rpc_shutdown takes no arguments")
         cluster = cluster_mod.current()
         if cluster is None:
