@@ -448,7 +448,7 @@ def test_waits_and_stacks_of_an_ssh_worker_whose_rpc_threads_are_all_blocked(hos
     (remote, ssh_pid), = driver.run("c = nbrpc.current()\nresult = [(w.pid, w.launcher.pid) for w in c.workers]")
     pids.add(remote, ssh_pid)
     # nbrpc's hand-off to threads of its own (calls.serving) off: torch's pool is exhausted.
-    driver.run("c.run('from nbrpc.calls import serving\\nserving.pool.inline_limit = 1000', 'worker1')")
+    driver.run("c.serve_on_torch_threads(True, 'worker1')")
     # Through the shell, as a notebook's cell: the worker's stacks then show its lines.
     cell = ("import threading\nimport torch.distributed.rpc as rpc\ngate = threading.Event()\n"
             "def park():\n    gate.wait(60)\n    return 3\n"

@@ -138,34 +138,6 @@ def test_more_blocking_calls_than_rpc_threads_complete(cluster):
     _answers_within(3)
 
 
-def _inline_limit():
-    from nbrpc.calls import serving
-
-    return serving.pool.inline_limit
-
-
-def test_torch_threads_only_gives_torchs_pool_deadlock_and_switching_back_ends_it(cluster):
-    """The public knob a lesson on the pool deadlock uses: worker1 serving on torch's
-    threads only (as torch does) wedges on the four calls that complete above; handing off
-    again, the calls that time out are followed by ones that complete."""
-    cluster.serve_on_torch_threads(True, targets="worker1")
-    try:
-        assert rpc.rpc_sync("worker1", _inline_limit) >= 1 << 30
-        futures = [rpc.rpc_async("worker1", _a, args=(x,), timeout=4) for x in range(4)]
-        failed = []
-        for f in futures:
-            try:
-                f.wait()
-            except Exception as e:  # torch's pool deadlock: every call runs out its time
-                failed.append(type(e).__name__)
-        assert len(failed) == 4, failed
-    finally:
-        cluster.serve_on_torch_threads(False, targets="worker1")
-    assert rpc.rpc_sync("worker1", _inline_limit) is None
-    futures = [rpc.rpc_async("worker1", _a, args=(x,)) for x in range(4)]
-    assert [f.wait() for f in futures] == [0, 10, 20, 30]
-
-
 def test_a_call_runs_in_its_callers_autograd_context(cluster):
     with dist_autograd.context() as context_id:
         here = rpc.rpc_sync("worker1", _context_here_with, args=(torch.ones(1, requires_grad=True),))

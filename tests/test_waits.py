@@ -147,7 +147,7 @@ def test_to_here_on_a_call_that_waits_on_its_caller(shell, cluster):
 def test_stacks_while_every_rpc_thread_of_a_worker_is_blocked(shell, cluster):
     # nbrpc hands calls to threads of its own once torch's run short (calls.serving), so
     # that blocking functions cannot exhaust torch's pool: staged here with that off.
-    cluster.run("from nbrpc.calls import serving\nserving.pool.inline_limit = 1000", "worker1")
+    cluster.serve_on_torch_threads(True, "worker1")
     run(shell, "gate = threading.Event()\n"
                "def park():\n"
                "    gate.wait(30)\n"
@@ -178,7 +178,7 @@ def test_stacks_while_every_rpc_thread_of_a_worker_is_blocked(shell, cluster):
         shell.run_line_magic("rpc_stacks", "worker1")
     finally:
         cluster.run("gate.set()", "worker1")
-        cluster.run("serving.pool.inline_limit = None", "worker1")
+        cluster.serve_on_torch_threads(False, "worker1")
     cell.join()
     assert cell.error is None and cell.value == [3] * (THREADS + 1)
 

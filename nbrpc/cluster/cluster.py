@@ -294,10 +294,10 @@ class Cluster:
         """Have the ``targets`` workers (and the driver, ``with_driver``) serve every call on
         torch's own RPC threads, as torch does, so that functions that block on other calls can
         take every thread (torch's thread-pool deadlock, as a lesson shows it); ``on=False``:
-        nbrpc's hand-off again. ``torch_threads_only=True`` at start does it for every member."""
-        self._require_running()
-        for w in self.select(targets):
-            rpc.rpc_sync(w.name, serving.serve_on_torch_threads, args=(on,), timeout=self.timeout)
+        nbrpc's hand-off again. ``torch_threads_only=True`` at start does it for every member.
+        Told through each worker's kernel, which answers while its RPC threads are all taken."""
+        self.run(f"import nbrpc.calls.serving; nbrpc.calls.serving.serve_on_torch_threads({bool(on)})",
+                 targets)
         if with_driver:
             serving.serve_on_torch_threads(on)
 
