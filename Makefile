@@ -1,17 +1,23 @@
-# make demo | make test | make test-fast | make bench | make bench-gate | make lint | make lab | make conformance — each sets up .venv on first use.
+# make demo | make test | make test-fast | make test-newest | make bench | make bench-gate | make lint | make lab
+# | make conformance | make docs — each sets up its virtual environment on first use.
 PYTHON ?= python3
 # The torch build to install; a machine with a GPU may choose another, e.g.
 # make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+# or any supported release: make test TORCH=torch==2.15.0 VENV=.venv-2.15
 TORCH ?= torch==2.13.0
-VENV := .venv
+# The newest torch nbrpc supports, tested in an environment of its own (make test-newest).
+NEWEST_TORCH ?= torch==2.15.0
+VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
+DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
-.PHONY: demo test test-fast bench bench-gate lint lab conformance clean
+.PHONY: demo test test-fast test-newest test-runtime bench bench-gate lint lab conformance docs clean
 
 $(READY): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(TORCH)
+	# PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release
+	PIP_CONSTRAINT= $(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e ".[test,tutorials]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(READY)
@@ -26,11 +32,21 @@ test: $(READY)
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials/labs/source
 
 lint: $(READY)
-	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance
+	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance docs
 
 # The fast tier: no notebooks, browser, network namespaces, GPU or slow tests (minutes, not an hour).
 test-fast: $(READY)
 	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu"
+
+# The runtime's tier under the newest supported torch, in .venv-newest: the fast tests, the
+# upstream corpus and membership (the compat checks, every private name read on this torch, are fast).
+test-newest:
+	$(MAKE) test-runtime VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
+
+test-runtime: $(READY)
+	$(PY) -c "import torch; print('torch', torch.__version__)"
+	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu and not hub"
+	$(PY) -m pytest tests/test_upstream.py tests/test_membership.py -m "not gpu"
 
 # Writes benchmarks/results.json and prints its table (missed targets show there); exits
 # non-zero only when a part failed to run. Then the CUDA recipe (it says "skipped" without a GPU).
@@ -47,9 +63,20 @@ bench-gate: $(READY)
 conformance: $(READY)
 	$(PY) conformance/run.py
 
+$(DOCS_READY): $(READY)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $(DOCS_READY)
+
+# The site in docs/_build/html: warnings are errors (-W), every reference must resolve (-n),
+# then every link between its pages and every anchor is checked, offline.
+docs: $(DOCS_READY)
+	rm -rf docs/_build/html
+	$(VENV)/bin/sphinx-build -W -n --keep-going -q -b html docs docs/_build/html
+	$(PY) docs/_ext/check_links.py docs/_build/html
+
 lab: $(READY)
 	$(PY) -m pip install --quiet -e ".[lab]"
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir tutorials
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf .venv .venv-newest build docs/_build docs/generated

@@ -9,15 +9,14 @@ if "torch" not in sys.modules:
     # imported (or %load_ext nbrpc runs) before torch.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from .deploy import template as _template  # noqa: E402  (no torch)
+from .launchers import template as _template  # noqa: E402  (no torch)
 
 # In a notebook (``%load_ext nbrpc`` or ``import nbrpc``) the warm template starts now,
 # so that its import of torch runs beside this kernel's, not after it.
 _template.prestart_in_kernel()
 
-from .deploy import probes as _probes  # noqa: E402
-from .deploy.cluster import Cluster, current  # noqa: E402
-from .deploy.launchers.slurm import SlurmOptions  # noqa: E402
+from .cluster import queries as _queries  # noqa: E402
+from .cluster.cluster import Cluster, current  # noqa: E402
 from .diagnostics.autograd import autograd_snapshot, last_recorded, record_autograd  # noqa: E402
 from .diagnostics.rrefs import rref_snapshot  # noqa: E402
 from .diagnostics.trace import Trace, trace, trace_snapshot  # noqa: E402
@@ -34,6 +33,7 @@ from .errors import (  # noqa: E402
     WorkerDiedError,
     WorkerStartError,
 )
+from .launchers.slurm import SlurmOptions  # noqa: E402
 
 __all__ = [
     "AutogradContextError",
@@ -84,8 +84,8 @@ def start(n=None, **options) -> Cluster:
 def waits() -> dict:
     """The running cluster's pending calls as a wait-for graph, with the hangs it names
     (``findings``); asked over each worker's side channel, so it answers while every RPC
-    thread is blocked. See DESIGN.md, "Waits snapshot"."""
-    return _probes.waits(current())
+    thread is blocked. Its shape: the documentation's "When a cell hangs" (docs/guide/hangs.md)."""
+    return _queries.waits(current())
 
 
 def stacks(members=None) -> dict:
@@ -94,7 +94,7 @@ def stacks(members=None) -> dict:
     a notebook frame carries its ``cell`` ("cell 3, line 6") and source line."""
     if isinstance(members, str):
         members = [m.strip() for m in members.split(",") if m.strip()]
-    return _probes.stacks(current(), members)
+    return _queries.stacks(current(), members)
 
 
 # The widgets import ipywidgets, which a script driving a cluster must not pay for:

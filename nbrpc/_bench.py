@@ -31,12 +31,12 @@ from torch.distributed.rpc import internal
 from ._compat import torch_compat
 from .calls import interrupts, output, serving
 from .calls.fanout import ask_members
-from .deploy import template
-from .deploy.kernel import NAME as KERNEL_NAME
-from .deploy.kernel import install as install_kernel
+from .launchers import template
 from .recording import recorder, rref_ledger
 from .recording.pending import PENDING
-from .wire.definitions import receivers
+from .shared_server.kernel import NAME as KERNEL_NAME
+from .shared_server.kernel import install as install_kernel
+from .wire.receivers import receivers
 from .wire.serialization import RpcPickler
 
 __all__ = ["KERNEL_NAME", "OUTPUT_SINKS", "PENDING", "RpcPickler", "install_kernel", "mark_and_check", "recording",

@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 
-from .deploy.settings import TOKEN_ENV
+from .settings import TOKEN_ENV
 
 
 def run_notebook(path: str, output: str, timeout: int = 600) -> float:
@@ -25,7 +25,7 @@ def run_notebook(path: str, output: str, timeout: int = 600) -> float:
     from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
 
-    from .deploy import scratch
+    from .shared_server import scratch
 
     notebook = nbformat.read(path, as_version=4)
     # The kernel on Unix sockets in a folder only this user can enter, not on TCP ports.
@@ -94,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "worker":
         return join_as_worker(args.join, args.token, args.name)
     if args.command == "kernelspec":
-        from .deploy import kernel
+        from .shared_server import kernel
 
         prefix = sys.prefix if args.sys_prefix else args.prefix
         print(f"nbrpc: installed the kernel spec {kernel.NAME!r} in {kernel.install(args.user, prefix)}")
         return 0
     if args.command == "sweep":
-        from .deploy import scratch
+        from .shared_server import scratch
 
         removed = scratch.sweep()
         print(f"nbrpc: removed {len(removed)} stale folder{'s' * (len(removed) != 1)}"

@@ -1,8 +1,8 @@
 """The snapshots the runtime hands to the widgets and to users, as typed dicts.
 
 These are the one definition of their shape: ``rrefs.rref_snapshot`` and
-``autograd.autograd_snapshot`` return them, the widgets read them, the README shows
-them. They are plain JSON-serializable dicts (a widget syncs them as traits).
+``autograd.autograd_snapshot`` return them, the widgets read them, the documentation shows
+them (docs/guide/views.md). They are plain JSON-serializable dicts (a widget syncs them as traits).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Snapshots in the schemas of ``nbrpc.schemas`` (the README's RRef and autograd snapshots),
+"""Snapshots in the schemas of ``nbrpc.schemas`` (the RRef and autograd snapshots of docs/guide/views.md),
 for the widget tests (and a browser's kernel)."""
 
 from __future__ import annotations

@@ -420,3 +420,12 @@ def stop_button():
     yield press
     for timer in timers:
         timer.cancel()
+
+
+def optimizer_steps_sent() -> list[str]:
+    """The step functions the installed torch's ``DistributedOptimizer.step`` sends, read
+    from its code: every module-level function of its module whose name says it is one."""
+    from torch.distributed.optim import DistributedOptimizer, optimizer
+
+    names = DistributedOptimizer.step.__code__.co_names
+    return [n for n in names if n.endswith("_local_optimizer_step") and callable(getattr(optimizer, n, None))]

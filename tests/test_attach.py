@@ -18,9 +18,9 @@ from conftest import free_port
 
 import nbrpc
 from nbrpc import cli
-from nbrpc.deploy.launchers import addresses, options, rendezvous
-from nbrpc.deploy.launchers.rendezvous import Link, Rendezvous, receive, request_join, send
 from nbrpc.errors import JoinRefusedError
+from nbrpc.launchers import addresses, options, rendezvous
+from nbrpc.launchers.rendezvous import Link, Rendezvous, receive, request_join, send
 
 TOKEN = "the-right-token"
 

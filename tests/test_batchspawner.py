@@ -39,7 +39,7 @@ ENDED_WITHIN = 10.0
 # runs it in its own interpreter (the students' system Python, not our environment's).
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 
-# What a class's jupyterhub_config.py adds for batchspawner (README, "Running a class").
+# What a class's jupyterhub_config.py adds for batchspawner (docs/guide/running-a-class.md).
 SLURM_SPAWNER = f"""
 c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
 c.SlurmSpawner.exec_prefix = "/usr/sbin/runuser -u {{username}} --"

@@ -5,8 +5,10 @@ runtime and settings directories) and opens a notebook that starts a two-worker
 cluster and shows ``%rref_graph``. The test checks the nodes, hover details,
 click-to-pin (read back from the kernel), the fork toggle, the worker filter and a
 live update that arrives while a cell is still running, and saves screenshots under
-build/browser/. Jupyter Notebook 7, which loads the same extensions, shows the live
-graph too: its nodes, click-to-pin and a live update. The RPC timeline of a traced
+build/browser/; the pictures of the documentation (``docs/_static/``: the RRef graph, the
+autograd graph, the timeline) are these screenshots, copied there by ``picture``.
+Jupyter Notebook 7, which loads the same extensions, shows the live graph too: its
+nodes, click-to-pin and a live update. The RPC timeline of a traced
 cluster gets the same: bars, hover details, wheel zoom with its axis, pin, and calls of
 a still running cell appearing live. It also measures the first paint of
 1,000 RRefs over 8 workers, and (no browser needed) ``nbrpc.rref_snapshot()`` of 1,000 RRefs on 8 worker kernels;
@@ -46,6 +48,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "build" / "browser"
+# The documentation's pictures: made here, from the real views, never by hand.
+PICTURES = REPO / "docs" / "_static"
 TESTS = Path(__file__).resolve().parent
 # What chromium needs here: root cannot use its sandbox, and nothing may reach out.
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
@@ -252,6 +256,14 @@ def page(server, tmp_path_factory):
 KERNEL = "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
 
 
+def picture(locator, name: str) -> None:
+    """Screenshot ``locator`` into build/browser/ and as the documentation's picture ``name``."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    locator.screenshot(path=str(ARTIFACTS / name))
+    PICTURES.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ARTIFACTS / name, PICTURES / name)
+
+
 def evaluate(page, expression: str):
     """The value of ``expression`` in the notebook's kernel (as JSON)."""
     reply = page.evaluate(
@@ -383,7 +395,7 @@ def test_rref_graph_in_jupyterlab(page):
     page.locator(".nbrpc-filter").select_option("")
     node(page, rb).wait_for(state="visible")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.locator(".nbrpc-graph").first.screenshot(path=str(ARTIFACTS / "rref_graph.png"))
+    picture(page.locator(".nbrpc-graph").first, "rref_graph.png")
 
     seen_after = live_update(page, pinned=ra)
     report(f"live update seen {seen_after:.2f} s after the busy cell started")
@@ -461,7 +473,7 @@ def test_autograd_graph_in_jupyterlab(page):
     cell.locator('.nbrpc-host [data-id="master:0"]').wait_for(state="hidden")
     assert cell.locator('.nbrpc-host [data-id="w1:0"]').is_visible()
     cell.locator(".nbrpc-filter").select_option("")
-    cell.locator(".nbrpc-graph").screenshot(path=str(ARTIFACTS / "autograd_graph.png"))
+    picture(cell.locator(".nbrpc-graph"), "autograd_graph.png")
 
 
 TIMELINE_CELL = """%load_ext nbrpc
@@ -546,7 +558,7 @@ def test_timeline_in_jupyterlab(page):
     bar.click()
     wait_for(lambda: evaluate(page, "tl.selected") == spins[0], what="tl.selected in the kernel")
     cell.locator(".nbrpc-pin").wait_for(state="visible")
-    cell.locator(".nbrpc-timeline-view").screenshot(path=str(ARTIFACTS / "timeline.png"))
+    picture(cell.locator(".nbrpc-timeline-view"), "timeline.png")
 
     # live: calls made by a cell that is still running appear
     start_execute(page, "futs = [rpc.rpc_async('p2', spin, args=(0.2,)) for _ in range(2)]\n"

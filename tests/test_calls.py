@@ -160,19 +160,19 @@ def test_interrupted_to_here_stops_the_waiting(cluster, stop_button):
     # remote's function is not stopped: it ends, and its value can be fetched.
     assert rref.to_here() == "remote"
     assert ("remote", "finished") in rpc.rpc_sync("worker1", _ended)
-    from nbrpc.calls import helpers
-    assert len(helpers.idle) <= 2  # helpers are taken again, not one made per fetch
+    from nbrpc.calls import fetch_threads
+    assert len(fetch_threads.idle) <= 2  # helpers are taken again, not one made per fetch
 
 
 def test_to_here_waits_itself_then_on_a_helper(cluster, monkeypatch):
     """A value that is there soon is fetched on the main thread; one that takes longer
     than DIRECT_FETCH is fetched again on a helper thread, whose wait the stop button
     can end, and arrives once; a short timeout of the caller's is kept."""
-    from nbrpc.calls import helpers, wrappers
+    from nbrpc.calls import fetch_threads, wrappers
 
     taken = []
-    take = helpers.take
-    monkeypatch.setattr(helpers, "take", lambda: taken.append(1) or take())
+    take = fetch_threads.take
+    monkeypatch.setattr(fetch_threads, "take", lambda: taken.append(1) or take())
     assert rpc.remote("worker1", torch.add, args=(1, 1)).to_here() == 2
     assert taken == []
     began = time.monotonic()

@@ -15,6 +15,7 @@ import threading
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import optimizer_steps_sent
 from jupyter_client.blocking import BlockingKernelClient
 from torch._C._distributed_rpc import PyRRef
 
@@ -129,9 +130,14 @@ def test_the_patch_points_exist_in_torch():
                  "AGENT_INIT", "AGENT_GROUP_MEMBERSHIP"):
         for owner, attribute in getattr(torch_compat, name):
             assert hasattr(owner, attribute), (name, owner, attribute)
-    from torch.distributed.optim import optimizer
 
-    assert all(callable(getattr(optimizer, name)) for name in torch_compat.OPTIMIZER_STEPS)
+
+def test_every_optimizer_step_this_torch_sends_is_known():
+    sent = optimizer_steps_sent()
+    # the plain step and the functional optimizers' one (TorchScript's before 2.15)
+    assert len(sent) == 2 and "_local_optimizer_step" in sent, sent
+    assert set(sent) <= set(torch_compat.OPTIMIZER_STEPS), sent
+
 
 
 INSTALL_AND_UNINSTALL = """
@@ -191,7 +197,7 @@ def calls_in(function) -> list[str]:
 
 def test_init_rpc_has_the_steps_that_join_repeats():
     # ARCHITECTURE.md, "What a member's join does": init_rpc's steps and the order that
-    # membership.join repeats (torch 2.11 and 2.13); a torch that adds or moves one fails here.
+    # membership.join repeats (torch 2.11 to 2.15); a torch that adds or moves one fails here.
     steps = [name for name in calls_in(rpc.init_rpc) if name in (
         "torch._C._log_api_usage_once", "dist._create_store_from_options", "dist.rendezvous",
         "store.set_timeout", "dist.PrefixStore", "dist_autograd._init", "_set_profiler_node_id",

@@ -262,8 +262,8 @@ def test_worker_settings_round_trip():
 
 
 def test_cluster_worker_env_holds_each_workers_part(cluster, monkeypatch):
-    from nbrpc.deploy.launchers.local import LocalWorker as Worker
-    from nbrpc.deploy.settings import WorkerSettings
+    from nbrpc.launchers.local import LocalWorker as Worker
+    from nbrpc.settings import WorkerSettings
 
     assert "NBRPC_DEVICES" not in cluster._settings(Worker("worker2", 2)).to_env()
     # The plan of a pretend machine with 2 GPUs, as a cluster there would hold it.

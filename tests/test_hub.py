@@ -74,7 +74,7 @@ class Hub:
         self.port = free_port()
         self.kernels = folder / "share" / "jupyter" / "kernels" / "nbrpc"
         self.kernels.mkdir(parents=True)
-        spec = {"argv": [SYSTEM_PYTHON, str(ROOT / "nbrpc" / "deploy" / "kernel.py"), "-f", "{connection_file}"],
+        spec = {"argv": [SYSTEM_PYTHON, str(ROOT / "nbrpc" / "shared_server" / "kernel.py"), "-f", "{connection_file}"],
                 "display_name": "Python 3 (nbrpc)", "language": "python"}
         (self.kernels / "kernel.json").write_text(json.dumps(spec))
         # JupyterLab for the students' servers, from this environment's files: its

@@ -28,12 +28,16 @@ LAYERS = [
     ("group", {"group"}),
     ("drawing", {"drawing"}),
     ("diagnostics", {"diagnostics"}),
-    ("deploy", {"deploy"}),
+    ("settings", {"settings"}),
+    ("shared server", {"shared_server"}),
+    ("launchers", {"launchers"}),
+    ("cluster", {"cluster"}),
     ("member", {"member"}),
     ("front ends", {"kernel_ext", "widgets", "lab", "cli", "__init__", "_bench"}),
 ]
 PACKAGE = Path(nbrpc.__file__).parent
-RUNTIME = ("_compat", "recording", "wire", "calls", "group", "drawing", "diagnostics", "deploy", "member", "lab")
+RUNTIME = ("_compat", "recording", "wire", "calls", "group", "drawing", "diagnostics", "shared_server", "launchers",
+           "cluster", "member", "lab")
 
 IMPORT_EVERYTHING = f"""
 import importlib, json, pkgutil, sys
@@ -48,8 +52,6 @@ runtime = [m.name for m in pkgutil.iter_modules(nbrpc.__path__)
            if m.name not in ("kernel_ext", "widgets", "__main__")]
 for package in {RUNTIME!r}:
     runtime += [package + "." + m.name for m in pkgutil.iter_modules([nbrpc.__path__[0] + "/" + package])]
-runtime += ["deploy.launchers." + m.name
-            for m in pkgutil.iter_modules([nbrpc.__path__[0] + "/deploy/launchers"])]
 for name in runtime:
     if not name.endswith("__main__"):
         importlib.import_module("nbrpc." + name)
@@ -70,14 +72,15 @@ def test_runtime_imports_no_ipython_or_widgets(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    expected = {"calls.wrappers", "deploy.cluster", "errors", "deploy.execution", "group.membership",
-                "wire.serialization", "member.worker", "member.template_process", "deploy.launchers.local",
-                "deploy.launchers.attach",
-                "deploy.launchers.ssh", "deploy.launchers.rendezvous", "deploy.launchers.addresses",
-                "diagnostics.rrefs", "recording.rref_ledger", "_compat.torch_compat", "deploy.settings",
+    expected = {"calls.wrappers", "cluster.cluster", "errors", "cluster.execution", "group.membership",
+                "wire.serialization", "member.worker", "member.template_process", "launchers.local",
+                "launchers.attach", "launchers.template", "launchers.registry", "cluster.queries",
+                "cluster.control", "member.control",
+                "launchers.ssh", "launchers.rendezvous", "launchers.addresses", "shared_server.limits",
+                "diagnostics.rrefs", "recording.rref_ledger", "_compat.torch_compat", "settings",
                 "diagnostics.autograd", "diagnostics.trace", "lab.rpc_basics", "wire.definitions",
-                "wire.remote_errors", "schemas", "drawing.status", "drawing.report", "drawing.timeline_svg",
-                "deploy.launchers.options", "deploy.options"}
+                "wire.remote_errors", "schemas", "drawing.status_table", "drawing.report", "drawing.timeline_svg",
+                "launchers.options", "cluster.cluster_options"}
     assert expected <= set(report["runtime"]), expected - set(report["runtime"])
     assert report["headless"] == []
     # nbrpc.RRefGraph is the widget class, and only asking for it imports ipywidgets
@@ -126,9 +129,43 @@ def test_each_layer_imports_only_its_own_and_those_below():
 def test_the_layer_check_sees_an_import_upward(tmp_path):
     shutil.copytree(PACKAGE, tmp_path / "nbrpc", ignore=shutil.ignore_patterns("__pycache__"))
     ledger = tmp_path / "nbrpc" / "recording" / "rref_ledger.py"
-    ledger.write_text(ledger.read_text() + "\n\ndef _late():\n    from ..deploy import cluster\n")
+    ledger.write_text(ledger.read_text() + "\n\ndef _late():\n    from ..cluster import cluster\n")
     (found,) = _layer_breaks(tmp_path / "nbrpc")
-    assert found.startswith("nbrpc/recording/rref_ledger.py:") and "imports nbrpc.deploy" in found
+    assert found.startswith("nbrpc/recording/rref_ledger.py:") and "imports nbrpc.cluster" in found
+
+
+def _package_loops(root: Path) -> list[str]:
+    """Loops through a package's ``__init__``: it imports one of its modules (at any depth,
+    inside functions too) and that module takes a name the ``__init__`` itself defines."""
+    loops = []
+    for init in sorted(root.rglob("__init__.py")):
+        package = ".".join(init.relative_to(root.parent).parent.parts)
+        own = {p.stem for p in init.parent.glob("*.py")} | {p.name for p in init.parent.iterdir() if p.is_dir()}
+        for target, _ in _imports(init, root):
+            name = target[len(package) + 1:].split(".")[0] if target.startswith(package + ".") else ""
+            module = init.parent / f"{name}.py"
+            if name not in own or not module.exists():
+                continue
+            for back, line in _imports(module, root):
+                taken = back[len(package) + 1:].split(".")[0] if back.startswith(package + ".") else None
+                if taken is not None and taken not in own:
+                    loops.append(f"{module.relative_to(root.parent)}:{line} takes {back} from the package "
+                                 f"whose __init__ imports it")
+    return sorted(set(loops))
+
+
+def test_no_module_imports_back_from_the_init_that_imports_it():
+    assert _package_loops(PACKAGE) == []
+
+
+def test_the_loop_check_sees_an_import_inside_a_function(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "nbrpc", ignore=shutil.ignore_patterns("__pycache__"))
+    init = tmp_path / "nbrpc" / "kernel_ext" / "__init__.py"
+    init.write_text(init.read_text() + "\n\ndef hang_watch():\n    pass\n")
+    magics = tmp_path / "nbrpc" / "kernel_ext" / "magics.py"
+    magics.write_text(magics.read_text() + "\n\ndef _late():\n    from . import hang_watch\n")
+    (found,) = _package_loops(tmp_path / "nbrpc")
+    assert found.startswith("nbrpc/kernel_ext/magics.py:") and "takes nbrpc.kernel_ext.hang_watch" in found
 
 
 def test_modules_stay_small_and_few_stay_flat():

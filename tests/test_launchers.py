@@ -1,5 +1,5 @@
 """The launcher registry and the options each launcher declares once, for ``Cluster``
-and ``%rpc_init`` alike (``nbrpc.deploy.launchers``, ``launchers.options``, ``deploy.options``)."""
+and ``%rpc_init`` alike (``nbrpc.launchers``, ``launchers.options``, ``cluster.options``)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import pytest
 from IPython.core.error import UsageError
 
 import nbrpc
-from nbrpc.deploy import launchers
-from nbrpc.deploy.launchers import options
-from nbrpc.deploy.launchers.slurm_options import SlurmOptions
-from nbrpc.deploy.options import DEFAULTS, ClusterOptions
+from nbrpc.cluster.cluster_options import DEFAULTS, ClusterOptions
+from nbrpc.launchers import options
+from nbrpc.launchers import registry as launchers
+from nbrpc.launchers.slurm_options import SlurmOptions
 
 PLUGIN = """
 from dataclasses import dataclass
 
-from nbrpc.deploy.launchers import Kind
-from nbrpc.deploy.launchers.local import LocalLauncher
-from nbrpc.deploy.launchers.options import check_names, option, worker_names
+from nbrpc.launchers.registry import Kind
+from nbrpc.launchers.local import LocalLauncher
+from nbrpc.launchers.options import check_names, option, worker_names
 
 
 @dataclass
@@ -94,7 +94,7 @@ def test_a_third_party_launcher_is_found_by_its_entry_point(installed):
 def test_an_entry_point_that_names_no_launcher_is_refused(installed):
     installed("nbrpc_pods:NOT_A_KIND")
     with pytest.raises(TypeError, match=r"entry point 'pods' of 'nbrpc.launchers' must name an "
-                                        r"nbrpc.deploy.launchers.Kind, got 'pods'"):
+                                        r"nbrpc.launchers.registry.Kind, got 'pods'"):
         launchers.kinds()
 
 
@@ -134,6 +134,8 @@ def test_each_option_is_declared_once_for_the_magic_and_the_api(ip):
             assert flags[name].default is None  # left out: the dataclass's default
     assert flags["transport"].choices == ("uv", "shm") and DEFAULTS.transport is None
     assert flags["args"].option_strings == ["--slurm-args"]
+    assert parser.parse_args(["--torch-threads-only"]).torch_threads_only is True
+    assert parser.parse_args([]).torch_threads_only is None and DEFAULTS.torch_threads_only is False
     with pytest.raises(UsageError, match="threads must be a positive number, got 0"):
         ip.run_line_magic("rpc_init", "-n 1 --threads 0")
     with pytest.raises(UsageError, match="port must be a number from 0"):

@@ -11,8 +11,8 @@ from conftest import DRIVER_START, worker_pids
 from IPython.core.error import UsageError
 
 import nbrpc
-from nbrpc.deploy import limits
 from nbrpc.errors import LimitError
+from nbrpc.shared_server import limits
 
 FILE = """
 max_workers = 3

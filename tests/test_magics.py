@@ -325,7 +325,7 @@ def test_load_ext_warms_the_template_for_the_first_cluster(kernel):
         _, reply = execute(kernel, "", user_expressions={"v": expression})
         return eval(reply["user_expressions"]["v"]["data"]["text/plain"])
 
-    template = "__import__('nbrpc.deploy.template', fromlist=['current']).current()"
+    template = "__import__('nbrpc.launchers.template', fromlist=['current']).current()"
     for code in ("import os\nos.environ['NBRPC_WARM_START'] = '0'", "%load_ext nbrpc"):
         assert execute(kernel, code)[1]["status"] == "ok"
     assert value(f"{template} is None")  # turned off: nothing started
@@ -378,3 +378,19 @@ def test_notebook_with_magics_runs_through_nbclient(tmp_path):
     assert text(outputs[5]) == "nbrpc: master + worker1 shut down\n"
     assert result(outputs[6]) == "True"
     assert not wait_gone([pid])
+
+
+def test_a_trailing_comment_is_not_an_argument(ip):
+    """A magic's line reads as a script's line: ``# ...`` after it is a comment (the docs
+    write magics that way), a ``#`` inside quotes or a word is not."""
+    from IPython.core.error import UsageError
+
+    from nbrpc.kernel_ext.magics import _without_comment
+
+    assert _without_comment("-n 2  # driver + worker1, worker2") == "-n 2"
+    assert _without_comment('--device-map "worker1=0:1" --ssh "ssh -F a#b"') == (
+        '--device-map "worker1=0:1" --ssh "ssh -F a#b"')
+    assert _without_comment("--names a#b,c  # two") == "--names a#b,c"
+    assert _without_comment("# only a comment") == ""
+    with pytest.raises(UsageError):
+        ip.run_line_magic("rpc_shutdown", "now  # an argument it does not take")

@@ -25,7 +25,7 @@ import pytest
 from conftest import wait_gone
 from netns import Driver, DriverError, Network, Process
 
-from nbrpc.deploy.launchers.rendezvous import LOST_AFTER, ORPHANED_AFTER
+from nbrpc.launchers.rendezvous import LOST_AFTER, ORPHANED_AFTER
 
 REASON = netns.unavailable()
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
@@ -448,7 +448,7 @@ def test_waits_and_stacks_of_an_ssh_worker_whose_rpc_threads_are_all_blocked(hos
     (remote, ssh_pid), = driver.run("c = nbrpc.current()\nresult = [(w.pid, w.launcher.pid) for w in c.workers]")
     pids.add(remote, ssh_pid)
     # nbrpc's hand-off to threads of its own (calls.serving) off: torch's pool is exhausted.
-    driver.run("c.run('from nbrpc.calls import serving\\nserving.pool.inline_limit = 1000', 'worker1')")
+    driver.run("c.serve_on_torch_threads(True, 'worker1')")
     # Through the shell, as a notebook's cell: the worker's stacks then show its lines.
     cell = ("import threading\nimport torch.distributed.rpc as rpc\ngate = threading.Event()\n"
             "def park():\n    gate.wait(60)\n    return 3\n"
@@ -508,7 +508,7 @@ def test_waits_and_stacks_of_an_ssh_worker_whose_rpc_threads_are_all_blocked(hos
 
 
 def test_torchrun_starts_attached_workers(hosts):
-    """The README's torchrun recipe: torchrun starts the processes, nbrpc does the rest."""
+    """The torchrun recipe of docs/guide/other-machines.md: torchrun starts the processes, nbrpc does the rest."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     nbrpc_command = os.path.join(os.path.dirname(sys.executable), "nbrpc")
     driver = hosts.driver()

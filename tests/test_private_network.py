@@ -3,7 +3,7 @@
 Two real local users share a server (a network namespace of the test's own, so that
 the scan reaches no other process on this machine). The student runs two clusters:
 one as a plain Python driver (RPC on the server's loopback) and one as the nbrpc
-kernel runs it (``deploy/kernel.py``: a user namespace of its own, RPC in a private
+kernel runs it (``shared_server/kernel.py``: a user namespace of its own, RPC in a private
 network). The classmate connects to and closes every listening port on the server's
 loopback, the probe a curious student runs. The plain cluster breaks, as torch's
 TensorPipe agent does (the reason for the private network); the private one works,
@@ -21,8 +21,8 @@ import uuid
 import pytest
 from conftest import DRIVER_START, execute, streamed
 
-import nbrpc.deploy.private_network as private_network_module
-from nbrpc.deploy import kernel
+import nbrpc.shared_server.private_network as private_network_module
+from nbrpc.shared_server import kernel
 
 DRIVER = """
 import importlib.util, json, os, time
@@ -33,7 +33,7 @@ if {private}:
     assert bootstrap.enter_user_namespace() is None
 import torch.distributed.rpc as rpc
 import nbrpc
-from nbrpc.deploy.private_network import NETWORK
+from nbrpc.shared_server.private_network import NETWORK
 
 cluster = nbrpc.start(2, progress=None)
 rpc.rpc_sync("worker1", os.getpid)  # a pipe to worker1; none yet to worker2
@@ -178,7 +178,7 @@ print(json.dumps({"kernel": os.readlink("/proc/self/ns/net"),
 
 
 def test_the_kernel_names_its_variable_as_the_settings_do():
-    from nbrpc.deploy import settings
+    from nbrpc import settings
 
     assert kernel.NO_PRIVATE_NETWORK_ENV == settings.NO_PRIVATE_NETWORK_ENV
 

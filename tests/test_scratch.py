@@ -18,7 +18,7 @@ from pathlib import Path
 
 from conftest import DRIVER_START, wait_gone, wait_until
 
-from nbrpc.deploy import scratch
+from nbrpc.shared_server import scratch
 
 DRIVER = """
 import json, os, time

@@ -86,7 +86,7 @@ def test_what_a_second_local_user_can_reach(cluster, guest, pids):
     worker = cluster.workers[0]
     # The worker's TCP listeners are TensorPipe's (its kernel is on Unix sockets). One
     # stray connection makes torch's agent stop accepting on all of them (a torch
-    # limitation, see the README), so the probe touches a worker's, never the driver's.
+    # limitation, see docs/limitations.md), so the probe touches a worker's, never the driver's.
     ports = sorted(listening_ports(worker.pid))[:1]
     assert ports
     paths = [worker.connection_file]

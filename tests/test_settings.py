@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from nbrpc.deploy.settings import WorkerSettings, check_name
 from nbrpc.group.devices import Placement
+from nbrpc.settings import WorkerSettings, check_name
 
 SETTINGS = WorkerSettings(
     name="worker1", rank=3, prefix="nbrpc-abc", key=b"\x01" * 32, threads=8, timeout=12.5,

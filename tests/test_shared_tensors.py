@@ -225,7 +225,7 @@ print(json.dumps({"pool": len(shared_tensors.SHARED.pool.segments)}), flush=True
 def test_remote_workers_never_get_it():
     """Settings granted to a worker that joins from elsewhere leave the variable out
     (it reads as off there); a local worker's say on when its cluster's do."""
-    from nbrpc.deploy.settings import SHARED_TENSORS_ENV, WorkerSettings
+    from nbrpc.settings import SHARED_TENSORS_ENV, WorkerSettings
 
     local = WorkerSettings("w", 1, "p", b"k", 4, 10.0, shared_tensors=True).for_this_machine(
         "127.0.0.1:1", os.getpid(), "lo")

@@ -18,9 +18,10 @@ import torch.distributed.rpc as rpc
 from conftest import children, execute, find_processes, streamed, wait_until
 
 import nbrpc
+from nbrpc import settings
 from nbrpc._util import pid_alive
-from nbrpc.deploy import settings, template
 from nbrpc.errors import WorkerStartError
+from nbrpc.launchers import template
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,7 +242,7 @@ import json, os, time
 began = time.monotonic()
 import nbrpc
 imported = time.monotonic()
-from nbrpc.deploy import template
+from nbrpc.launchers import template
 t = template.current()
 print(json.dumps({"template": t.pid, "alive": t.alive(), "started": t.started - began,
                   "imported": imported - began, "kernel": os.getpid()}))
@@ -259,6 +260,6 @@ def test_a_notebook_that_imports_nbrpc_starts_the_template_beside_its_own_import
     assert found["alive"] and _is_template(found["template"]) and found["template"] in children(found["kernel"])
     # started before nbrpc imported torch, not after
     assert found["started"] < 0.5 * found["imported"], found
-    script = subprocess.run([sys.executable, "-c", "import nbrpc\nfrom nbrpc.deploy import template\n"
+    script = subprocess.run([sys.executable, "-c", "import nbrpc\nfrom nbrpc.launchers import template\n"
                              "print(template.current())"], capture_output=True, text=True, timeout=120)
     assert script.stdout.strip() == "None", script.stderr[-2000:]

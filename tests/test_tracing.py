@@ -16,11 +16,12 @@ import pytest
 import torch
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
+from conftest import optimizer_steps_sent
 from torch.distributed.optim import DistributedOptimizer
 
 import nbrpc
 from nbrpc.calls.fanout import ask_members
-from nbrpc.diagnostics import records, trace
+from nbrpc.diagnostics import call_records, trace
 from nbrpc.drawing import summary
 from nbrpc.recording import clocks, recorder
 from nbrpc.recording.ring import CAPACITY, Ring
@@ -58,7 +59,7 @@ def test_merge_joins_halves_by_call_id_and_shifts_clocks():
         member(W1, 1, [callee("master:0", 10.1 - 100, 10.3 - 100, reply=(4000, 170))]),
         member(W2, 2, []),
     ]
-    snap = records.merge(reports, {W1: (100.0, 0.001)}, start=9.0, end=12.0)
+    snap = call_records.merge(reports, {W1: (100.0, 0.001)}, start=9.0, end=12.0)
     first, second = snap["calls"]
     assert first == {
         "id": "master:0", "caller": M, "callee": W1, "kind": "rpc_sync", "name": "f",
@@ -66,7 +67,7 @@ def test_merge_joins_halves_by_call_id_and_shifts_clocks():
         "thread": "rpc-thread-1", "request": {"tensor": 4000, "pickle": 600},
         "reply": {"tensor": 4000, "pickle": 170}, "parent": None, "context": None, "rref": None,
         "error": None}
-    assert list(first) == list(records._RECORD_FIELDS)
+    assert list(first) == list(call_records._RECORD_FIELDS)
     assert (second["name"], second["began"], second["ended"], second["thread"], second["reply"]) == \
         ("g", None, None, None, None)
     assert snap["clocks"] == [dict(worker=M, offset=0.0, bound=0.0),
@@ -85,7 +86,7 @@ def test_merge_window_orphans_and_errors():
         member(W1, 1, [callee("master:1", 5.01, 5.02), callee("master:2", 6.1, 6.2, error="ValueError: no"),
                        callee("master:9", 5.5, 5.6)]),  # its caller's half was lost
     ]
-    snap = records.merge(reports, {}, start=4.0, end=7.0)
+    snap = call_records.merge(reports, {}, start=4.0, end=7.0)
     assert [c["id"] for c in snap["calls"]] == ["master:1", "master:2"]
     # the callee's own exception wins over the caller's wrapping of it
     assert snap["calls"][1]["error"] == "ValueError: no"
@@ -168,7 +169,7 @@ def test_chrome_trace_of_a_merged_snapshot():
         member(W1, 1, [callee("master:0", 10.1, 10.3), callee("master:1", 10.2, 10.4, thread="t2")]),
         member(W2, 2, []),
     ]
-    doc = records.chrome_trace(records.merge(reports, {}, 9.0, 12.0))
+    doc = call_records.chrome_trace(call_records.merge(reports, {}, 9.0, 12.0))
     flows = check_chrome(doc)
     assert len(flows) == 4  # request and reply arrows of the two calls that ran
     x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
@@ -185,7 +186,7 @@ def test_chrome_trace_arrows_stay_in_their_slices_when_clocks_disagree():
     # the driver had the reply, and began before the driver sent the request.
     reports = [member(M, 0, [caller("master:0", 10.002, 10.004, callee=W1)]),
                member(W1, 1, [callee("master:0", 10.001, 10.005)]), member(W2, 2, [])]
-    flows = check_chrome(records.chrome_trace(records.merge(reports, {}, 9.0, 12.0)))
+    flows = check_chrome(call_records.chrome_trace(call_records.merge(reports, {}, 9.0, 12.0)))
     assert len(flows) == 2
 
 
@@ -194,7 +195,7 @@ def test_chrome_trace_arrows_stay_in_their_slices_to_the_last_bit():
     # ts + dur falls short of its own end rounded on its own, by one bit.
     reports = [member(M, 0, [caller("master:0", 9.000093405, 9.000499901, callee=W1)]),
                member(W1, 1, [callee("master:0", 9.000093405, 9.000499901)]), member(W2, 2, [])]
-    flows = check_chrome(records.chrome_trace(records.merge(reports, {}, 9.0, 12.0)))
+    flows = check_chrome(call_records.chrome_trace(call_records.merge(reports, {}, 9.0, 12.0)))
     assert len(flows) == 2
 
 
@@ -203,7 +204,7 @@ def test_summary_rows():
                              caller("master:1", 2.0, 2.1, request=(4000, 600)),
                              caller("master:2", 3.0, 3.2, callee=W2, name="g")]),
                member(W1, 1, [callee("master:0", 1.1, 1.2, reply=(4, 10))])]
-    rows = summary.summarize(records.merge(reports, {}, 0.0, 10.0))
+    rows = summary.summarize(call_records.merge(reports, {}, 0.0, 10.0))
     assert [(r["name"], r["callee"], r["count"]) for r in rows] == [("f", W1, 2), ("g", W2, 1)]
     f = rows[0]
     assert f["total"] == pytest.approx(0.6) and f["median"] == pytest.approx(0.3)
@@ -215,17 +216,17 @@ def test_merge_leaves_out_nbrpc_own_calls_unless_asked():
         caller("master:0", 1.0, 1.1, name="train"),
         caller("master:2", 1.4, 1.5, name="_rref_typeof_on_owner", kind="internal"),
     ])]
-    assert [c["name"] for c in records.merge(reports, {}, 0.0, 10.0)["calls"]] == ["train"]
-    assert [c["name"] for c in records.merge(reports, {}, 0.0, 10.0, own=True)["calls"]] == [
+    assert [c["name"] for c in call_records.merge(reports, {}, 0.0, 10.0)["calls"]] == ["train"]
+    assert [c["name"] for c in call_records.merge(reports, {}, 0.0, 10.0, own=True)["calls"]] == [
         "train", "_rref_typeof_on_owner"]
 
 
 def test_nbrpc_functions_are_nbrpc_calls_and_the_labs_are_the_students():
-    from nbrpc.deploy import cluster
+    from nbrpc.cluster import counts
     from nbrpc.lab import param_server
     from nbrpc.recording import functions
 
-    assert functions.own(cluster._debug_counts)
+    assert functions.own(counts.member_counts)
     lab_function = next(f for f in vars(param_server).values()
                         if callable(f) and getattr(f, "__module__", "") == param_server.__name__)
     assert not functions.own(lab_function) and not functions.own(first)
@@ -240,12 +241,12 @@ def test_a_window_keeps_the_calls_that_straddle_its_start_and_those_in_flight():
         caller("master:4", 11.0, 11.5),  # after it
         caller("master:5", 3.0, None, error="SerializationError: cannot pickle 'lock'"),  # never left
     ]), member(W1, 1, [callee("master:2", 3.6, None)])]
-    ids = [c["id"] for c in records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"]]
+    ids = [c["id"] for c in call_records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"]]
     assert ids == ["master:1", "master:2", "master:3"]
-    flying = records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"][1]
+    flying = call_records.merge(reports, {}, 4.0, 10.0, straddle=True)["calls"][1]
     assert (flying["began"], flying["ended"], flying["replied"]) == (3.6, None, None)
     # a trace block keeps only what was sent in it
-    assert [c["id"] for c in records.merge(reports, {}, 4.0, 10.0)["calls"]] == ["master:3"]
+    assert [c["id"] for c in call_records.merge(reports, {}, 4.0, 10.0)["calls"]] == ["master:3"]
 
 
 def test_off_by_default_and_needs_a_cluster():
@@ -495,7 +496,7 @@ def test_backward_and_optimizer_step(traced):
         # driver -> worker1 (y's sender), worker1 -> driver (x's)
         ("autograd", M, W2, recorder.GRADIENTS), ("autograd", W2, M, recorder.GRADIENTS),
         ("autograd", M, W1, recorder.GRADIENTS), ("autograd", W1, M, recorder.GRADIENTS),
-        ("optimizer", M, W1, "torch.distributed.optim.optimizer._script_local_optimizer_step"),
+        ("optimizer", M, W1, f"torch.distributed.optim.optimizer.{functional_step(optimizer)}"),
     ]
     assert {c["context"] for c in got} == {context_id}
     for c in got:
@@ -504,6 +505,14 @@ def test_backward_and_optimizer_step(traced):
             assert c["sent"] <= c["began"] <= c["ended"]
     assert torch.allclose(rpc.rpc_sync(W1, torch.clone, args=(weights.to_here(),)),
                           torch.full((4,), 1 - 0.1 * 2))
+
+
+def functional_step(optimizer) -> str:
+    """The step this torch sends for a functional optimizer (SGD is one): TorchScript's before
+    torch 2.15, plain Python's from 2.15."""
+    assert optimizer.is_functional_optim
+    (step,) = [n for n in optimizer_steps_sent() if n != "_local_optimizer_step"]
+    return step
 
 
 def _keep_halves(capacity: int) -> None:

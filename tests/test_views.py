@@ -370,7 +370,7 @@ def test_a_tutorials_views_read_fit_and_show_their_cards(tutorial_page, theme):
 
 
 def test_a_view_docked_beside_the_notebook_fits_its_tab(views_page):
-    """README: "Create New View for Cell Output" puts a live view in a tab of its own,
+    """JupyterLab's "Create New View for Cell Output" puts a live view in a tab of its own,
     beside the notebook; the drawing fits that tab's width too."""
     page = views_page
     use_theme(page, "JupyterLab Light")

@@ -22,7 +22,6 @@ from conftest import as_main, run, wait_gone, wait_until
 from IPython.core.error import UsageError
 
 import nbrpc
-from nbrpc.deploy import probes
 
 THREADS = 4
 
@@ -85,7 +84,7 @@ def test_no_cluster_is_a_clear_error():
 
 def test_idle_cluster_has_no_calls_and_no_findings(cluster):
     snap = nbrpc.waits()
-    json.dumps(snap)  # JSON-serializable, as DESIGN.md says
+    json.dumps(snap)  # JSON-serializable, as docs/guide/hangs.md says
     assert [m["name"] for m in snap["members"]] == [cluster.driver_name, "worker1", "worker2"]
     assert all(m["state"] == "running" and m["threads"] == THREADS for m in snap["members"])
     assert snap["calls"] == [] and snap["findings"] == []
@@ -148,7 +147,7 @@ def test_to_here_on_a_call_that_waits_on_its_caller(shell, cluster):
 def test_stacks_while_every_rpc_thread_of_a_worker_is_blocked(shell, cluster):
     # nbrpc hands calls to threads of its own once torch's run short (calls.serving), so
     # that blocking functions cannot exhaust torch's pool: staged here with that off.
-    cluster.run("from nbrpc.calls import serving\nserving.pool.inline_limit = 1000", "worker1")
+    cluster.serve_on_torch_threads(True, "worker1")
     run(shell, "gate = threading.Event()\n"
                "def park():\n"
                "    gate.wait(30)\n"
@@ -179,7 +178,7 @@ def test_stacks_while_every_rpc_thread_of_a_worker_is_blocked(shell, cluster):
         shell.run_line_magic("rpc_stacks", "worker1")
     finally:
         cluster.run("gate.set()", "worker1")
-        cluster.run("serving.pool.inline_limit = None", "worker1")
+        cluster.serve_on_torch_threads(False, "worker1")
     cell.join()
     assert cell.error is None and cell.value == [3] * (THREADS + 1)
 
@@ -335,7 +334,7 @@ def test_a_call_that_only_runs_long_is_no_finding(shell):
         assert [c["function"] for c in snap["calls"]] == ["train_step"]
         assert snap["calls"][0]["state"] == "running"
         assert snap["findings"] == []
-        assert probes.explainer(nbrpc.current())(snap["calls"][0]["id"]).startswith(
+        assert nbrpc.current().queries.explain(snap["calls"][0]["id"]).startswith(
             "worker1 runs train_step (cell ")
     finally:
         cell.join()

@@ -40,7 +40,7 @@ threading.Thread(target=join, daemon=True).start()
 cluster.start()
 # nbrpc hands calls to threads of its own once torch's run short (calls.serving), so that
 # blocking functions cannot exhaust torch's pool: staged here with that off.
-cluster.run("from nbrpc.calls import serving\\nserving.pool.inline_limit = 1000", "worker1")
+cluster.serve_on_torch_threads(True, "worker1")
 futs = [rpc.rpc_async("worker1", park) for _ in range(3)]
 deadline = time.monotonic() + 15
 pool = None

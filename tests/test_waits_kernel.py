@@ -157,8 +157,7 @@ def test_the_pool_deadlock_across_two_workers_is_named_in_the_cell(kernel):
                            "    return rpc.rpc_sync('worker2', b, timeout=10)\n"
                            # calls.serving prevents this deadlock: staged with its hand-off off
                            "import nbrpc\n"
-                           "nbrpc.current().run('from nbrpc.calls import serving; '\n"
-                           "                    'serving.pool.inline_limit = 1000', 'all')\n",
+                           "nbrpc.current().serve_on_torch_threads(True)\n",
                            timeout=180)
     assert reply["status"] == "ok", reply
     msg_id = kc.execute(POOL_CELL)

@@ -1,6 +1,6 @@
 """The widgets: layouts and SVG from fixed snapshots, then the widgets on a real cluster.
 
-The fixtures follow the README's snapshot schemas; the browser test (test_browser.py)
+The fixtures follow the snapshot schemas of docs/guide/views.md; the browser test (test_browser.py)
 checks what a person sees.
 """
 

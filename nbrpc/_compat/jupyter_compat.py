@@ -1,6 +1,6 @@
 """The private part of jupyter_client that a worker's kernel client uses.
 
-``deploy.launchers.local`` waits for a new kernel's ``kernel_info_reply`` itself (in
+``launchers.local`` waits for a new kernel's ``kernel_info_reply`` itself (in
 short steps a start-up can cancel), then hands it to the client as
 ``KernelClient.wait_for_ready`` would, so the client learns the kernel's protocol
 version. Known to work with jupyter_client 8; ``tests/test_compat.py`` reads it.

@@ -38,23 +38,23 @@ from torch.distributed.rpc.internal import PythonUDF, RemoteException, RPCExecMo
 # -- joining and leaving ---------------------------------------------------------
 
 # Starts this process's agent with nbrpc's store, prefix and rank, and no world size
-# (dynamic membership); known to work with torch 2.11 and 2.13.
+# (dynamic membership); known to work with torch 2.11 to 2.15.
 init_rpc_backend = rpc._init_rpc_backend
 # Distributed autograd's per-process state, set up before the agent starts (what
-# init_rpc does); known to work with torch 2.11 and 2.13.
+# init_rpc does); known to work with torch 2.11 to 2.15.
 init_dist_autograd = dist_autograd._init
-# This process's agent: its members, its own info, its debug counters; known to work with torch 2.11 and 2.13.
+# This process's agent: its members, its own info, its debug counters; known to work with torch 2.11 to 2.15.
 current_agent = api._get_current_rpc_agent
-# Whether this process has an agent (is a member); known to work with torch 2.11 and 2.13.
+# Whether this process has an agent (is a member); known to work with torch 2.11 to 2.15.
 has_agent = api._is_current_rpc_agent_set
-# The default timeout of an agent that joined for an earlier cluster; known to work with torch 2.11 and 2.13.
+# The default timeout of an agent that joined for an earlier cluster; known to work with torch 2.11 to 2.15.
 set_rpc_timeout = rpc._set_rpc_timeout
 # The node id torch's profiler gives this process's events (init_rpc sets the rank
 # before the agent starts; the default, -1, leaves the profiler's "Node ID" empty);
-# known to work with torch 2.11 and 2.13.
+# known to work with torch 2.11 to 2.15.
 set_profiler_node_id = rpc._set_profiler_node_id
 # torch's API-usage log entry for init_rpc (a no-op unless a logging hook is set);
-# known to work with torch 2.11 and 2.13.
+# known to work with torch 2.11 to 2.15.
 INIT_RPC_USAGE = "torch.distributed.init_rpc"
 log_api_usage = torch._C._log_api_usage_once
 
@@ -62,38 +62,38 @@ log_api_usage = torch._C._log_api_usage_once
 def count_init() -> None:
     """What ``init_rpc`` does to ``rpc._init_counter`` (the number of its store prefix,
     ``rpc_prefix_N``), under its lock: a member that joined counts as one init, as in a
-    script; known to work with torch 2.11 and 2.13."""
+    script; known to work with torch 2.11 to 2.15."""
     with rpc._init_counter_lock:
         rpc._init_counter += 1
 
-# Busy threads and owned RRefs of this member (%rpc_status); known to work with torch 2.11 and 2.13.
+# Busy threads and owned RRefs of this member (%rpc_status); known to work with torch 2.11 to 2.15.
 debug_info = rpc._get_debug_info
-# This member's RRef counters (owned RRefs in the ledger's report); known to work with torch 2.11 and 2.13.
+# This member's RRef counters (owned RRefs in the ledger's report); known to work with torch 2.11 to 2.15.
 rref_debug_info = rpc._rref_context_get_debug_info
 # Deletes this member's UserRRefs on their owners and waits (up to a timedelta) until
 # the users of its own RRefs did the same: what a static group's graceful shutdown
-# does, and a dynamic member's leave does not; known to work with torch 2.11 and 2.13.
+# does, and a dynamic member's leave does not; known to work with torch 2.11 to 2.15.
 delete_all_rrefs = api._delete_all_user_and_unforked_owner_rrefs
 # The store key of torch's join/leave lock, freed for a worker that died holding it;
-# known to work with torch 2.11 and 2.13.
+# known to work with torch 2.11 to 2.15.
 STORE_LOCK_KEY = "RpcGroupManagementToken"
 # The store key of the member list ("NAME-RANK," each), cleaned of workers that died;
-# known to work with torch 2.11 and 2.13.
+# known to work with torch 2.11 to 2.15.
 STORE_MEMBERS_KEY = "names/_ALL_WORKER_INFOS"
 # The keyword of TensorPipeRpcBackendOptions that picks its transports (uv, shm);
-# known to work with torch 2.11 and 2.13.
+# known to work with torch 2.11 to 2.15.
 TRANSPORTS_OPTION = "_transports"
 
 
 # TensorPipeAgent's constructor and _update_group_membership, kept before nbrpc follows
-# the agent's devices through them (calls.agent_devices); known to work with torch 2.11 and 2.13.
+# the agent's devices through them (calls.agent_devices); known to work with torch 2.11 to 2.15.
 agent_init = TensorPipeAgent.__init__
 agent_update_group_membership = TensorPipeAgent._update_group_membership
 
 
 def update_group_membership(agent, info, devices: list, maps: dict, joined: bool) -> None:
     """``TensorPipeAgent._update_group_membership``: forget a member that died, set this
-    member's devices and reply maps; known to work with torch 2.11 and 2.13."""
+    member's devices and reply maps; known to work with torch 2.11 to 2.15."""
     agent._update_group_membership(info, devices, maps, joined)
 
 
@@ -111,7 +111,7 @@ def keep_thread_state() -> None:
     cost about 80 us per small call here (and thread-locals that never last). One
     ``PyGILState_Ensure`` never released raises the state's count, so pybind11 keeps
     it: the next Python on this thread reuses it. Once per thread; known to work with
-    torch 2.11 and 2.13 (pybind11's gil_scoped_acquire) and CPython 3.11.
+    torch 2.11 to 2.15 (pybind11's gil_scoped_acquire) and CPython 3.11.
     """
     me = threading.get_ident()
     if me not in _kept:
@@ -130,14 +130,14 @@ def _container_function(name: str, restype, argtypes):
 # The distributed autograd context of this thread (-1: none), read and set as torch's
 # own ThreadLocalState does when it moves a request's work to another thread
 # (DistAutogradContainer::currentContextId and forceCurrentContextId, static C++
-# methods with no Python binding); known to work with torch 2.11 and 2.13.
+# methods with no Python binding); known to work with torch 2.11 to 2.15.
 _current_context_id = _container_function("16currentContextIdEv", ctypes.c_int64, [])
 _force_context_id = _container_function("21forceCurrentContextIdEl", None, [ctypes.c_int64])
 
 
 # A bare future (the C++ class under torch.futures.Future, taking its devices), a
 # microsecond cheaper to make than the Python subclass: one per call served by nbrpc;
-# known to work with torch 2.11 and 2.13.
+# known to work with torch 2.11 to 2.15.
 new_future = torch._C.Future
 
 
@@ -153,15 +153,15 @@ def set_thread_context_id(context_id: int) -> None:
 
 # -- calls -------------------------------------------------------------------------
 
-# Resolves every call's destination (unknown names get nbrpc's error); known to work with torch 2.11 and 2.13.
+# Resolves every call's destination (unknown names get nbrpc's error); known to work with torch 2.11 to 2.15.
 to_worker_info = api._to_worker_info
 # Sends one call with an explicit exec mode (rpc_sync/rpc_async without torch's
-# wrappers, so a call can carry a call id); known to work with torch 2.11 and 2.13.
+# wrappers, so a call can carry a call id); known to work with torch 2.11 to 2.15.
 invoke_rpc = api._invoke_rpc
-# The decorator torch puts on its calls ("RPC has not been initialized"); known to work with torch 2.11 and 2.13.
+# The decorator torch puts on its calls ("RPC has not been initialized"); known to work with torch 2.11 to 2.15.
 require_initialized = api._require_initialized
 # Per-thread state where torch's _wait_all collects the futures of rpc_async;
-# known to work with torch 2.11 and 2.13.
+# known to work with torch 2.11 to 2.15.
 call_thread_state = api._thread_local_var
 # torch's own rpc_sync, rpc_async and remote, which nbrpc's wrappers call;
 # public names, kept here before nbrpc replaces them.
@@ -170,16 +170,16 @@ rpc_async = api.rpc_async
 remote = api.remote
 # What torch.futures.wait_all and collect_all call at each call (so it is found however
 # they were imported): one future done when all are, or at once with the first error
-# torch's C++ future holds; known to work with torch 2.11 and 2.13.
+# torch's C++ future holds; known to work with torch 2.11 to 2.15.
 collect_all = torch._C._collect_all
 # Tells a Python function torch sends as such from a builtin operator (which it
-# sends differently, so no call id); known to work with torch 2.11 and 2.13.
+# sends differently, so no call id); known to work with torch 2.11 to 2.15.
 find_builtin = torch.jit._builtins._find_builtin
-# The attribute @rpc.functions.async_execution marks a function with; known to work with torch 2.11 and 2.13.
+# The attribute @rpc.functions.async_execution marks a function with; known to work with torch 2.11 to 2.15.
 ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
 # internal.PythonUDF (the function and arguments of a call being pickled, named in
 # pickling errors), internal.RPCExecMode (SYNC, ASYNC) and constants.UNSET_RPC_TIMEOUT
-# are imported above; known to work with torch 2.11 and 2.13.
+# are imported above; known to work with torch 2.11 to 2.15.
 
 # -- pickling and remote errors ----------------------------------------------------
 
@@ -189,14 +189,14 @@ def remote_exception(error: Exception) -> RemoteException:
     serving a call: it prints the worker, the error and its traceback to stderr, and
     returns a ``RemoteException`` that torch sends as the reply (the caller re-raises
     it). Done by nbrpc inside the call, so that the print is the call's output; the
-    same text and reply as torch 2.11's and 2.13's."""
+    same text and reply as torch 2.11's to 2.15's."""
     text = f"On {current_agent().get_worker_info()}:\n{error!r}\n{traceback.format_exc()}"
     print(text, file=sys.stderr)
     return RemoteException(text, type(error))
 
 
 # The pickler and unpickler classes torch's RPC pickles with, and the method that pickles
-# each message with a new pickler; known to work with torch 2.11 and 2.13.
+# each message with a new pickler; known to work with torch 2.11 to 2.15.
 torch_pickler = internal._pickler
 torch_unpickler = internal._unpickler
 torch_serialize = internal._InternalRPCPickler.serialize
@@ -208,7 +208,7 @@ def pickler_class() -> type:
 
 
 # Re-creates a remote exception on the caller (internal.RemoteException, imported
-# above, is what it gets); known to work with torch 2.11 and 2.13.
+# above, is what it gets); known to work with torch 2.11 to 2.15.
 handle_exception = internal._handle_exception
 
 # -- RRefs -------------------------------------------------------------------------
@@ -217,58 +217,61 @@ handle_exception = internal._handle_exception
 # its constructor and to_here, kept before nbrpc replaces them.
 rref_init = PyRRef.__init__
 to_here = PyRRef.to_here
-# Rebuilds an RRef from its fork data on the receiver; known to work with torch 2.11 and 2.13.
+# Rebuilds an RRef from its fork data on the receiver; known to work with torch 2.11 to 2.15.
 rref_from_fork_data = PyRRef._deserialize
 # The functions an RRef helper (``rref.rpc_sync().method(...)``) runs on the owner,
-# named by the method in the timeline; known to work with torch 2.11 and 2.13.
+# named by the method in the timeline; known to work with torch 2.11 to 2.15.
 RREF_HELPERS = (rref_proxy._local_invoke, rref_proxy._local_invoke_async_execution)
 
 
 def fork_data(rref) -> tuple:
     """``PyRRef._serialize``: an RRef's fork as torch pickles it (owner, created_on,
-    local_id, fork id, parent, type); registers the fork. Known to work with torch 2.11 and 2.13."""
+    local_id, fork id, parent, type); registers the fork. Known to work with torch 2.11 to 2.15."""
     return rref._serialize()
 
 
 def creation_future(rref) -> torch.futures.Future:
     """``PyRRef._get_future``: done when the owner confirmed an RRef ``remote`` made
-    (the timeline's reply); known to work with torch 2.11 and 2.13. Not for a forked RRef."""
+    (the timeline's reply); known to work with torch 2.11 to 2.15. Not for a forked RRef."""
     return rref._get_future()
 
 
 def rref_type(rref) -> type:
     """``PyRRef._get_type``: the class of an RRef's value (asks the owner once);
-    known to work with torch 2.11 and 2.13."""
+    known to work with torch 2.11 to 2.15."""
     return rref._get_type(blocking=True)
 
 
 # -- distributed autograd ----------------------------------------------------------
 
-# A live distributed autograd context by id; known to work with torch 2.11 and 2.13.
+# A live distributed autograd context by id; known to work with torch 2.11 to 2.15.
 retrieve_context = dist_autograd._retrieve_context
 # torch's own backward, kept before recording replaces it.
 backward = dist_autograd.backward
 # The functions DistributedOptimizer.step sends to each owner of parameters, with the
-# optimizer's RRef and the context id (the timeline's optimizer steps); known to work
-# with torch 2.11 and 2.13. Names only: importing torch.distributed.optim takes most of a second.
-OPTIMIZER_STEPS = ("_local_optimizer_step", "_script_local_optimizer_step")
+# optimizer's RRef and the context id (the timeline's optimizer steps): the plain one, and
+# the one for torch's functional optimizers, compiled with TorchScript up to torch 2.14
+# (``_script_``) and plain Python from 2.15 (``_functional_``). Names only: importing
+# torch.distributed.optim takes most of a second; ``tests/test_compat.py`` checks that
+# every name the installed torch's ``step`` sends is here.
+OPTIMIZER_STEPS = ("_local_optimizer_step", "_script_local_optimizer_step", "_functional_local_optimizer_step")
 
 
 def context_creator(context_id: int) -> int:
     """The worker id of the member that created a distributed autograd context: torch's
     ids carry it above their 48-bit counter (``DistAutogradContainer``); known to work
-    with torch 2.11 and 2.13."""
+    with torch 2.11 to 2.15."""
     return context_id >> 48
 
 
 # Whether a profiler records on this thread (it records each call's events on the
-# thread that makes it); known to work with torch 2.11 and 2.13.
+# thread that makes it); known to work with torch 2.11 to 2.15.
 profiler_enabled = torch.autograd._profiler_enabled
 
 
 def current_context_id() -> int:
     """The id of this thread's distributed autograd context (``RuntimeError``: none);
-    known to work with torch 2.11 and 2.13."""
+    known to work with torch 2.11 to 2.15."""
     return dist_autograd._current_context()._context_id()
 
 
@@ -281,19 +284,19 @@ def context_id_or_none() -> int | None:
 
 def send_functions(context) -> dict:
     """``DistAutogradContext._send_functions``: message id -> SendRpcBackward;
-    known to work with torch 2.11 and 2.13."""
+    known to work with torch 2.11 to 2.15."""
     return context._send_functions()
 
 
 def recv_functions(context) -> dict:
     """``DistAutogradContext._recv_functions``: message id -> RecvRpcBackward;
-    known to work with torch 2.11 and 2.13."""
+    known to work with torch 2.11 to 2.15."""
     return context._recv_functions()
 
 
 def known_worker_ids(context) -> set:
     """``DistAutogradContext._known_worker_ids``: workers the context reached;
-    known to work with torch 2.11 and 2.13."""
+    known to work with torch 2.11 to 2.15."""
     return context._known_worker_ids()
 
 
@@ -310,13 +313,13 @@ def check() -> None:
     missing = [f"{cls.__name__}.{name}" for cls, name in METHODS if not hasattr(cls, name)]
     if missing:
         raise AttributeError(f"this torch ({torch.__version__}) lacks {', '.join(missing)}, which "
-                             "nbrpc needs (known to work with torch 2.11 and 2.13)")
+                             "nbrpc needs (known to work with torch 2.11 to 2.15)")
 
 
 # -- pickled bytes ---------------------------------------------------------------
 
 # Per-thread tables of the tensors a message carries beside its pickle
-# (``send_tables``, ``recv_tables``), counted by the timeline; known to work with torch 2.11 and 2.13.
+# (``send_tables``, ``recv_tables``), counted by the timeline; known to work with torch 2.11 to 2.15.
 tensor_tables = internal._thread_local_tensor_tables
 
 

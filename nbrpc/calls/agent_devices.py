@@ -14,7 +14,7 @@ torch sets them: the agent's constructor (a static group's devices) and its
 ``_update_group_membership`` (a dynamic group's joins and leaves, and nbrpc's
 ``group.devices.install``), by the rules of ``TensorPipeAgent::updateGroupMembership``
 (a join adds the devices it lacks, a leave keeps only the devices it is given);
-known to work with torch 2.11 and 2.13.
+known to work with torch 2.11 to 2.15.
 """
 
 from __future__ import annotations

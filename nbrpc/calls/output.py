@@ -30,7 +30,6 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 from .._compat import torch_compat
 from .._util import Hooks
@@ -55,7 +54,6 @@ class Outbox:
         self.wake = threading.Event()
         self.name: str | None = None  # this member's name once it routes output (a worker)
         self.kernel_busy = False
-        self.fallback: Callable[[list[tuple]], None] | None = None
 
 
 _box = Outbox()
@@ -101,10 +99,9 @@ def take(piece: tuple) -> bool:
     return True
 
 
-def route(name: str, fallback: Callable[[list[tuple]], None]) -> None:
-    """Route this worker's output to the driver from now on, as worker ``name``;
-    ``fallback`` publishes a batch the driver could not take (it left)."""
-    _box.fallback = fallback
+def route(name: str) -> None:
+    """Route this worker's output to the driver from now on, as worker ``name``; a batch
+    the driver could not take (it left) goes to ``UNDELIVERED``'s newest hook."""
     if _box.name is None:
         threading.Thread(target=_flush_forever, name="nbrpc-output", daemon=True).start()
     _box.name = name
@@ -126,16 +123,20 @@ def send(final: bool = False) -> None:
         if not pieces:
             return
         if _box.name is None:  # no longer routing (leaving): the kernel's clients still listen
-            if _box.fallback is not None:
-                _box.fallback(pieces)
+            _undelivered(pieces)
             return
         try:
             fut = torch_compat.invoke_rpc(0, deliver, torch_compat.RPCExecMode.SYNC,
                                           (_box.name, pieces, final), None, SEND_TIMEOUT)
             fut.wait()
         except Exception:  # the driver is gone or leaving: its kernel's clients still listen
-            if _box.fallback is not None:
-                _box.fallback(pieces)
+            _undelivered(pieces)
+
+
+def _undelivered(pieces: list[tuple]) -> None:
+    for publish in UNDELIVERED:
+        publish(pieces)
+        return
 
 
 def _flush_forever() -> None:
@@ -227,6 +228,9 @@ _default = Shown(PrintOutput())
 # Where the driver puts its workers' output (``sink(worker, pieces, final)``): the newest
 # registered (the kernel extension's), else tagged text on stdout and stderr.
 SINKS = Hooks()
+# Where a worker publishes a batch the driver could not take (``publish(pieces)``): its
+# kernel's own channels, which the member layer registers as it routes output.
+UNDELIVERED = Hooks()
 
 
 def deliver(worker: str, pieces: list[tuple], final: bool) -> None:

@@ -38,6 +38,8 @@ from .._compat import torch_compat
 
 # How long a serving thread waits for work before it ends (seconds).
 IDLE_EXIT = 30.0
+# An inline limit no pool reaches: every call on torch's own threads.
+TORCH_THREADS_ONLY = 1 << 30
 
 
 def reserve(threads: int) -> int:
@@ -133,6 +135,12 @@ class Pool:
                 self.busy -= 1
                 self._idle.append(server)
 
+    def serve_on_torch_threads(self, on: bool = True) -> None:
+        """Run every call's function on the torch thread that took it, as torch does (its
+        pool deadlock included: what a lesson on it shows), or (``False``) hand off again."""
+        with self._lock:
+            self.inline_limit = TORCH_THREADS_ONLY if on else None
+
     def find_inline_limit(self) -> int:
         size = int(torch_compat.current_agent().get_debug_info()["agent.thread_pool_size"])
         self.inline_limit = max(0, size - reserve(size))
@@ -145,6 +153,11 @@ class Pool:
 
 pool = Pool()
 os.register_at_fork(after_in_child=pool.reset)
+
+
+def serve_on_torch_threads(on: bool = True) -> None:
+    """This member's ``pool.serve_on_torch_threads`` (a function: it travels by name)."""
+    pool.serve_on_torch_threads(on)
 
 
 def serve(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:

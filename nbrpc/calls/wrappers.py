@@ -42,7 +42,7 @@ from ..errors import (
 from ..recording import pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import agent_devices, destinations, helpers, interrupts, output, records, stopping
+from . import agent_devices, caller_half, destinations, fetch_threads, interrupts, output, stopping
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_to_here = torch_compat.to_here
@@ -95,7 +95,7 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    record = records.record("rpc_sync", to, func)
+    record = caller_half.record("rpc_sync", to, func)
     fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
     key, served = PENDING.calling(to, func, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
@@ -121,7 +121,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    record = records.record("rpc_async", to, func)
+    record = caller_half.record("rpc_async", to, func)
     fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
     key = PENDING.calling(to, func, call_id, "rpc_async")
@@ -142,10 +142,10 @@ class NamedFuture(torch.futures.Future):
     """
 
     def __init__(self, fut: torch.futures.Future, call: tuple,
-                 record: records.Record | records.Unrecorded | None = None, key: str | None = None):
+                 record: caller_half.Record | caller_half.Unrecorded | None = None, key: str | None = None):
         _CFuture.__init__(self, agent_devices.current())
         self._call = call  # (destination, function, timeout, call id)
-        self._record = record or records.UNRECORDED
+        self._record = record or caller_half.UNRECORDED
         self._key = key  # in PENDING while in flight
         self._served = interrupts.calling_from_here(call[0], call[3])  # what made it, on this member
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
@@ -200,7 +200,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     function goes as a ``Stoppable``, so that what it writes is sent to the driver before
     the owner confirms the RRef; no reply is pickled (the value stays with its owner):
     a recorded ``remote``'s reply is the owner's ack of the RRef."""
-    record = records.record("remote", to, func)
+    record = caller_half.record("remote", to, func)
     # In flight from before it is sent: what runs between a remote and the to_here after
     # it delays the fetch (see ``Pending.remote_sending``).
     call_id = interrupts.new_call_id() if interrupts.can_stop(func) else None
@@ -227,7 +227,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
     if rref.is_owner() or not torch_compat.has_agent():  # after shutdown: torch's own error
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
-    record = records.record("to_here", owner, rref=rref)
+    record = caller_half.record("to_here", owner, rref=rref)
     key = PENDING.calling(owner, "to_here", None, "to_here", PENDING.remote_call(rref))
     try:
         if threading.get_ident() == threading.main_thread().ident and not _this_threads():
@@ -258,7 +258,7 @@ def _this_threads() -> bool:
     return torch_compat.context_id_or_none() is not None or torch_compat.profiler_enabled()
 
 
-def _fetch_interruptibly(rref, timeout: float, record: records.Record | records.Unrecorded, owner: str):
+def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded, owner: str):
     """``to_here`` on the main thread: fetched here for up to ``DIRECT_FETCH`` s (a stop
     takes effect once they are over), then again on a helper thread, whose wait the stop
     button ends at once. A value not there in time is so sent twice; torch drops the
@@ -276,7 +276,7 @@ def _fetch_interruptibly(rref, timeout: float, record: records.Record | records.
     return _in_background(lambda: _fetch(rref, rest, record), owner)
 
 
-def _fetch(rref, timeout: float, record: records.Record | records.Unrecorded):
+def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded):
     """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled."""
     record.fetching(True)
     try:
@@ -285,7 +285,7 @@ def _fetch(rref, timeout: float, record: records.Record | records.Unrecorded):
         record.fetching(False)
 
 
-def _send(send: Callable, func, args, record: records.Record | records.Unrecorded, replies: bool,
+def _send(send: Callable, func, args, record: caller_half.Record | caller_half.Unrecorded, replies: bool,
           call_id: str | None = None):
     """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
     ``Stoppable`` with a new call id (or ``call_id``, given only for a function that can
@@ -363,7 +363,7 @@ def _await(done, to) -> None:
 
 def _in_background(call: Callable, to):
     """``call()`` on a helper thread while this one waits interruptibly."""
-    helper = helpers.take()
+    helper = fetch_threads.take()
     done = helper.start(call)
     try:
         _await(done, to)

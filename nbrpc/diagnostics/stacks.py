@@ -4,7 +4,7 @@ Parts:
 
 - ``local_threads``: this process's threads (``sys._current_frames``), each frame as
   file, line, function and source line; run in each member by its side channel
-  (``deploy.probes``), so it answers while every RPC thread is blocked.
+  (``cluster.control`` and ``member.control``), so it answers while every RPC thread is blocked.
 - ``Cells``: file name -> cell number of a kernel's cells (IPython's compile cache, handed
   in by the kernel side), so ``label`` says "cell 3, line 6" for a cell's frame;
   notebook definitions run on workers keep the driver's file names, which the driver

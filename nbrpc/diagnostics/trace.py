@@ -1,7 +1,7 @@
 """Record the RPCs of a block on every member, and join them into one timeline.
 
 ``gather`` asks every member for its halves (``recording.recorder.report``) in
-parallel; ``records.merge`` joins them by call id into ``CallRecord`` s on the driver's
+parallel; ``call_records.merge`` joins them by call id into ``CallRecord`` s on the driver's
 clock (see ``recording.clocks``). ``trace()`` records a block, ``trace_snapshot`` reads a
 cluster started with ``trace=True``.
 """
@@ -18,7 +18,7 @@ from ..errors import NoClusterError, NotRecordingError
 from ..recording import clocks, recorder
 from ..recording.recorder import enable, identity, quiet
 from ..schemas import TraceSnapshot
-from . import records
+from . import call_records
 
 __all__ = ["Trace", "trace", "trace_snapshot"]
 
@@ -50,7 +50,7 @@ def snapshot(start: float, end: float, clocks_found: dict | None = None,
     """Every member's calls sent in [start, end] (driver's clock), joined; with
     ``straddle``, also those sent up to ``STRADDLE`` seconds before and still under way
     at ``start`` (a window that slides keeps the calls it cuts, and those in flight).
-    nbrpc's own calls (``records.own_call``) are left out unless ``own``."""
+    nbrpc's own calls (``call_records.own_call``) are left out unless ``own``."""
     if clocks_found is None:
         clocks_found = measure_clocks(timeout)
     reports = gather(start - STRADDLE if straddle else start, clocks_found, timeout)
@@ -59,7 +59,7 @@ def snapshot(start: float, end: float, clocks_found: dict | None = None,
         with quiet():
             clocks_found = {**clocks_found, **clocks.estimate_all(
                 {r["name"]: r["clock"] for r in reports if r["name"] in missing}, timeout)}
-    return records.merge(reports, clocks_found, start, end, straddle=straddle, own=own)
+    return call_records.merge(reports, clocks_found, start, end, straddle=straddle, own=own)
 
 
 # -- the user's API ---------------------------------------------------------------------
@@ -113,7 +113,7 @@ class Trace:
         """Write the trace: ``.json`` in Chrome's trace event format, ``.html`` a report."""
         path = Path(path)
         if path.suffix == ".json":
-            path.write_text(json.dumps(records.chrome_trace(self.snapshot())))
+            path.write_text(json.dumps(call_records.chrome_trace(self.snapshot())))
             return path
         if path.suffix in (".html", ".htm"):
             report.write_report(self.snapshot(), path)

@@ -4,7 +4,7 @@ Parts:
 
 - ``member_report``: one member's calls in flight and served (``recording.pending``)
   with the stacks of its threads; each member runs it on its side channel
-  (``deploy.probes``), not over RPC, so it answers while every RPC thread is blocked.
+  (``cluster.control`` and ``member.control``), not over RPC, so it answers while every RPC thread is blocked.
 - ``snapshot``: every member's report joined (pure): calls with their state
   (queued, running, waiting), what each waits on, where a blocked one is blocked,
   and ``findings``: ``cycle``, ``pool_exhausted``, ``blocked``, ``waits_on_caller``,
@@ -179,7 +179,7 @@ class Graph:
 
 
 def snapshot(members: list[dict], now: float | None = None) -> dict:
-    """The waits snapshot (DESIGN.md) from every member's probe.
+    """The waits snapshot (its shape: docs/guide/hangs.md) from every member's probe.
 
     ``members``: ``{"name", "state": running|gone|frozen, "why"?, "pool": RPC threads,
     "report": member_report() or None}``.

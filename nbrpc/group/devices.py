@@ -131,16 +131,7 @@ def plan(names: list[str], gpu_count: int, gpus: bool = False,
             home = {name: k % gpu_count for k, name in enumerate(names)}
         maps = {(a, b): {home[a]: home[b]} for a in home for b in home if a != b}
     for (a, b), m in explicit.items():
-        for name, indices in ((a, m.keys()), (b, m.values())):
-            if own_gpus and name != names[0]:
-                continue  # checked against the worker's own GPUs when it joins
-            for d in indices:
-                if d >= gpu_count:
-                    raise DeviceMapError(
-                        f"device cuda:{d} in the map {a} -> {b} does not exist: torch sees "
-                        f"{gpu_count} GPU{'s' * (gpu_count != 1)} here"
-                        + (f" (cuda:0 to cuda:{gpu_count - 1}); use one of those indices" if gpu_count else
-                           "; a map from or to the driver needs a GPU in the driver's process"))
+        _check_indices(a, b, m, names[0], gpu_count, own_gpus)
         maps[(a, b)] = dict(m)
         if (b, a) not in explicit:
             maps[(b, a)] = {v: k for k, v in m.items()}
@@ -154,6 +145,20 @@ def plan(names: list[str], gpu_count: int, gpus: bool = False,
     return {name: Placement(tuple(sorted(used[name])),
                             {b: maps[(a, b)] for (a, b) in maps if a == name and maps[(a, b)]})
             for name in names}
+
+
+def _check_indices(a: str, b: str, m: Mapping, driver: str, gpu_count: int, own_gpus: bool) -> None:
+    """Raise ``DeviceMapError`` for an index of the map ``a -> b`` that no GPU here has."""
+    for name, indices in ((a, m.keys()), (b, m.values())):
+        if own_gpus and name != driver:
+            continue  # checked against the worker's own GPUs when it joins
+        for d in indices:
+            if d >= gpu_count:
+                raise DeviceMapError(
+                    f"device cuda:{d} in the map {a} -> {b} does not exist: torch sees "
+                    f"{gpu_count} GPU{'s' * (gpu_count != 1)} here"
+                    + (f" (cuda:0 to cuda:{gpu_count - 1}); use one of those indices" if gpu_count else
+                       "; a map from or to the driver needs a GPU in the driver's process"))
 
 
 def reaching_default_workers(driver: Placement, own_gpus: bool = False, count: int = 64) -> Placement:

@@ -17,6 +17,7 @@ import atexit
 import datetime
 import os
 import secrets
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -371,6 +372,17 @@ def calls_in_flight() -> int:
         return 0
     info = torch_compat.current_agent().get_debug_info()
     return int(info.get("agent.client_active_calls", 0))
+
+
+def calls_drained(within: float) -> bool:
+    """Wait at most ``within`` s for this process's outstanding RPCs (RRef deletes just
+    sent, say) to end; whether they did."""
+    deadline = time.monotonic() + within
+    while calls_in_flight():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def member_names() -> list[str]:

@@ -7,8 +7,8 @@ import threading
 from IPython.display import clear_output, display, publish_display_data
 
 from ..calls import output
-from ..deploy.cluster import text_progress
-from ..deploy.launchers.base import Started
+from ..cluster.cluster import text_progress
+from ..launchers.base import Started
 
 
 def in_notebook() -> bool:

@@ -17,8 +17,8 @@ import time
 
 from IPython.display import display
 
-from ..deploy import cluster as cluster_mod
-from ..deploy import probes
+from ..cluster import cluster as cluster_mod
+from ..cluster import queries
 from ..recording.pending import ID, PENDING, SINCE
 
 POLL = 0.5
@@ -68,7 +68,7 @@ class HangWatch:
             if time.time() - oldest < AFTER:
                 continue
             try:
-                snap = probes.waits(cluster)
+                snap = queries.waits(cluster)
             except Exception:  # the cluster is going away; the cell's own error says why
                 continue
             if stop.is_set():

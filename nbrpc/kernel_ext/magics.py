@@ -9,22 +9,37 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ..deploy import cluster as cluster_mod
-from ..deploy import launchers, probes
-from ..deploy.launchers.options import flags
-from ..deploy.launchers.slurm_options import SlurmOptions
-from ..deploy.options import ClusterOptions
+from ..cluster import cluster as cluster_mod
+from ..cluster import queries
+from ..cluster.cluster_options import ClusterOptions
 from ..diagnostics import stacks as stacks_mod
-from ..drawing.status import StatusTable
+from ..drawing.status_table import StatusTable
 from ..errors import JobRefusedError, NoClusterError, UnknownWorkerError
+from ..launchers import registry
+from ..launchers.options import flags
+from ..launchers.slurm_options import SlurmOptions
 from . import hangs
 from .display import KernelOutput, start_progress
+
+
+def _without_comment(line: str) -> str:
+    """``line`` without a trailing ``# comment`` (a ``#`` outside quotes, at the start or
+    after a space), as a script's line would read: ``%rpc_init -n 2  # two workers``."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line
 
 
 def _parse(magic, line: str):
     """``parse_argstring`` that reports bad input as ``UsageError``."""
     try:
-        return parse_argstring(magic, line)
+        return parse_argstring(magic, _without_comment(line))
     except UsageError:
         raise
     except (SystemExit, ValueError) as e:
@@ -48,7 +63,7 @@ def _slurm_options(args) -> dict | None:
     if "args" in given:
         given["args"] = _unquoted(given["args"])
     if not args.slurm:
-        if given and launchers.default_name() == "slurm":  # the server's default (NBRPC_LAUNCHER)
+        if given and registry.default_name() == "slurm":  # the server's default (NBRPC_LAUNCHER)
             return given
         if given:
             named = ", ".join(flag for name, flag, _ in flags(SlurmOptions) if name in given)
@@ -61,7 +76,7 @@ def _option_flags(func):
     """Every flag a ``Cluster`` option or a launcher's option declares (``ClusterOptions``,
     ``launchers.options``), each once; a flag left out is None (the option's default)."""
     seen = set()
-    declared = [ClusterOptions, *(kind.options for kind in launchers.kinds().values()), SlurmOptions]
+    declared = [ClusterOptions, *(kind.options for kind in registry.kinds().values()), SlurmOptions]
     for options_class in declared:
         for name, flag, settings in flags(options_class):
             if name not in seen:
@@ -101,7 +116,7 @@ class RpcMagics(Magics):
         """
         args = _parse(self.rpc_init, line)
         slurm = _slurm_options(args)
-        declared = {name for options_class in (ClusterOptions, *(k.options for k in launchers.kinds().values()))
+        declared = {name for options_class in (ClusterOptions, *(k.options for k in registry.kinds().values()))
                     for name, _, _ in flags(options_class)} - {"slurm"}
         # Options left out take their defaults (each declared once, in its dataclass).
         given = {name: getattr(args, name) for name in declared if getattr(args, name) is not None}
@@ -134,7 +149,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_status(self, line: str = ""):
         """Show every member: name, rank, host, pid, state, devices, busy threads, owned RRefs."""
-        if line.strip():
+        if _without_comment(line).strip():
             raise UsageError("%rpc_status takes no arguments")
         return StatusTable(_running().status())
 
@@ -147,7 +162,7 @@ class RpcMagics(Magics):
         args = _parse(self.rpc_stacks, line)
         names = [n for part in args.members for n in part.split(",") if n] or None
         try:
-            found = probes.stacks(_running(), names)
+            found = queries.stacks(_running(), names)
         except UnknownWorkerError as e:
             raise UsageError(f"%rpc_stacks: {e}") from None
         print(stacks_mod.format_stacks(found))
@@ -165,7 +180,7 @@ class RpcMagics(Magics):
     def rpc_waits(self, line: str = ""):
         """Show the cluster's pending calls and the hangs found now (``nbrpc.waits()``),
         as text or (``--graph``) as a live wait-for graph."""
-        from . import hang_watch
+        from .extension import Extension
 
         args = _parse(self.rpc_waits, line)
         if (args.static or args.interval is not None) and not args.graph:
@@ -173,11 +188,11 @@ class RpcMagics(Magics):
         if args.graph:
             return self._waits_graph(args)
         if args.show is not None:
-            hang_watch(self.shell).always = args.show == "always"
+            Extension.of(self.shell).hang_watch.always = args.show == "always"
             print(f"nbrpc: a waiting cell shows {'its pending calls and ' if args.show == 'always' else ''}"
                   "the hangs found")
             return
-        snap = probes.waits(_running())
+        snap = queries.waits(_running())
         print(hangs.Report(snap["findings"], snap["calls"]) if snap["calls"] else "nbrpc: no call is pending")
 
     def _waits_graph(self, args):
@@ -194,7 +209,7 @@ class RpcMagics(Magics):
     @line_magic
     def rpc_shutdown(self, line: str = ""):
         """Stop RPC everywhere and end every worker process."""
-        if line.strip():
+        if _without_comment(line).strip():
             raise UsageError("%rpc_shutdown takes no arguments")
         cluster = cluster_mod.current()
         if cluster is None:

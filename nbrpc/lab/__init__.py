@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..deploy import cluster as cluster_mod
+from ..cluster import cluster as cluster_mod
 from . import dist_autograd, param_server, rpc_basics
 from ._checking import FILL_IN, CheckFailed, _describe, _Wrong
 from .param_server import digits

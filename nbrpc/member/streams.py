@@ -63,7 +63,8 @@ def install(app, name: str) -> None:
     events = app.shell.events
     events.register("pre_execute", lambda: output.set_kernel_busy(True))
     events.register("post_execute", lambda: output.set_kernel_busy(False))
-    output.route(name, publish)
+    output.UNDELIVERED.add(publish)
+    output.route(name)
 
 
 OUTSTREAM_CLASS = f"{__name__}.WorkerStream"

@@ -19,7 +19,7 @@ import sys
 import time
 
 from .._util import JsonLines, pid_alive
-from ..deploy.template import WATCH_INTERVAL
+from ..launchers.template import WATCH_INTERVAL
 
 # What a kernel's ``initialize`` imports on top of ipykernel's modules (its debugger,
 # history, completer, inspector, event loop): 155 modules, 70 ms of CPU on a quiet

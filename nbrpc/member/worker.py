@@ -21,11 +21,10 @@ from collections.abc import Callable
 
 from .._util import pid_alive
 from ..calls import output
-from ..deploy import probes
-from ..deploy.settings import WorkerSettings
 from ..group import devices, membership
+from ..settings import WorkerSettings
 from ..wire import remote_errors, serialization, shared_tensors
-from . import streams
+from . import control, streams
 
 WATCH_INTERVAL = 0.5
 
@@ -43,7 +42,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
     app = IPKernelApp.instance()
     app.outstream_class = streams.OUTSTREAM_CLASS
     app.initialize(argv)
-    probes.serve(app, settings.name)  # answers while every RPC thread is blocked
+    control.serve(app.kernel, settings.name)  # answers while every RPC thread is blocked
     _show_remote_errors(app.shell)
     if on_kernel is not None:
         on_kernel(app)
@@ -83,9 +82,9 @@ def join_driver(address: str, token: str, name: str | None = None) -> None:
     import signal
 
     from .._util import LOOPBACK
-    from ..deploy import scratch as folders
-    from ..deploy.launchers import addresses, rendezvous
-    from ..deploy.launchers.base import write_unbound_connection_file
+    from ..launchers import addresses, rendezvous
+    from ..launchers.base import write_unbound_connection_file
+    from ..shared_server import scratch as folders
 
     store_port = rendezvous.relay_store(address, token)
     sock, grant = rendezvous.request_join(address, token, name, devices.visible_gpus())

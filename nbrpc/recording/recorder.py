@@ -371,7 +371,7 @@ def _size(tensors) -> int:
 
 def report(since: float | None = None, offsets: dict | None = None) -> dict:
     """This member's halves from ``since`` (driver's clock) on, in their final form
-    (``records.merge`` reads them)."""
+    (``call_records.merge`` reads them)."""
     info = torch_compat.current_agent().get_worker_info()
     offset = (offsets or {}).get(info.name, 0.0)
     local_since = None if since is None else since - offset - 1.0
@@ -384,7 +384,7 @@ def report(since: float | None = None, offsets: dict | None = None) -> dict:
 
 def _final(half: list, call_id: _CallIds) -> dict:
     """A half as kept (a list of numbers, idents, the destination as given) as the dict
-    ``records.merge`` reads."""
+    ``call_records.merge`` reads."""
     final = {"side": half[SIDE], "key": call_id(half[KEY]), "t": half[T], "error": half[ERROR],
              "reply": None if half[REPLY_PICKLE] is None else [half[REPLY_TENSOR], half[REPLY_PICKLE]]}
     if half[SIDE] == "caller":

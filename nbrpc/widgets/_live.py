@@ -21,7 +21,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ..deploy.cluster import Cluster, current
+from ..cluster.cluster import Cluster, current
 from ..errors import NoClusterError
 
 FAILURES_TOLERATED = 5  # refreshes in a row that may fail before a live view gives up

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traitlets
 
-from ..deploy.cluster import current
+from ..cluster.cluster import current
 from ..diagnostics import rrefs
 from ..drawing import describe, svg
 from ..errors import NoClusterError

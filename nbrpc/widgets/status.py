@@ -7,8 +7,8 @@ import time
 import anywidget
 import traitlets
 
-from ..deploy.cluster import Cluster, current
-from ..drawing.status import StatusTable
+from ..cluster.cluster import Cluster, current
+from ..drawing.status_table import StatusTable
 from ..errors import NoClusterError
 from ._live import Refresher, SyncLock, cluster_running
 from .base import HERE

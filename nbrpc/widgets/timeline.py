@@ -8,7 +8,7 @@ from pathlib import Path
 import anywidget
 import traitlets
 
-from ..deploy.cluster import current
+from ..cluster.cluster import current
 from ..diagnostics.trace import trace_snapshot
 from ..drawing import timeline_layout as tl
 from ..drawing import timeline_svg as ts

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import traitlets
 
-from ..deploy import probes
-from ..deploy.cluster import current
+from ..cluster import queries
+from ..cluster.cluster import current
 from ..drawing import waits_svg
 from ..errors import NoClusterError
 from .base import LiveGraph, StaticView
@@ -46,7 +46,7 @@ class WaitsGraph(LiveGraph):
                 raise NoClusterError(
                     "no cluster is running, so no call is pending; start one with %rpc_init "
                     "(or nbrpc.start()), or pass snapshot=... to draw a saved nbrpc.waits()")
-            snapshot = probes.waits(cluster)
+            snapshot = queries.waits(cluster)
         super().__init__(kind="waits", interval=interval, **kwargs)
         self._cluster = cluster
         self.update(snapshot)
@@ -64,7 +64,7 @@ class WaitsGraph(LiveGraph):
 
     def refresh(self) -> None:
         """Take a new snapshot now."""
-        self.update(probes.waits(self._cluster))
+        self.update(queries.waits(self._cluster))
 
     def summary(self) -> str:
         return waits_svg.waits_summary(self.snapshot)
@@ -89,4 +89,4 @@ class WaitsStatic(StaticView):
 
 def waits_static(snapshot: dict | None = None) -> WaitsStatic:
     """The wait-for graph of the running cluster (or of ``snapshot``), drawn once."""
-    return WaitsStatic(probes.waits(current()) if snapshot is None else snapshot)
+    return WaitsStatic(queries.waits(current()) if snapshot is None else snapshot)

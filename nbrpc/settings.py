@@ -1,0 +1,157 @@
+"""A worker's settings: what a worker kernel needs to join its driver's group.
+
+Parts:
+
+- ``WorkerSettings``: one frozen record (name, rank, the group's store and key
+  prefix, threads, timeout, transport, devices, tracking, call recording, the signing key, ...).
+  A local worker gets it in its environment (``to_env``, read back by
+  ``from_env`` in the worker bootstrap); a worker that joins from elsewhere gets
+  it in its grant over the rendezvous (``to_wire`` / ``from_wire``: the same
+  variables less the ones about the driver's machine, which it sets for itself).
+- ``check_name``: the one check of a worker's name, as torch RPC requires it.
+
+Every ``NBRPC_*`` variable a worker's settings travel in is named here; ``TOKEN_ENV``
+and ``WARM_START_ENV`` are the ones a person sets. One more is read elsewhere:
+``NBRPC_CLOCK_SKEW`` (``recording/clocks.py``, a test's shifted clock).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from ._util import switched_on
+from .group import DEFAULT_TRANSPORT
+from .group.devices import Placement
+
+# Set by people: the join token (``nbrpc worker``), and ``0`` to turn the warm template off.
+TOKEN_ENV = "NBRPC_TOKEN"
+# Large tensors land in huge pages: a 100 MB RPC round trip gets several times faster
+# (fewer page faults on fresh receive buffers). torch reads this once, at start.
+FAST_ALLOC_ENV = {"THP_MEM_ALLOC_ENABLE": "1"}
+WARM_START_ENV = "NBRPC_WARM_START"
+# Set by a server's administrator (a hub's ``Spawner.environment``): the limits file, and
+# each limit, over the file's (see ``limits``).
+LIMITS_FILE_ENV = "NBRPC_LIMITS"
+# Set by the nbrpc kernel when it could not have a private network (the reason); the
+# kernel keeps its own copy of the name (``kernel``: it runs before this package loads).
+NO_PRIVATE_NETWORK_ENV = "NBRPC_NO_PRIVATE_NETWORK"
+# Set by a server's administrator: the launcher a cluster uses when it names none
+# (``slurm`` on a hub whose servers are Slurm jobs: workers as steps of that job).
+LAUNCHER_ENV = "NBRPC_LAUNCHER"
+LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THREADS",
+              "max_timeout": "NBRPC_MAX_TIMEOUT"}  # each limit, over the limits file's (by an administrator)
+# Room the template process keeps in its environment for a worker's (see ``template``).
+TEMPLATE_ROOM_ENV = "NBRPC_TEMPLATE_ROOM"
+
+WORKER_NAME_ENV = _NAME = "NBRPC_NAME"  # set in every worker (its name)
+_RANK = "NBRPC_RANK"
+_PREFIX = "NBRPC_PREFIX"
+_KEY = "NBRPC_KEY"
+_THREADS = "NBRPC_THREADS"
+_TIMEOUT = "NBRPC_TIMEOUT"
+_TRACK = "NBRPC_TRACK"
+_TRACE = "NBRPC_TRACE"
+_TRANSPORT = "NBRPC_TRANSPORT"
+_DEVICES = "NBRPC_DEVICES"
+# About the driver's machine: a worker that joins from elsewhere sets its own.
+_STORE = "NBRPC_STORE"
+_DRIVER_PID = "NBRPC_DRIVER_PID"
+_INTERFACE = "NBRPC_INTERFACE"
+_IMPORT_PATH = "NBRPC_IMPORT_PATH"
+# Set by people (0: off) in the driver's environment; the driver sets it for its local
+# workers (1: on). Big tensors between local members through shared memory.
+SHARED_TENSORS_ENV = "NBRPC_SHARED_TENSORS"
+_LOCAL_ONLY = (_STORE, _DRIVER_PID, _INTERFACE, _IMPORT_PATH, SHARED_TENSORS_ENV)
+
+_VALID_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
+
+
+def check_name(name) -> None:
+    """Raise ``ValueError`` unless ``name`` is a name torch RPC accepts for a worker."""
+    if not isinstance(name, str) or not _VALID_NAME.match(name):
+        raise ValueError(
+            f"invalid worker name {name!r}: use letters, digits, '_', ':' or '-' "
+            "(1 to 127 characters), as torch RPC requires"
+        )
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker reads at start."""
+
+    name: str
+    rank: int
+    prefix: str  # the group's key prefix in the store
+    key: bytes  # signs every RPC pickle of the group (see ``serialization``)
+    threads: int  # TensorPipe worker threads
+    timeout: float  # default RPC timeout, s
+    track: bool = True  # RRef tracking (see ``rref_ledger``)
+    trace: bool = False  # every RPC recorded (see ``tracing``)
+    transport: str = DEFAULT_TRANSPORT  # TensorPipe's transport (see ``membership.TRANSPORTS``)
+    placement: Placement | None = None  # devices and maps; None on CPU
+    store: str = ""  # HOST:PORT of the group's store, as this worker reaches it
+    driver_pid: int | None = None  # a local worker exits when this process does
+    interface: str | None = None  # where its TensorPipe listener goes (None: torch's choice)
+    env: Mapping[str, str] = field(default_factory=dict)  # more variables for its process
+    # A local worker imports what the driver can (as mp.spawn's children do): a driver
+    # script's sibling modules, a notebook's folder.
+    import_path: tuple[str, ...] = ()
+    shared_tensors: bool = False  # big tensors through shared memory (``wire.shared_tensors``)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables a worker process starts with."""
+        env = {**self.env, _PREFIX: self.prefix, _NAME: self.name, _RANK: str(self.rank),
+               _THREADS: str(self.threads), _TIMEOUT: str(self.timeout),
+               _TRACK: "1" if self.track else "0", _TRACE: "1" if self.trace else "0",
+               _KEY: self.key.hex(), _TRANSPORT: self.transport, _INTERFACE: self.interface or ""}
+        devices = self.placement.to_json() if self.placement else None
+        for variable, value in ((_DEVICES, devices), (_STORE, self.store or None),
+                                (_DRIVER_PID, self.driver_pid),
+                                (_IMPORT_PATH, os.pathsep.join(self.import_path) or None),
+                                (SHARED_TENSORS_ENV, "1" if self.shared_tensors else "0")):
+            if value is not None:
+                env[variable] = str(value)
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:
+        """The settings ``to_env`` wrote (``env`` is this process's environment)."""
+        return cls(
+            name=env[_NAME], rank=int(env[_RANK]), prefix=env[_PREFIX], key=bytes.fromhex(env[_KEY]),
+            threads=int(env[_THREADS]), timeout=float(env[_TIMEOUT]), track=env.get(_TRACK, "1") == "1",
+            trace=env.get(_TRACE, "0") == "1",
+            transport=env.get(_TRANSPORT, DEFAULT_TRANSPORT), placement=Placement.from_json(env.get(_DEVICES)),
+            store=env.get(_STORE, ""),
+            driver_pid=int(env[_DRIVER_PID]) if env.get(_DRIVER_PID) else None,
+            interface=env.get(_INTERFACE) or None,
+            import_path=tuple(p for p in env.get(_IMPORT_PATH, "").split(os.pathsep) if p),
+            shared_tensors=env.get(SHARED_TENSORS_ENV) == "1",
+        )
+
+    def to_wire(self) -> dict[str, str]:
+        """The settings in a grant to a worker that joins from elsewhere (JSON)."""
+        return {k: v for k, v in self.to_env().items() if k not in _LOCAL_ONLY}
+
+    @classmethod
+    def from_wire(cls, granted: Mapping[str, str], store: str, interface: str | None) -> WorkerSettings:
+        """The granted settings, with what the worker found out about its own machine."""
+        if not isinstance(granted, Mapping) or not all(isinstance(v, str) for v in granted.values()):
+            raise ValueError(f"the driver's grant holds no settings: {json.dumps(granted)[:200]}")
+        mine = {k: v for k, v in granted.items() if k not in _LOCAL_ONLY}
+        env = {k: v for k, v in mine.items() if not k.startswith("NBRPC_")}
+        return replace(cls.from_env(mine), store=store, interface=interface, env=env)
+
+    def for_this_machine(self, store: str, driver_pid: int, interface: str) -> WorkerSettings:
+        """These settings for a worker on the driver's own machine."""
+        import_path = tuple(os.path.abspath(p) for p in sys.path if os.path.isdir(p or "."))
+        return replace(self, store=store, driver_pid=driver_pid, interface=interface, import_path=import_path)
+
+
+def shared_tensors_wanted() -> bool:
+    """Whether this driver's environment leaves the shared memory path on (its default)."""
+    return switched_on(SHARED_TENSORS_ENV)
