@@ -9,7 +9,7 @@
 
 A row's ``ratio`` reads as its target says (``targets.toml``: nbrpc/reference, or
 reference/nbrpc for rates and speed-ups); ``target`` is its text (``ratio <= 1.05``) or
-None; ``met`` is None without a target; ``better`` is "lower" or "higher" (the gate's
+"" without one; ``met`` is None without a target; ``better`` is "lower" or "higher" (the gate's
 direction); ``note`` says how the row was measured in this run; ``spread``, where
 present, is the row's own spread (whole runs taking turns), which the gate also allows.
 """
@@ -40,7 +40,7 @@ def row(id: str, nbrpc: float | None, reference: float | None = None, *, ratio: 
         ratio = target.ratio(nbrpc, reference)
     found = {"id": id, "what": target.what, "unit": target.unit, "nbrpc": _number(nbrpc),
              "reference": _number(reference), "reference_name": target.reference_name,
-             "ratio": _number(ratio), "target": target.text(), "met": target.met(nbrpc, reference, ratio),
+             "ratio": _number(ratio), "target": target.text() or "", "met": target.met(nbrpc, reference, ratio),
              "reason": target.reason, "better": target.better, "note": note}
     if spread is not None:
         found["spread"] = _number(spread)
