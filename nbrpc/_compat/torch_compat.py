@@ -238,8 +238,10 @@ def creation_future(rref) -> torch.futures.Future:
 
 def rref_type(rref) -> type:
     """``PyRRef._get_type``: the class of an RRef's value (asks the owner once);
-    known to work with torch 2.11 and 2.13."""
-    return rref._get_type(blocking=True)
+    known to work with torch 2.11 and 2.13. Asked first without blocking (an RRef's
+    proxy does), torch keeps and returns the future of the answer, not the class."""
+    found = rref._get_type(blocking=True)
+    return found.wait() if isinstance(found, torch._C.Future) else found
 
 
 # -- distributed autograd ----------------------------------------------------------
@@ -335,6 +337,8 @@ RREF_INIT = ((PyRRef, "__init__"),)
 RREF_TO_HERE = ((PyRRef, "to_here"),)
 COLLECT_ALL = ((torch._C, "_collect_all"),)
 BACKWARD = ((dist_autograd, "backward"),)
+# A Python-made Future's site (``recording.futures``): torch's own __init__ is Python.
+FUTURE_INIT = ((torch.futures.Future, "__init__"),)
 AGENT_INIT = ((TensorPipeAgent, "__init__"),)
 AGENT_GROUP_MEMBERSHIP = ((TensorPipeAgent, "_update_group_membership"),)
 

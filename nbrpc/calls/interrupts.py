@@ -15,7 +15,9 @@ Parts:
   call's own calls first (on their members, the same way), then wakes the call's
   thread if it waits on one of them, else raises ``KeyboardInterrupt`` in it; and
   answers, after at most ``STOP_GRACE`` s, what became of the call: ``STOPPED``,
-  ``STILL_RUNNING`` or ``NOT_RUNNING``.
+  ``STILL_RUNNING``, ``NOT_RUNNING`` or ``UNSET`` (an ``Awaited`` call's future).
+- ``Awaited``: what the caller sends for an ``@async_execution`` function, whose future
+  not yet complete is kept in ``PENDING``.
 - ``send_stop``: the caller's side of it; a Future of that answer.
 
 An asynchronous exception lands at the next bytecode the thread runs: pure-Python
@@ -37,7 +39,7 @@ from collections.abc import Callable
 import torch
 
 from .._compat import torch_compat
-from ..recording import recorder
+from ..recording import functions, futures, recorder
 from ..recording.pending import PENDING
 from . import output, serving
 
@@ -45,6 +47,7 @@ from . import output, serving
 STOPPED = "stopped"  # the call ended after the stop
 STILL_RUNNING = "still running"  # it had not ended ``STOP_GRACE`` s after the stop
 NOT_RUNNING = "not running"  # it had ended already, or had not begun (it will not run)
+UNSET = "future unset"  # its @async_execution function's future was still not complete
 # How long ``stop`` waits for a stopped call to end before it answers (seconds): after
 # the stop button, and after a timeout (whose error should not wait much longer).
 STOP_GRACE = 2.0
@@ -69,14 +72,18 @@ def new_call_id() -> str:
     return _ids.prefix + str(next(_ids.count))
 
 
+def sent_as(func: Callable) -> type | None:
+    """What carries ``func`` to its callee: ``Stoppable`` for a Python function torch
+    sends as such, ``Awaited`` for an ``@async_execution`` function, None for a builtin
+    operator or a TorchScript function (torch runs those itself)."""
+    if torch_compat.find_builtin(func) is not None or isinstance(func, torch.jit.ScriptFunction):
+        return None
+    return Awaited if hasattr(func, torch_compat.ASYNC_EXECUTION_MARK) else Stoppable
+
+
 def can_stop(func: Callable) -> bool:
-    """True for a Python function torch sends as such (not a builtin operator, a
-    TorchScript function or an ``@async_execution`` function, which it runs differently)."""
-    return (
-        torch_compat.find_builtin(func) is None
-        and not isinstance(func, torch.jit.ScriptFunction)
-        and not hasattr(func, torch_compat.ASYNC_EXECUTION_MARK)
-    )
+    """True for a Python function torch sends as such (see ``sent_as``)."""
+    return sent_as(func) is Stoppable
 
 
 class Served:
@@ -136,7 +143,7 @@ class _Call(tuple):
         """Run the call on this thread; its value, or the ``RemoteException`` torch sends."""
         func, call_id, trace = self
         output.begin()
-        PENDING.serving(call_id, func)
+        PENDING.serving(call_id, functions.named(func, args, here=True))
         try:
             if trace is None:
                 return _run(func, call_id, args, kwargs)
@@ -169,6 +176,25 @@ class Stoppable(_Call):
     def __call__(self, *args, **kwargs):
         torch_compat.keep_thread_state()
         return serving.serve(self.serve, args, kwargs)
+
+
+class Awaited(_Call):
+    """What the caller sends for an ``@async_execution`` function. torch's thread runs it
+    as torch would; a future it returns that is not complete is in ``PENDING`` until it
+    completes, or its caller gives up (``stop``), so that one nobody completes is named
+    with where it was made."""
+
+    __slots__ = ()
+    _wrapped_async_rpc_function = True
+
+    def __call__(self, *args, **kwargs):
+        func, call_id, _ = self
+        torch_compat.keep_thread_state()
+        fut = func(*args, **kwargs)
+        if isinstance(fut, torch._C.Future) and not fut.done():
+            PENDING.awaiting(call_id, functions.named(func, args, here=True), futures.made_at(fut))
+            fut.add_done_callback(lambda _: PENDING.settled(call_id))
+        return fut
 
 
 class InlineStoppable(_Call):
@@ -279,6 +305,8 @@ def release(lock) -> None:
 
 
 def _stop(call_id: str, grace: float) -> str:
+    if PENDING.settled(call_id):  # its caller gave up on a future nobody completed
+        return UNSET
     served, nested = _stop_here(call_id)
     if served is None:
         return NOT_RUNNING

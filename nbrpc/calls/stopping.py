@@ -43,6 +43,9 @@ def outcome_text(outcome: str | None, name: str) -> str:
         return "it may still be running there"
     if outcome == interrupts.STOPPED:
         return f"nbrpc stopped it on {name!r}"
+    if outcome == interrupts.UNSET:
+        return (f"the future its @async_execution function returned on {name!r} was still "
+                "not set; nbrpc stopped waiting on it")
     if outcome == interrupts.NOT_RUNNING:
         return f"it was not running on {name!r} (it had ended, or will not begin)"
     if outcome == interrupts.STILL_RUNNING:

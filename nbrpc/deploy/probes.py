@@ -198,7 +198,7 @@ def _members(cluster: Cluster, names: list[str] | None = None) -> list[dict]:
     members = []
     if names is None or cluster.driver_name in names:
         members.append({"name": cluster.driver_name, "state": "running", "pool": cluster.threads,
-                        "report": waits_mod.member_report(cluster.driver_name, cells)})
+                        "report": waits_mod.member_report(cluster.driver_name, cells, files=True)})
     chosen = [w for w in workers if names is None or w.name in names]
     answers = cluster.probes.ask(chosen)
     for w in chosen:
