@@ -184,14 +184,15 @@ ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
 # -- pickling and remote errors ----------------------------------------------------
 
 
-def remote_exception(error: Exception) -> RemoteException:
+def remote_exception(error: Exception, show: bool = True) -> RemoteException:
     """What torch's ``internal._run_function`` makes of an error a function raised while
-    serving a call: it prints the worker, the error and its traceback to stderr, and
-    returns a ``RemoteException`` that torch sends as the reply (the caller re-raises
-    it). Done by nbrpc inside the call, so that the print is the call's output; the
-    same text and reply as torch 2.11's and 2.13's."""
+    serving a call: it prints the worker, the error and its traceback to stderr (unless
+    not ``show``), and returns a ``RemoteException`` that torch sends as the reply (the
+    caller re-raises it). Done by nbrpc inside the call, so that the print is the call's
+    output; the same text and reply as torch 2.11's and 2.13's."""
     text = f"On {current_agent().get_worker_info()}:\n{error!r}\n{traceback.format_exc()}"
-    print(text, file=sys.stderr)
+    if show:
+        print(text, file=sys.stderr)
     return RemoteException(text, type(error))
 
 

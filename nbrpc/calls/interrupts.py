@@ -15,7 +15,8 @@ Parts:
   call's own calls first (on their members, the same way), then wakes the call's
   thread if it waits on one of them, else raises ``KeyboardInterrupt`` in it; and
   answers, after at most ``STOP_GRACE`` s, what became of the call: ``STOPPED``,
-  ``STILL_RUNNING``, ``NOT_RUNNING`` or ``UNSET`` (an ``Awaited`` call's future).
+  ``STILL_RUNNING``, ``NOT_RUNNING``, ``ENDED`` and the error it had ended with, or
+  ``UNSET`` (an ``Awaited`` call's future).
 - ``Awaited``: what the caller sends for an ``@async_execution`` function, whose future
   not yet complete is kept in ``PENDING``.
 - ``send_stop``: the caller's side of it; a Future of that answer.
@@ -39,6 +40,7 @@ from collections.abc import Callable
 import torch
 
 from .._compat import torch_compat
+from ..errors import RpcTimeoutError, WorkerDiedError
 from ..recording import functions, futures, recorder
 from ..recording.pending import PENDING
 from . import output, serving
@@ -48,6 +50,7 @@ STOPPED = "stopped"  # the call ended after the stop
 STILL_RUNNING = "still running"  # it had not ended ``STOP_GRACE`` s after the stop
 NOT_RUNNING = "not running"  # it had ended already, or had not begun (it will not run)
 UNSET = "future unset"  # its @async_execution function's future was still not complete
+ENDED = "ended with "  # it had ended with this error (the rest of the answer) before the stop came
 # How long ``stop`` waits for a stopped call to end before it answers (seconds): after
 # the stop button, and after a timeout (whose error should not wait much longer).
 STOP_GRACE = 2.0
@@ -108,6 +111,14 @@ class _Registry:
         self.running: dict[str, Served] = {}
         self.by_thread: dict[int, Served] = {}
         self.stopped_early: set[str] = set()
+        # call id -> the error a call ended with, in one line: a stop that comes after
+        # it (its caller gave up as it failed) answers it, so the caller's error tells it.
+        self.endings: dict[str, str] = {}
+
+    def ended_with(self, call_id: str, error: BaseException) -> None:
+        if len(self.endings) >= EARLY_LIMIT:
+            self.endings.clear()
+        self.endings[call_id] = one_line(error)
 
     def reset(self) -> None:
         self.__init__()
@@ -159,7 +170,7 @@ class _Call(tuple):
         except Exception as e:
             # torch would print the error to stderr after this returns, when the call's
             # output has gone: its print and reply made here are part of the call.
-            return torch_compat.remote_exception(e)
+            return torch_compat.remote_exception(e, show=not passed_on(e))
         finally:
             PENDING.done(call_id)
             output.end()
@@ -220,12 +231,34 @@ def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):
             _served.by_thread[served.thread] = served
         try:
             return func(*args, **kwargs)
+        except Exception as e:
+            _served.ended_with(call_id, e)
+            raise
         finally:
             _forget(served, outer)
     except KeyboardInterrupt:
         # A plain exception, so torch answers the (gone) caller as for any error.
-        raise RuntimeError(f"{_what(func)} was stopped: its caller was interrupted "
-                           "or gave up on it") from None
+        error = RuntimeError(f"{_what(func)} was stopped: its caller was interrupted or gave up on it")
+        error.stopped = True
+        raise error from None
+
+
+def passed_on(error: BaseException) -> bool:
+    """Whether ``error`` only passes on how a call ended elsewhere: a stop of this call
+    (its caller gave up), a nested call's timeout or its worker's death, or an error a
+    nested call raised (torch's text names where it arose). Where it arose said it, and
+    the caller's error tells the chain: it is not written out again here."""
+    return (getattr(error, "stopped", False) or isinstance(error, (RpcTimeoutError, WorkerDiedError))
+            or "On WorkerInfo(" in str(error))
+
+
+def one_line(error: BaseException) -> str:
+    """``error`` as its class and its message's first sentence (its advice left out)."""
+    lines = str(error).split("\n")
+    text = lines[1] if lines[0].startswith("On WorkerInfo(") and len(lines) > 1 else lines[0]
+    for advice in (". Pass timeout=", ". Start a new cluster", ". When it stopped:", ". Torch said:"):
+        text = text.split(advice, 1)[0]
+    return f"{type(error).__name__}: {text}"
 
 
 def _forget(served: Served, outer: Served | None) -> None:
@@ -309,7 +342,8 @@ def _stop(call_id: str, grace: float) -> str:
         return UNSET
     served, nested = _stop_here(call_id)
     if served is None:
-        return NOT_RUNNING
+        ending = _served.endings.pop(call_id, None)
+        return NOT_RUNNING if ending is None else ENDED + ending
     answers = [send_stop(to, nested_id, grace) for nested_id, to in nested]
     for answer in answers:  # the nested calls end first: the waiting one wakes
         try:

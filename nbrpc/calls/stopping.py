@@ -47,7 +47,9 @@ def outcome_text(outcome: str | None, name: str) -> str:
         return (f"the future its @async_execution function returned on {name!r} was still "
                 "not set; nbrpc stopped waiting on it")
     if outcome == interrupts.NOT_RUNNING:
-        return f"it was not running on {name!r} (it had ended, or will not begin)"
+        return f"it was not running on {name!r} when nbrpc went to stop it (it had ended, or will not begin)"
+    if outcome.startswith(interrupts.ENDED):
+        return f"it had ended on {name!r} when nbrpc went to stop it, with {outcome[len(interrupts.ENDED):]}"
     if outcome == interrupts.STILL_RUNNING:
         return (f"{name!r} was asked to stop it but it still runs there: a long C call (one "
                 "big time.sleep, a lock's acquire without a timeout) stops only when it returns")
