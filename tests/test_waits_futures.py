@@ -224,3 +224,16 @@ def test_a_backwards_gradients_behind_a_members_busy_threads(shell, cluster, bus
         assert run(shell, "dist_autograd.get_gradients(context_id)[x].tolist()") == [2.0, 2.0]
     finally:
         run(shell, "context.__exit__(None, None, None)")
+
+
+def test_stacks_name_torchs_threads_by_what_they_serve(shell, busy_worker2, capsys):
+    busy_worker2.park()
+    threads = nbrpc.stacks(["worker2"])["worker2"]["threads"]
+    serving = [t for t in threads if t["serving"] == "park"]
+    assert sorted(t["name"] for t in serving) == [f"torch RPC thread {i}" for i in range(1, THREADS + 1)]
+    assert all(t["torch"] for t in serving)
+    assert any(t["name"] == "Control" for t in threads)  # a Python thread keeps its own name
+    shell.run_line_magic("rpc_stacks", "worker2")
+    out = capsys.readouterr().out
+    assert "\n  torch RPC thread 1, serving park\n" in out and "\n  thread Control\n" in out
+    assert "thread thread" not in out
