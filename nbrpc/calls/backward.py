@@ -8,10 +8,14 @@ While it runs, a backward is a call in flight to each member its context reached
 
 from __future__ import annotations
 
+import torch.distributed.rpc as rpc
+
 from .._compat import torch_compat
 from .._util import Hooks
+from ..errors import RpcTimeoutError
 from ..recording import gradients, recorder
 from ..recording.pending import PENDING
+from . import stopping
 from .fanout import ask_members
 
 _torch_backward = torch_compat.backward
@@ -32,6 +36,14 @@ def backward(context_id: int, roots, retain_graph: bool = False) -> None:
     keys = [PENDING.calling(member, GRADIENTS, None, "backward") for member in _reached(context_id)]
     try:
         _backward(context_id, roots, retain_graph)
+    except RuntimeError as e:
+        if not stopping.timed_out(e):
+            raise
+        why = next((text for text in map(PENDING.explained, keys) if text), "")
+        torch_said = str(e).split("\n\nAt:", 1)[0].strip()
+        raise RpcTimeoutError(f"dist_autograd.backward({context_id}) got no answer within "
+                              f"{rpc.get_rpc_timeout():g} s for its gradients{why}. "
+                              f"Torch said: {torch_said}") from e
     finally:
         for key in keys:
             PENDING.answered(key)
