@@ -8,13 +8,15 @@ Parts:
 - ``snapshot``: every member's report joined (pure): calls with their state
   (queued, running, waiting), what each waits on, where a blocked one is blocked,
   and ``findings``: ``cycle``, ``pool_exhausted``, ``blocked``, ``waits_on_caller``,
-  ``dead_member``, ``unset_future``, each with a message that says what is stuck, where, and what to do.
+  ``dead_member``, ``unset_future``, each with a message that says what is stuck,
+  where, and what to do.
 - ``explain``: one call's chain in words, for a timeout's or an interrupt's error.
 
 A call is stuck when the end of its chain is queued behind busy RPC threads, blocked
 on a lock, condition, event, queue or future, waits on an ``@async_execution``
 function's future that nothing left running could complete, or was sent to a member
-that is gone or frozen, for at least ``STUCK`` seconds; a call that only runs long is never a finding.
+that is gone or frozen, for at least ``STUCK`` seconds; a call that only runs long is
+never a finding.
 """
 
 from __future__ import annotations
