@@ -51,11 +51,12 @@ def _handle_exception(result):
 _REMOTE_FRAME = re.compile(r'File "([^"\n]+)", line (\d+)')
 # torch's text of a remote error (``torch_compat.remote_exception``), after the class name.
 _REMOTE_TEXT = re.compile(r"On WorkerInfo\(id=\d+, name=[^)\n]*\):\n")
-# nbrpc's call wrappers (here and in the worker's text): their frames say nothing of the user's code.
-_WRAPPERS = re.compile(r"[/\\]nbrpc[/\\]calls[/\\]\w+\.py")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # nbrpc's call wrappers and torch's RPC API around them: between a cell's call and the error.
 _CALL_LAYERS = re.compile(r"[/\\](?:nbrpc[/\\]calls|torch[/\\]distributed[/\\]rpc)[/\\]\w+\.py")
+# The C++ stack pybind adds to an error that passed through torch's callbacks ("At:" and
+# a line per frame): torch's and nbrpc's handlers, nothing of the user's code.
+_CPP_STACK = re.compile(r"\n+At:\n(?:  [^\n]*(?:\n|$))+")
 # The errors nbrpc's call wrappers raise: each message says it all.
 CALL_ERRORS = (RpcTimeoutError, WorkerDiedError, SerializationError, UnknownWorkerError)
 
@@ -66,7 +67,8 @@ def show_in_cell(shell, etype, value, tb, tb_offset=None) -> list[str] | None:
     if not _REMOTE_TEXT.search(str(value)) or hasattr(value, "_render_traceback_"):
         return None
     stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
-    stb = [cell_frames(shell.compile.format_code_name, entry) for entry in stb if not _wrapper_frame(entry)]
+    stb = [cell_frames(shell.compile.format_code_name, entry) for entry in stb
+           if not _wrapper_frame(entry)]
     shell._showtraceback(etype, value, stb)
     return stb
 
@@ -84,30 +86,30 @@ def show_call_error(shell, etype, value, tb, tb_offset=None) -> list[str] | None
         stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
     finally:
         value.__cause__, value.__suppress_context__ = cause, suppress
-    stb = [entry for entry in stb if not _wrapper_frame(entry, _CALL_LAYERS)]
+    stb = [entry for entry in stb if not _wrapper_frame(entry)]
     shell._showtraceback(etype, value, stb)
     return stb
 
 
-def _wrapper_frame(entry: str, frames: re.Pattern = _WRAPPERS) -> bool:
-    """Whether ``entry`` (of IPython's structured traceback) is a frame of nbrpc's
-    wrappers (or of another file ``frames`` matches)."""
+def _wrapper_frame(entry: str) -> bool:
+    """Whether ``entry`` (of IPython's structured traceback) is a frame of nbrpc's call
+    wrappers or torch's RPC API."""
     first = _ANSI.sub("", entry).lstrip().split("\n", 1)[0]
-    return first.startswith("File ") and frames.search(first) is not None
+    return first.startswith("File ") and _CALL_LAYERS.search(first) is not None
 
 
 def cell_frames(cell_name, text: str) -> str:
     """``text`` with each ``File "...", line L`` of a cell that ``cell_name`` (IPython's
     ``format_code_name``) knows written as IPython writes a local frame, ``Cell In[N],
-    line L``, and without the frames of nbrpc's wrappers (a ``File`` line and the lines
-    indented under it)."""
+    line L``, and without the frames of nbrpc's wrappers and torch's RPC API (a ``File``
+    line and the lines indented under it) or the C++ stacks torch's callbacks add."""
     kept, skipping = [], None
-    for line in text.split("\n"):
+    for line in _CPP_STACK.sub("\n", text).split("\n"):
         indent = len(line) - len(line.lstrip())
         if skipping is not None and indent > skipping:
             continue
         frame = _REMOTE_FRAME.search(line)
-        skipping = indent if frame and _WRAPPERS.search(frame.group(1)) else None
+        skipping = indent if frame and _CALL_LAYERS.search(frame.group(1)) else None
         if skipping is None:
             kept.append(line)
     text = "\n".join(kept)
