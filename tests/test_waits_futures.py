@@ -242,3 +242,27 @@ def test_stacks_name_torchs_threads_by_what_they_serve(shell, busy_worker2, caps
     out = capsys.readouterr().out
     assert "\n  torch RPC thread 1, serving park\n" in out and "\n  thread Control\n" in out
     assert "thread thread" not in out
+
+
+def test_a_fetch_of_a_value_made_long_ago_waits_on_no_remote():
+    """``to_here`` names the ``remote`` that makes its value; once that is over (and gone
+    from the caller's table), the fetch waits on it no more: behind busy threads, it is
+    queued."""
+    from nbrpc.diagnostics import waits
+
+    now = 1000.0
+    served = [{"id": f"9-{i}", "function": "park", "thread": i, "since": now - 5} for i in range(THREADS)]
+    members = [
+        {"name": "master", "state": "running", "pool": THREADS, "report": {
+            "pid": 9, "main_thread": 1, "served": [], "awaited": [], "threads": [], "inline": 0,
+            "outgoing": [{"id": "9-n1", "callee": "worker2", "function": "to_here", "site": None,
+                          "thread": 1, "since": now - 2, "kind": "to_here", "on": "9-0-long-over"}]}},
+        {"name": "worker2", "state": "running", "pool": THREADS, "report": {
+            "pid": 8, "main_thread": 1, "served": served, "awaited": [], "threads": [], "inline": THREADS,
+            "outgoing": []}},
+    ]
+    snap = waits.snapshot(members, now=now)
+    fetch = next(c for c in snap["calls"] if c["function"] == "to_here")
+    assert fetch["state"] == "queued" and fetch["waits_on"] == []
+    assert [f["kind"] for f in snap["findings"]] == ["pool_exhausted"]
+    assert "1 call to worker2 (to_here) waits behind them" in snap["findings"][0]["message"]

@@ -98,6 +98,8 @@ class Graph:
     def _link(self) -> None:
         by_thread: dict[tuple[str, int], list[str]] = {}
         for call in self.calls.values():
+            # A to_here names the remote that makes its value; one over since is no wait.
+            call["waits_on"] = [c for c in call["waits_on"] if c in self.calls]
             if call["thread"] is not None:
                 by_thread.setdefault((call["caller"], call["thread"]), []).append(call["id"])
         for call in self.calls.values():
