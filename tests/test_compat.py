@@ -127,7 +127,7 @@ def test_jupyter_clients_private_name_adapts_the_protocol():
 def test_the_patch_points_exist_in_torch():
     for name in ("PICKLER", "UNPICKLER", "SERIALIZE", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
                  "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL",
-                 "AGENT_INIT", "AGENT_GROUP_MEMBERSHIP"):
+                 "AGENT_INIT", "AGENT_GROUP_MEMBERSHIP", "FUTURE_INIT"):
         for owner, attribute in getattr(torch_compat, name):
             assert hasattr(owner, attribute), (name, owner, attribute)
 

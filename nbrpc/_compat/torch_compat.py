@@ -184,14 +184,15 @@ ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
 # -- pickling and remote errors ----------------------------------------------------
 
 
-def remote_exception(error: Exception) -> RemoteException:
+def remote_exception(error: Exception, show: bool = True) -> RemoteException:
     """What torch's ``internal._run_function`` makes of an error a function raised while
-    serving a call: it prints the worker, the error and its traceback to stderr, and
-    returns a ``RemoteException`` that torch sends as the reply (the caller re-raises
-    it). Done by nbrpc inside the call, so that the print is the call's output; the
-    same text and reply as torch 2.11's to 2.15's."""
+    serving a call: it prints the worker, the error and its traceback to stderr (unless
+    not ``show``), and returns a ``RemoteException`` that torch sends as the reply (the
+    caller re-raises it). Done by nbrpc inside the call, so that the print is the call's
+    output; the same text and reply as torch 2.11's to 2.15's."""
     text = f"On {current_agent().get_worker_info()}:\n{error!r}\n{traceback.format_exc()}"
-    print(text, file=sys.stderr)
+    if show:
+        print(text, file=sys.stderr)
     return RemoteException(text, type(error))
 
 
@@ -238,8 +239,10 @@ def creation_future(rref) -> torch.futures.Future:
 
 def rref_type(rref) -> type:
     """``PyRRef._get_type``: the class of an RRef's value (asks the owner once);
-    known to work with torch 2.11 to 2.15."""
-    return rref._get_type(blocking=True)
+    known to work with torch 2.11 to 2.15. Asked first without blocking (an RRef's
+    proxy does), torch keeps and returns the future of the answer, not the class."""
+    found = rref._get_type(blocking=True)
+    return found.wait() if isinstance(found, torch._C.Future) else found
 
 
 # -- distributed autograd ----------------------------------------------------------
@@ -338,6 +341,8 @@ RREF_INIT = ((PyRRef, "__init__"),)
 RREF_TO_HERE = ((PyRRef, "to_here"),)
 COLLECT_ALL = ((torch._C, "_collect_all"),)
 BACKWARD = ((dist_autograd, "backward"),)
+# A Python-made Future's site (``recording.futures``): torch's own __init__ is Python.
+FUTURE_INIT = ((torch.futures.Future, "__init__"),)
 AGENT_INIT = ((TensorPipeAgent, "__init__"),)
 AGENT_GROUP_MEMBERSHIP = ((TensorPipeAgent, "_update_group_membership"),)
 

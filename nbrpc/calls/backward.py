@@ -3,17 +3,24 @@
 A recorded backward first asks every member to hook its send and recv functions of the
 context (``recording.gradients``), so that the gradients' messages show as calls; a
 hooks registered in ``AFTER_BACKWARD`` (the autograd recordings) runs once the pass is done.
+While it runs, a backward is a call in flight to each member its context reached.
 """
 
 from __future__ import annotations
 
+import torch.distributed.rpc as rpc
+
 from .._compat import torch_compat
 from .._util import Hooks
+from ..errors import RpcTimeoutError
 from ..recording import gradients, recorder
 from ..recording.pending import PENDING
+from . import stopping
 from .fanout import ask_members
 
 _torch_backward = torch_compat.backward
+# What a backward's calls in flight are named: the gradients it sends each member.
+GRADIENTS = "dist_autograd.backward"
 # ``hook(context_id, roots)`` after every backward in this process (the autograd recordings).
 AFTER_BACKWARD = Hooks()
 
@@ -26,11 +33,32 @@ def install() -> None:
 def backward(context_id: int, roots, retain_graph: bool = False) -> None:
     """``torch.distributed.autograd.backward``, watched by the recordings and in flight
     (its gradients go to every member of the context) while it runs."""
-    key = PENDING.calling(f"context {context_id}", "dist_autograd.backward", None, "backward")
+    keys = [PENDING.calling(member, GRADIENTS, None, "backward") for member in _reached(context_id)]
     try:
         _backward(context_id, roots, retain_graph)
+    except RuntimeError as e:
+        if not stopping.timed_out(e):
+            raise
+        why = next((text for text in map(PENDING.explained, keys) if text), "")
+        torch_said = str(e).split("\n\nAt:", 1)[0].strip()
+        raise RpcTimeoutError(f"dist_autograd.backward({context_id}) got no answer within "
+                              f"{rpc.get_rpc_timeout():g} s for its gradients{why}. "
+                              f"Torch said: {torch_said}") from e
     finally:
-        PENDING.answered(key)
+        for key in keys:
+            PENDING.answered(key)
+
+
+def _reached(context_id: int) -> list[str]:
+    """The members the context's gradients go to (the workers its forward reached),
+    each a call in flight while the backward runs: a member whose RPC threads are all
+    busy holds the gradient message, and so the backward."""
+    try:
+        agent = torch_compat.current_agent()
+        ids = torch_compat.known_worker_ids(torch_compat.retrieve_context(context_id))
+        return sorted(agent.get_worker_info(i).name for i in ids) or [f"context {context_id}"]
+    except Exception:  # torch's own backward says what is wrong with the context
+        return [f"context {context_id}"]
 
 
 def _backward(context_id: int, roots, retain_graph: bool) -> None:

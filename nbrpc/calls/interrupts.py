@@ -15,7 +15,10 @@ Parts:
   call's own calls first (on their members, the same way), then wakes the call's
   thread if it waits on one of them, else raises ``KeyboardInterrupt`` in it; and
   answers, after at most ``STOP_GRACE`` s, what became of the call: ``STOPPED``,
-  ``STILL_RUNNING`` or ``NOT_RUNNING``.
+  ``STILL_RUNNING``, ``NOT_RUNNING``, ``ENDED`` and the error it had ended with, or
+  ``UNSET`` (an ``Awaited`` call's future).
+- ``Awaited``: what the caller sends for an ``@async_execution`` function, whose future
+  not yet complete is kept in ``PENDING``.
 - ``send_stop``: the caller's side of it; a Future of that answer.
 
 An asynchronous exception lands at the next bytecode the thread runs: pure-Python
@@ -37,7 +40,8 @@ from collections.abc import Callable
 import torch
 
 from .._compat import torch_compat
-from ..recording import recorder
+from ..errors import RpcTimeoutError, WorkerDiedError
+from ..recording import functions, futures, recorder
 from ..recording.pending import PENDING
 from . import output, serving
 
@@ -45,6 +49,8 @@ from . import output, serving
 STOPPED = "stopped"  # the call ended after the stop
 STILL_RUNNING = "still running"  # it had not ended ``STOP_GRACE`` s after the stop
 NOT_RUNNING = "not running"  # it had ended already, or had not begun (it will not run)
+UNSET = "future unset"  # its @async_execution function's future was still not complete
+ENDED = "ended with "  # it had ended with this error (the rest of the answer) before the stop came
 # How long ``stop`` waits for a stopped call to end before it answers (seconds): after
 # the stop button, and after a timeout (whose error should not wait much longer).
 STOP_GRACE = 2.0
@@ -69,14 +75,18 @@ def new_call_id() -> str:
     return _ids.prefix + str(next(_ids.count))
 
 
+def sent_as(func: Callable) -> type | None:
+    """What carries ``func`` to its callee: ``Stoppable`` for a Python function torch
+    sends as such, ``Awaited`` for an ``@async_execution`` function, None for a builtin
+    operator or a TorchScript function (torch runs those itself)."""
+    if torch_compat.find_builtin(func) is not None or isinstance(func, torch.jit.ScriptFunction):
+        return None
+    return Awaited if hasattr(func, torch_compat.ASYNC_EXECUTION_MARK) else Stoppable
+
+
 def can_stop(func: Callable) -> bool:
-    """True for a Python function torch sends as such (not a builtin operator, a
-    TorchScript function or an ``@async_execution`` function, which it runs differently)."""
-    return (
-        torch_compat.find_builtin(func) is None
-        and not isinstance(func, torch.jit.ScriptFunction)
-        and not hasattr(func, torch_compat.ASYNC_EXECUTION_MARK)
-    )
+    """True for a Python function torch sends as such (see ``sent_as``)."""
+    return sent_as(func) is Stoppable
 
 
 class Served:
@@ -101,6 +111,14 @@ class _Registry:
         self.running: dict[str, Served] = {}
         self.by_thread: dict[int, Served] = {}
         self.stopped_early: set[str] = set()
+        # call id -> the error a call ended with, in one line: a stop that comes after
+        # it (its caller gave up as it failed) answers it, so the caller's error tells it.
+        self.endings: dict[str, str] = {}
+
+    def ended_with(self, call_id: str, error: BaseException) -> None:
+        if len(self.endings) >= EARLY_LIMIT:
+            self.endings.clear()
+        self.endings[call_id] = one_line(error)
 
     def reset(self) -> None:
         self.__init__()
@@ -136,7 +154,7 @@ class _Call(tuple):
         """Run the call on this thread; its value, or the ``RemoteException`` torch sends."""
         func, call_id, trace = self
         output.begin()
-        PENDING.serving(call_id, func)
+        PENDING.serving(call_id, functions.named(func, args, here=True))
         try:
             if trace is None:
                 return _run(func, call_id, args, kwargs)
@@ -152,7 +170,7 @@ class _Call(tuple):
         except Exception as e:
             # torch would print the error to stderr after this returns, when the call's
             # output has gone: its print and reply made here are part of the call.
-            return torch_compat.remote_exception(e)
+            return torch_compat.remote_exception(e, show=not passed_on(e))
         finally:
             PENDING.done(call_id)
             output.end()
@@ -171,6 +189,25 @@ class Stoppable(_Call):
         return serving.serve(self.serve, args, kwargs)
 
 
+class Awaited(_Call):
+    """What the caller sends for an ``@async_execution`` function. torch's thread runs it
+    as torch would; a future it returns that is not complete is in ``PENDING`` until it
+    completes, or its caller gives up (``stop``), so that one nobody completes is named
+    with where it was made."""
+
+    __slots__ = ()
+    _wrapped_async_rpc_function = True
+
+    def __call__(self, *args, **kwargs):
+        func, call_id, _ = self
+        torch_compat.keep_thread_state()
+        fut = func(*args, **kwargs)
+        if isinstance(fut, torch._C.Future) and not fut.done():
+            PENDING.awaiting(call_id, functions.named(func, args, here=True), futures.made_at(fut))
+            fut.add_done_callback(lambda _: PENDING.settled(call_id))
+        return fut
+
+
 def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):
     served = Served(call_id, threading.get_ident())
     try:
@@ -183,12 +220,34 @@ def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):
             _served.by_thread[served.thread] = served
         try:
             return func(*args, **kwargs)
+        except Exception as e:
+            _served.ended_with(call_id, e)
+            raise
         finally:
             _forget(served, outer)
     except KeyboardInterrupt:
         # A plain exception, so torch answers the (gone) caller as for any error.
-        raise RuntimeError(f"{_what(func)} was stopped: its caller was interrupted "
-                           "or gave up on it") from None
+        error = RuntimeError(f"{_what(func)} was stopped: its caller was interrupted or gave up on it")
+        error.stopped = True
+        raise error from None
+
+
+def passed_on(error: BaseException) -> bool:
+    """Whether ``error`` only passes on how a call ended elsewhere: a stop of this call
+    (its caller gave up), a nested call's timeout or its worker's death, or an error a
+    nested call raised (torch's text names where it arose). Where it arose said it, and
+    the caller's error tells the chain: it is not written out again here."""
+    return (getattr(error, "stopped", False) or isinstance(error, (RpcTimeoutError, WorkerDiedError))
+            or "On WorkerInfo(" in str(error))
+
+
+def one_line(error: BaseException) -> str:
+    """``error`` as its class and its message's first sentence (its advice left out)."""
+    lines = str(error).split("\n")
+    text = lines[1] if lines[0].startswith("On WorkerInfo(") and len(lines) > 1 else lines[0]
+    for advice in (". Pass timeout=", ". Start a new cluster", ". When it stopped:", ". Torch said:"):
+        text = text.split(advice, 1)[0]
+    return f"{type(error).__name__}: {text}"
 
 
 def _forget(served: Served, outer: Served | None) -> None:
@@ -268,9 +327,12 @@ def release(lock) -> None:
 
 
 def _stop(call_id: str, grace: float) -> str:
+    if PENDING.settled(call_id):  # its caller gave up on a future nobody completed
+        return UNSET
     served, nested = _stop_here(call_id)
     if served is None:
-        return NOT_RUNNING
+        ending = _served.endings.pop(call_id, None)
+        return NOT_RUNNING if ending is None else ENDED + ending
     answers = [send_stop(to, nested_id, grace) for nested_id, to in nested]
     for answer in answers:  # the nested calls end first: the waiting one wakes
         try:

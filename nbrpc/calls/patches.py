@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from ..recording import rref_ledger
+from ..recording import futures, rref_ledger
 from ..wire import remote_errors, serialization
 from . import agent_devices, backward, wrappers
 
 
 def install(track: bool = True) -> None:
     """nbrpc's pickler, call wrappers, remote errors, the backward that recordings
-    watch, what follows the agent's devices, and the RRef ledger's hooks when ``track``. Before a member's agent starts
-    (torch's C++ side looks some of these up once); idempotent."""
+    watch, what follows the agent's devices, where each Future was made, and the RRef
+    ledger's hooks when ``track``. Before a member's agent starts (torch's C++ side
+    looks some of these up once); idempotent."""
     serialization.install()
     wrappers.install()
     remote_errors.install()
     backward.install()
     agent_devices.install()
     rref_ledger.hook(track)
+    futures.hook()

@@ -17,6 +17,8 @@ from . import interrupts
 
 # A stop was asked, and its answer did not come.
 NO_ANSWER = "no answer"
+# A stop was asked and not waited for (a nested call's: its caller's stop waits for it).
+ASKED = "asked"
 
 
 def stopped(to, label: str, call_id: str | None, why: str = "") -> KeyboardInterrupt:
@@ -41,10 +43,17 @@ def outcome_text(outcome: str | None, name: str) -> str:
     asked, or its answer is not known here)."""
     if outcome is None:
         return "it may still be running there"
+    if outcome == ASKED:
+        return f"nbrpc asked {name!r} to stop it"
     if outcome == interrupts.STOPPED:
         return f"nbrpc stopped it on {name!r}"
+    if outcome == interrupts.UNSET:
+        return (f"the future its @async_execution function returned on {name!r} was still "
+                "not set; nbrpc stopped waiting on it")
     if outcome == interrupts.NOT_RUNNING:
-        return f"it was not running on {name!r} (it had ended, or will not begin)"
+        return f"it was not running on {name!r} when nbrpc went to stop it (it had ended, or will not begin)"
+    if outcome.startswith(interrupts.ENDED):
+        return f"it had ended on {name!r} when nbrpc went to stop it, with {outcome[len(interrupts.ENDED):]}"
     if outcome == interrupts.STILL_RUNNING:
         return (f"{name!r} was asked to stop it but it still runs there: a long C call (one "
                 "big time.sleep, a lock's acquire without a timeout) stops only when it returns")
@@ -62,7 +71,7 @@ def stop_on_timeout(error: Exception, to, call_id: str | None) -> str | None:
         return None
     stopping = interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
     if interrupts.served_here() is not None:
-        return None  # a nested call: see stopped
+        return ASKED  # a nested call: see stopped
     return interrupts.stop_outcome(stopping, interrupts.TIMEOUT_STOP_GRACE + 1.0) or NO_ANSWER
 
 

@@ -39,7 +39,7 @@ from ..errors import (
     UnknownWorkerError,
     WorkerDiedError,
 )
-from ..recording import pending, rref_ledger
+from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
 from . import agent_devices, caller_half, destinations, fetch_threads, interrupts, output, stopping
@@ -98,16 +98,17 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     record = caller_half.record("rpc_sync", to, func)
     fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
-    key, served = PENDING.calling(to, func, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
+    what = functions.named(func, args)  # an RRef proxy's call: by its method
+    key, served = PENDING.calling(to, what, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
     try:
         _wait(fut, to, served)
         value = fut.wait()
     except RuntimeError as e:
         stop = stopping.stop_on_timeout(e, to, call_id)
-        _raise_named(e, to, _label("rpc_sync", to, func), timeout, record.answered, key, stop)
+        _raise_named(e, to, _label("rpc_sync", to, what), timeout, record.answered, key, stop)
     except KeyboardInterrupt as e:
         record.failed(e)
-        raise _stopped(to, _label("rpc_sync", to, func), call_id, key) from None
+        raise _stopped(to, _label("rpc_sync", to, what), call_id, key) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         record.answered(e)
         raise
@@ -124,8 +125,9 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     record = caller_half.record("rpc_async", to, func)
     fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                          func, args, record, replies=True)
-    key = PENDING.calling(to, func, call_id, "rpc_async")
-    named = NamedFuture(fut, (to, func, timeout, call_id), record, key)
+    what = functions.named(func, args)  # an RRef proxy's call: by its method
+    key = PENDING.calling(to, what, call_id, "rpc_async")
+    named = NamedFuture(fut, (to, what, timeout, call_id), record, key)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
     return named
@@ -203,15 +205,16 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     record = caller_half.record("remote", to, func)
     # In flight from before it is sent: what runs between a remote and the to_here after
     # it delays the fetch (see ``Pending.remote_sending``).
-    call_id = interrupts.new_call_id() if interrupts.can_stop(func) else None
+    call_id = interrupts.new_call_id() if interrupts.sent_as(func) is not None else None
     site = pending.call_site(1)  # for the calls in flight and the RRef ledger
-    key = PENDING.remote_sending(to, func, call_id, site)
+    what = functions.named(func, args)  # an RRef proxy's call: by its method
+    key = PENDING.remote_sending(to, what, call_id, site)
     try:
         rref, _ = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, args, record,
                         replies=False, call_id=call_id)
     except RuntimeError as e:
         PENDING.answered(key)
-        _raise_named(e, to, _label("remote", to, func), timeout, record.named)
+        _raise_named(e, to, _label("remote", to, what), timeout, record.named)
     except BaseException:
         PENDING.answered(key)
         raise
@@ -288,16 +291,18 @@ def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unreco
 def _send(send: Callable, func, args, record: caller_half.Record | caller_half.Unrecorded, replies: bool,
           call_id: str | None = None):
     """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
-    ``Stoppable`` with a new call id (or ``call_id``, given only for a function that can
-    be stopped), so that an interrupt can stop it (a recorded call's carries the record's
-    id, and whether its reply is pickled: ``replies``). Returns what ``send`` returned
-    and the call id (None: cannot be stopped); the record learns what was sent, and a
-    failure to send."""
+    ``Stoppable`` (an ``@async_execution`` one as an ``Awaited``) with a new call id (or
+    ``call_id``, given only for such a function), so that an interrupt can stop it (a
+    recorded call's carries the record's id, and whether its reply is pickled:
+    ``replies``). Returns what ``send`` returned and the call id (None: cannot be
+    stopped); the record learns what was sent, and a failure to send."""
     output.before_call()
     try:
-        if call_id is None and not interrupts.can_stop(func):
+        carrier = interrupts.sent_as(func)
+        if carrier is None:
             return send(func), None
-        stoppable = interrupts.Stoppable((func, call_id or interrupts.new_call_id(), record.trace(replies)))
+        trace = record.trace(replies) if carrier is interrupts.Stoppable else None
+        stoppable = carrier((func, call_id or interrupts.new_call_id(), trace))
         try:
             return send(stoppable), stoppable.call_id
         except SerializationError:
@@ -324,7 +329,7 @@ def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Call
 
 def _label(how: str, to, func) -> str:
     name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    return f"{how}({name!r}, {getattr(func, '__qualname__', repr(func))})"
+    return f"{how}({name!r}, {pending.function_name(func)})"
 
 
 def _wait(fut, to, served: interrupts.Served | None = None) -> None:

@@ -52,7 +52,7 @@ class Queries:
         members = []
         if names is None or self.driver_name in names:
             members.append({"name": self.driver_name, "state": "running", "pool": self.threads,
-                            "report": waits_mod.member_report(self.driver_name, cells)})
+                            "report": waits_mod.member_report(self.driver_name, cells, files=True)})
         chosen = [w for w in workers if names is None or w.name in names]
         answers = self._probes.ask(chosen)
         for w in chosen:

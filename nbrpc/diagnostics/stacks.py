@@ -59,10 +59,13 @@ def own(filename: str) -> bool:
 
 
 def local_threads(cells: Cells | None = None) -> list[dict]:
-    """Every thread of this process with its frames, outermost first."""
-    names = {t.ident: t.name for t in threading.enumerate()}
+    """Every thread of this process with its frames, outermost first. A thread started
+    by Python has its own name; one of torch's (its RPC threads, which run the calls'
+    functions) has none there, and is named "torch RPC thread N" (``"torch": True``)."""
+    names = {t.ident: t.name for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
     threads = []
-    for ident, frame in sys._current_frames().items():
+    unnamed = 0
+    for ident, frame in sorted(sys._current_frames().items()):
         frames = []
         while frame is not None and len(frames) < MAX_FRAMES:
             code = frame.f_code
@@ -75,7 +78,12 @@ def local_threads(cells: Cells | None = None) -> list[dict]:
             frames.append(entry)
             frame = frame.f_back
         frames.reverse()
-        threads.append({"id": ident, "name": names.get(ident, f"thread {ident}"), "frames": frames})
+        name = names.get(ident)
+        thread = {"id": ident, "name": name, "frames": frames}
+        if name is None:
+            unnamed += 1
+            thread.update(name=f"torch RPC thread {unnamed}", torch=True)
+        threads.append(thread)
     return threads
 
 
@@ -160,7 +168,8 @@ def format_stacks(stacks: dict) -> str:
         lines.append(head)
         for thread in member["threads"]:
             serving = f", serving {thread['serving']}" if thread.get("serving") else ""
-            lines.append(f"  thread {thread['name']}{serving}")
+            name = thread["name"] if thread.get("torch") else f"thread {thread['name']}"
+            lines.append(f"  {name}{serving}")
             for frame in fold(thread["frames"]):
                 if "folded" in frame:
                     lines.append(f"    ... {frame['folded']} nbrpc/torch/library frame{'s' * (frame['folded'] > 1)}")

@@ -8,18 +8,22 @@ Parts:
 - ``snapshot``: every member's report joined (pure): calls with their state
   (queued, running, waiting), what each waits on, where a blocked one is blocked,
   and ``findings``: ``cycle``, ``pool_exhausted``, ``blocked``, ``waits_on_caller``,
-  ``dead_member``, each with a message that says what is stuck, where, and what to do.
+  ``dead_member``, ``unset_future``, each with a message that says what is stuck,
+  where, and what to do.
 - ``explain``: one call's chain in words, for a timeout's or an interrupt's error.
 
 A call is stuck when the end of its chain is queued behind busy RPC threads, blocked
-on a lock, condition, event, queue or future, or sent to a member that is gone or
-frozen, for at least ``STUCK`` seconds; a call that only runs long is never a finding.
+on a lock, condition, event, queue or future, waits on an ``@async_execution``
+function's future that nothing left running could complete, or was sent to a member
+that is gone or frozen, for at least ``STUCK`` seconds; a call that only runs long is
+never a finding.
 """
 
 from __future__ import annotations
 
 import time
 
+from ..calls import serving
 from ..recording.pending import PENDING
 from . import stacks as stacks_mod
 
@@ -27,12 +31,17 @@ from . import stacks as stacks_mod
 STUCK = 1.0
 
 
-def member_report(name: str, cells: stacks_mod.Cells | None = None) -> dict:
-    """This member's pending calls and the stacks of its threads (plain data)."""
+def member_report(name: str, cells: stacks_mod.Cells | None = None, files: bool = False) -> dict:
+    """This member's pending calls and the stacks of its threads (plain data); with
+    ``files`` (the driver's own, read in process), its cells' file names too, which name
+    where notebook code run elsewhere made something (an unset future)."""
     report = PENDING.report()
+    if files and cells is not None:
+        report["cells"] = dict(cells.numbers)
     report["name"] = name
     report["threads"] = stacks_mod.local_threads(cells)
     report["time"] = time.time()
+    report["inline"] = serving.pool.inline  # calls whose function runs on one of torch's threads
     return report
 
 
@@ -45,13 +54,18 @@ class Graph:
         self.by_pid = {m["report"]["pid"]: m["name"] for m in members if m.get("report")}
         self.calls: dict[str, dict] = {}
         self.served: dict[str, tuple[str, dict]] = {}  # call id -> (member, served entry)
+        self.awaited: dict[str, tuple[str, dict]] = {}  # call id -> (member, its future's entry)
         self.frames: dict[tuple[str, int], list] = {}  # (member, thread) -> frames
+        self.cells = stacks_mod.Cells()  # the driver's cells, for sites on no stack
         for m in members:
             report = m.get("report") or {}
+            self.cells.numbers.update(report.get("cells", {}))
             for thread in report.get("threads", []):
                 self.frames[(m["name"], thread["id"])] = thread["frames"]
             for entry in report.get("served", []):
                 self.served[entry["id"]] = (m["name"], entry)
+            for entry in report.get("awaited", []):
+                self.awaited[entry["id"]] = (m["name"], entry)
         for m in members:
             for entry in (m.get("report") or {}).get("outgoing", []):
                 self.calls[entry["id"]] = self._call(m["name"], entry)
@@ -79,11 +93,13 @@ class Graph:
             for frame in frames:
                 if frame["file"] == file and "cell" in frame:
                     return frame["cell"].rsplit(", line ", 1)[0] + f", line {line}"
-        return f"{file.rsplit('/', 1)[-1]}, line {line}"
+        return self.cells.label(file, line) or f"{file.rsplit('/', 1)[-1]}, line {line}"
 
     def _link(self) -> None:
         by_thread: dict[tuple[str, int], list[str]] = {}
         for call in self.calls.values():
+            # A to_here names the remote that makes its value; one over since is no wait.
+            call["waits_on"] = [c for c in call["waits_on"] if c in self.calls]
             if call["thread"] is not None:
                 by_thread.setdefault((call["caller"], call["thread"]), []).append(call["id"])
         for call in self.calls.values():
@@ -123,11 +139,16 @@ class Graph:
                     blocked = stacks_mod.blocked_at(frames)
                     if blocked is not None:
                         call["blocked_at"] = blocked
+            elif call["id"] in self.awaited:
+                member, entry = self.awaited[call["id"]]
+                call["future"] = {"made": self.label(member, entry["made"]), "since": entry["since"]}
+                call["state"] = "waiting"
             elif call["waits_on"]:
                 call["state"] = "waiting"
-            elif "-n" not in call["id"] and call["kind"] != "abandoned" \
-                    and self.now - call["since"] > STUCK / 2 and self.full(call["callee"]):
-                # Sent as a Python function, not begun there, every RPC thread busy.
+            elif call["kind"] != "abandoned" and self.now - call["since"] > STUCK / 2 \
+                    and self.full(call["callee"]):
+                # Not begun there (a Python function's would be served), or a message
+                # torch serves itself (a fetch, a gradient): every RPC thread is busy.
                 call["state"] = "queued"
 
     def stuck(self, call: dict) -> str | None:
@@ -139,6 +160,8 @@ class Graph:
             return None
         if call["state"] == "queued":
             return "queued"
+        if call.get("future") and self.now - call["future"]["since"] >= STUCK and self.idle(call["callee"]):
+            return "unset_future"
         if call.get("blocked_at") and self.now - call.get("served_since", self.now) >= STUCK:
             return "blocked"
         return None
@@ -163,13 +186,22 @@ class Graph:
                 walk([call])
         return out
 
+    def idle(self, name: str) -> bool:
+        """Whether member ``name`` runs no call and waits on none (nothing there runs
+        that could complete a future)."""
+        return (not any(member == name for member, _ in self.served.values())
+                and not any(c["caller"] == name for c in self.calls.values()))
+
     def gone(self) -> set[str]:
         """Members that are gone or frozen."""
         return {n for n, m in self.members.items() if m.get("state", "running") != "running"}
 
     def full(self, name: str) -> bool:
+        """Whether every one of torch's RPC threads of ``name`` runs a call's function
+        (calls nbrpc handed to threads of its own take none)."""
         pool = self.threads_of(name)
-        return pool is not None and self.busy(name) >= pool
+        report = self.members.get(name, {}).get("report") or {}
+        return pool is not None and report.get("inline", self.busy(name)) >= pool
 
     def threads_of(self, name: str) -> int | None:
         return self.members.get(name, {}).get("pool")
@@ -180,6 +212,12 @@ class Graph:
 
 def snapshot(members: list[dict], now: float | None = None) -> dict:
     """The waits snapshot (its shape: docs/guide/hangs.md) from every member's probe.
+
+    Beyond DESIGN.md's fields, a call may carry ``at`` (where its function runs now) and
+    ``future`` (``{"made": "cell N, line L" or None, "since"}``: its ``@async_execution``
+    function returned that future, not complete yet); a finding's ``kind`` may also be
+    ``unset_future``: the chain ends at such a future, unset for ``STUCK`` s, on a member
+    that runs and waits on nothing that could complete it.
 
     ``members``: ``{"name", "state": running|gone|frozen, "why"?, "pool": RPC threads,
     "report": member_report() or None}``.
@@ -198,6 +236,8 @@ def snapshot_of(graph: Graph) -> dict:
             out["blocked_at"] = call["blocked_at"]
         if call.get("at"):
             out["at"] = call["at"]
+        if call.get("future"):
+            out["future"] = call["future"]
         calls.append(out)
     summary = [{"name": m["name"], "threads": m.get("pool"), "busy": graph.busy(m["name"]),
                 "state": m.get("state", "running")} for m in members]
@@ -233,6 +273,12 @@ def _finding(graph: Graph, path: list[dict]) -> dict | None:
         return {"kind": "dead_member", "members": members, "calls": ids,
                 "message": f"{chain} ({what}): it answers nothing. Interrupt the cell; start a new "
                            f"cluster (%rpc_shutdown, then %rpc_init) to get {leaf['callee']} back"}
+    if why == "unset_future":
+        return {"kind": "unset_future", "members": members, "calls": ids,
+                "message": f"{chain}. Its reply leaves only when that future completes, and nothing "
+                           f"runs on {leaf['callee']} that could complete it. Call set_result (or "
+                           "set_exception) on it on every path: where the batch it waits for fills, "
+                           "or in a callback chained with then() on the work it waits for"}
     if back and leaf["callee"] == root_caller and _from_cell(graph, path[0]):
         return {"kind": "waits_on_caller", "members": members, "calls": ids,
                 "message": f"{chain}. {root_caller} waits on a call whose callee waits on "
@@ -327,6 +373,10 @@ def describe(graph: Graph, path: list[dict], head: bool = True) -> str:
         parts.append(f"queued: {of}{leaf['callee']}'s RPC threads are busy")
     elif why in ("gone", "frozen"):
         parts.append(f"but {leaf['callee']} is {why}")
+    elif why == "unset_future":
+        made = leaf["future"]["made"]
+        parts.append("whose @async_execution function returned a future that nobody has set"
+                     + (f" (made at {made})" if made else ""))
     return (lead + ", ".join(parts)) if parts else lead.rstrip(":, ")
 
 

@@ -7,7 +7,9 @@ saying to run ``%rpc_init`` first. An error raised on a worker carries the worke
 traceback as text (torch sends it so); a frame of that text in one of this kernel's
 cells reads ``Cell In[N], line L`` there, as IPython names local frames, and nbrpc's
 own call wrappers leave the local part (``remote_errors.show_in_cell``, which a worker's
-kernel uses too, for its own cells). Every other error shows as it would have (its
+kernel uses too, for its own cells). An error of nbrpc's call wrappers (a timeout, a
+worker's death) shows as the cell's frames and its message, which says it all
+(``remote_errors.show_call_error``). Every other error shows as it would have (its
 own ``_render_traceback_``, or IPython's traceback).
 """
 
@@ -43,7 +45,9 @@ class RpcAdvice:
             line = f"\x1b[31mRuntimeError\x1b[0m: {RUN_RPC_INIT}"
             shell._showtraceback(etype, RuntimeError(RUN_RPC_INIT), [line])
             return [line]
-        stb = remote_errors.show_in_cell(shell, etype, value, tb, tb_offset)
+        stb = remote_errors.show_call_error(shell, etype, value, tb, tb_offset)
+        if stb is None:
+            stb = remote_errors.show_in_cell(shell, etype, value, tb, tb_offset)
         if stb is not None:
             return stb
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)

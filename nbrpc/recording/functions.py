@@ -76,6 +76,23 @@ def _internal(module: str) -> str | None:
 
 
 
+_LOCAL_INVOKE, _LOCAL_INVOKE_ASYNC = RREF_HELPERS
+
+
+def named(func, args, here: bool = False):
+    """``func``, or for torch's helper behind an RRef's proxy (``rref.rpc_sync().take()``
+    sends ``_local_invoke``) the method it calls, as "Box.take" (``here``: on the RRef's
+    owner). Two identity checks on an ordinary call."""
+    if func is not _LOCAL_INVOKE and func is not _LOCAL_INVOKE_ASYNC or not args:
+        return func
+    if not here:
+        return helper_name(args[0], args[1])
+    try:
+        return f"{type(args[0].local_value()).__qualname__}.{args[1]}"
+    except Exception:
+        return f"RRef.{args[1]}"
+
+
 def helper_name(rref, method: str) -> str:
     try:
         return f"{torch_compat.rref_type(rref).__qualname__}.{method}"

@@ -5,8 +5,10 @@ Parts:
 - ``Pending``: one per process (``PENDING``). The calls layer tells it of every call
   this member makes (``calling`` when it is sent, ``answered`` when its reply came or
   its caller gave up) and every call it serves (``serving``, ``served``:
-  ``interrupts.Stoppable`` runs each Python function a caller sends). ``report`` copies
-  both for ``diagnostics.waits``, which joins every member's copy into a wait-for graph.
+  ``interrupts.Stoppable`` runs each Python function a caller sends), and every call
+  whose ``@async_execution`` function returned a future not yet complete (``awaiting``,
+  ``settled``: ``interrupts.Awaited``). ``report`` copies them for ``diagnostics.waits``,
+  which joins every member's copy into a wait-for graph.
 - ``call_site``: the frame that made a call, outside nbrpc's and torch's own modules:
   a notebook cell's file and line.
 
@@ -41,6 +43,9 @@ OWN_FOLDERS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 ID, CALLEE, FUNCTION, SITE, THREAD, SINCE, KIND, ON = range(8)
 # The slots of a served entry: call id, what runs, thread ident, since.
 S_ID, S_FUNCTION, S_THREAD, S_SINCE = range(4)
+# The slots of an awaited entry: call id, the @async_execution function, where its
+# future was made ((code, offset) or None), since it returned that future unset.
+A_ID, A_FUNCTION, A_MADE, A_SINCE = range(4)
 
 
 def call_site(depth: int = 2) -> tuple[str, int] | None:
@@ -87,6 +92,8 @@ class Pending:
         """Forget every call (a new member, after a fork)."""
         self.outgoing: dict[str, tuple] = {}
         self.served: dict[str, tuple] = {}
+        # Calls whose @async_execution function returned a future not yet complete.
+        self.awaited: dict[str, tuple] = {}
         # id(PyRRef) -> the call id of the remote() that makes its value.
         self.rrefs: dict[int, str] = {}
         # call id -> (weak reference to its PyRRef, its id()) of each remote() in ``outgoing``.
@@ -127,6 +134,15 @@ class Pending:
 
     def done(self, call_id: str) -> None:
         self.served.pop(call_id, None)
+
+    def awaiting(self, call_id: str, func, made: tuple | None) -> None:
+        """Call ``call_id``'s ``@async_execution`` function returned a future that is not
+        complete (made at ``made``): its reply leaves when the future completes."""
+        self.awaited[call_id] = (call_id, func, made, time.time())
+
+    def settled(self, call_id: str) -> bool:
+        """Call ``call_id``'s future completed (or its caller gave up); False if unknown."""
+        return self.awaited.pop(call_id, None) is not None
 
     def remote_sending(self, callee, func, call_id: str | None, site: tuple | None) -> str:
         """A ``remote`` is about to be sent; returns its key for ``remote_made`` (or
@@ -191,8 +207,13 @@ class Pending:
              "since": e[S_SINCE]}
             for e in self.served.copy().values()
         ]
+        awaited = []
+        for e in self.awaited.copy().values():
+            made = site_line(e[A_MADE])
+            awaited.append({"id": e[A_ID], "function": function_name(e[A_FUNCTION]),
+                            "made": list(made) if made else None, "since": e[A_SINCE]})
         return {"pid": os.getpid(), "main_thread": threading.main_thread().ident,
-                "outgoing": outgoing, "served": served}
+                "outgoing": outgoing, "served": served, "awaited": awaited}
 
     def explain(self, key: str) -> str:
         """What call ``key`` waits on, in words, from the registered explainers ("" if none)."""

@@ -7,10 +7,12 @@ for a moment; ``original`` finds it again from the ``RuntimeError``'s text, so t
 caller's wrappers (``calls``) raise the exception itself, of the caller's own class
 (a class defined in a cell comes home as the notebook's class, see ``definitions``).
 
-``show_in_cell`` shows such an error in a kernel's cell: the remote traceback's frames of
-that kernel's cells read ``Cell In[N], line L``, as IPython names local frames, and
-nbrpc's call wrappers are left out. It takes the kernel's shell as it is (it imports no
-IPython): the notebook's extension calls it, and a worker's kernel, for its own cells.
+``show_call_error`` shows an error of nbrpc's call wrappers (a timeout, a worker's
+death) as the cell's frames and its one message. ``show_in_cell`` shows a remote error
+in a kernel's cell: the remote traceback's frames of that kernel's cells read ``Cell
+In[N], line L``, as IPython names local frames, and nbrpc's call wrappers are left out.
+Both take the kernel's shell as it is (they import no IPython): the notebook's
+extension calls them, and a worker's kernel calls ``show_in_cell`` for its own cells.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 import threading
 
 from .._compat import torch_compat
+from ..errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError
 
 _torch_handle_exception = torch_compat.handle_exception
 _KEPT = 256  # exceptions re-created but not yet claimed by a waiting call
@@ -48,9 +51,14 @@ def _handle_exception(result):
 _REMOTE_FRAME = re.compile(r'File "([^"\n]+)", line (\d+)')
 # torch's text of a remote error (``torch_compat.remote_exception``), after the class name.
 _REMOTE_TEXT = re.compile(r"On WorkerInfo\(id=\d+, name=[^)\n]*\):\n")
-# nbrpc's call wrappers (here and in the worker's text): their frames say nothing of the user's code.
-_WRAPPERS = re.compile(r"[/\\]nbrpc[/\\]calls[/\\]\w+\.py")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# nbrpc's call wrappers and torch's RPC API around them: between a cell's call and the error.
+_CALL_LAYERS = re.compile(r"[/\\](?:nbrpc[/\\]calls|torch[/\\]distributed[/\\]rpc)[/\\]\w+\.py")
+# The C++ stack pybind adds to an error that passed through torch's callbacks ("At:" and
+# a line per frame): torch's and nbrpc's handlers, nothing of the user's code.
+_CPP_STACK = re.compile(r"\n+At:\n(?:  [^\n]*(?:\n|$))+")
+# The errors nbrpc's call wrappers raise: each message says it all.
+CALL_ERRORS = (RpcTimeoutError, WorkerDiedError, SerializationError, UnknownWorkerError)
 
 
 def show_in_cell(shell, etype, value, tb, tb_offset=None) -> list[str] | None:
@@ -59,29 +67,49 @@ def show_in_cell(shell, etype, value, tb, tb_offset=None) -> list[str] | None:
     if not _REMOTE_TEXT.search(str(value)) or hasattr(value, "_render_traceback_"):
         return None
     stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
-    stb = [cell_frames(shell.compile.format_code_name, entry) for entry in stb if not _wrapper_frame(entry)]
+    stb = [cell_frames(shell.compile.format_code_name, entry) for entry in stb
+           if not _wrapper_frame(entry)]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def show_call_error(shell, etype, value, tb, tb_offset=None) -> list[str] | None:
+    """Show ``value``, an error of nbrpc's call wrappers (a timeout, a worker's death),
+    in ``shell``'s cell as the cell's frames and its message, and return the lines shown;
+    None (nothing shown) if it is not one. Left out: the frames of nbrpc's wrappers and
+    torch's RPC API, and torch's error it was made from (its message quotes it)."""
+    if not isinstance(value, CALL_ERRORS):
+        return None
+    cause, suppress = value.__cause__, value.__suppress_context__
+    value.__cause__, value.__suppress_context__ = None, True
+    try:
+        stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    finally:
+        value.__cause__, value.__suppress_context__ = cause, suppress
+    stb = [entry for entry in stb if not _wrapper_frame(entry)]
     shell._showtraceback(etype, value, stb)
     return stb
 
 
 def _wrapper_frame(entry: str) -> bool:
-    """Whether ``entry`` (of IPython's structured traceback) is a frame of nbrpc's wrappers."""
+    """Whether ``entry`` (of IPython's structured traceback) is a frame of nbrpc's call
+    wrappers or torch's RPC API."""
     first = _ANSI.sub("", entry).lstrip().split("\n", 1)[0]
-    return first.startswith("File ") and _WRAPPERS.search(first) is not None
+    return first.startswith("File ") and _CALL_LAYERS.search(first) is not None
 
 
 def cell_frames(cell_name, text: str) -> str:
     """``text`` with each ``File "...", line L`` of a cell that ``cell_name`` (IPython's
     ``format_code_name``) knows written as IPython writes a local frame, ``Cell In[N],
-    line L``, and without the frames of nbrpc's wrappers (a ``File`` line and the lines
-    indented under it)."""
+    line L``, and without the frames of nbrpc's wrappers and torch's RPC API (a ``File``
+    line and the lines indented under it) or the C++ stacks torch's callbacks add."""
     kept, skipping = [], None
-    for line in text.split("\n"):
+    for line in _CPP_STACK.sub("\n", text).split("\n"):
         indent = len(line) - len(line.lstrip())
         if skipping is not None and indent > skipping:
             continue
         frame = _REMOTE_FRAME.search(line)
-        skipping = indent if frame and _WRAPPERS.search(frame.group(1)) else None
+        skipping = indent if frame and _CALL_LAYERS.search(frame.group(1)) else None
         if skipping is None:
             kept.append(line)
     text = "\n".join(kept)
