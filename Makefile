@@ -9,7 +9,9 @@ READY := $(VENV)/.nbrpc-installed
 
 .PHONY: demo test test-fast bench lint lab conformance clean
 
-$(READY): pyproject.toml
+# Installing builds the JupyterLab extension (labextension/, with jlpm): Node.js is needed here.
+$(READY): pyproject.toml labextension/package.json labextension/yarn.lock
+	command -v node >/dev/null || bash .ci/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e ".[test,tutorials]"

@@ -30,7 +30,7 @@ LAYERS = [
     ("diagnostics", {"diagnostics"}),
     ("deploy", {"deploy"}),
     ("member", {"member"}),
-    ("front ends", {"kernel_ext", "widgets", "lab", "cli", "__init__"}),
+    ("front ends", {"kernel_ext", "widgets", "lab", "server", "cli", "__init__"}),
 ]
 PACKAGE = Path(nbrpc.__file__).parent
 RUNTIME = ("_compat", "recording", "wire", "calls", "group", "drawing", "diagnostics", "deploy", "member", "lab")

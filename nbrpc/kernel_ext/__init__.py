@@ -5,6 +5,7 @@
 _cell_outputs: dict = {}
 _hang_watches: dict = {}
 _advice: dict = {}
+_panels: dict = {}
 
 
 def load_ipython_extension(ipython):
@@ -13,6 +14,7 @@ def load_ipython_extension(ipython):
     from .display import CellOutput
     from .hangs import HangWatch
     from .magics import RpcMagics
+    from .panel import Panel
 
     ipython.register_magics(RpcMagics)
     # torch's "Call init_rpc first" becomes one line that says to run %rpc_init.
@@ -25,6 +27,10 @@ def load_ipython_extension(ipython):
     # A cell stuck on the cluster says on what, by itself.
     _hang_watches[id(ipython)] = watch = HangWatch()
     watch.register(ipython)
+    # JupyterLab's side panel asks this kernel about its cluster on the control channel.
+    if id(ipython) not in _panels:
+        _panels[id(ipython)] = panel = Panel()
+        panel.register(ipython)
     if template.enabled():
         # A notebook that loads nbrpc runs %rpc_init next: the warm template imports
         # torch and ipykernel while the person types, and the first cluster forks from it.
@@ -55,3 +61,6 @@ def unload_ipython_extension(ipython):
     watch = _hang_watches.pop(id(ipython), None)
     if watch is not None:
         watch.unregister(ipython)
+    panel = _panels.pop(id(ipython), None)
+    if panel is not None:
+        panel.unregister(ipython)
