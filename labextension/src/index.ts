@@ -50,6 +50,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           const widget = openView(kernelId, v.name, v.label, wheres.get(kernelId) || kernelId.slice(0, 8));
           open.set(key, widget);
           app.shell.add(widget, 'main', { mode: 'split-right' });
+          app.shell.activateById(widget.id);
           return widget;
         }
       });

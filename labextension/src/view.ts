@@ -29,8 +29,12 @@ class ViewContent extends Widget {
     this.node.append(this.summary, this.host);
   }
 
+  protected onAfterAttach(msg: Message): void {
+    void this.refresh();
+  }
+
   protected onAfterShow(msg: Message): void {
-    this.refresh();
+    void this.refresh();
   }
 
   protected onBeforeHide(msg: Message): void {

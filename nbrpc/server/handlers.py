@@ -6,7 +6,8 @@ authentication (a token or a login) and, for a POST, its XSRF check.
 - ``POST nbrpc/clusters/<kernel_id>/interrupt``: stop the stuck call (what the stop
   button does: interrupt the kernel).
 
-A kernel that this server's kernel manager does not own, or that runs no cluster, is 404.
+A kernel that this server's kernel manager does not own is 404; a view of a kernel of this
+server that runs no cluster (any more) answers ``{"ended": true}``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from .drivers import Drivers
+from .drivers import REQUEST, Drivers
 
 KERNEL = r"(?P<kernel_id>[0-9a-f-]{1,64})"
 VIEW = r"(?P<view>[a-z]{1,16})"
@@ -44,10 +45,12 @@ class ClustersHandler(_Handler):
 class ViewHandler(_Handler):
     @tornado.web.authenticated
     async def get(self, kernel_id: str, view: str):
-        answer = await self.drivers.view(kernel_id, view)
-        if answer is None:
+        if self.drivers.owned(kernel_id) is None:
             self._no_cluster(kernel_id)
-        self.finish(json.dumps(answer))
+        answer = await self.drivers.view(kernel_id, view)
+        # A view of a cluster that ended says so (and stops asking).
+        self.finish(json.dumps(answer if answer is not None else {"ended": True, "html": "",
+                                                                   "summary": "the cluster has ended"}))
 
 
 class InterruptHandler(_Handler):
@@ -59,7 +62,21 @@ class InterruptHandler(_Handler):
         self.finish(json.dumps({"interrupted": kernel_id}))
 
 
+def untrack_requests(server_app) -> None:
+    """ipykernel says busy and idle on IOPub around every control request, ours too; a
+    message type the kernel manager does not track leaves a kernel's state (and JupyterLab's
+    busy indicator, which reads the same list) to its cells."""
+    manager = server_app.kernel_manager
+    untracked = list(getattr(manager, "untracked_message_types", None) or [])
+    if REQUEST not in untracked:
+        manager.untracked_message_types = [*untracked, REQUEST]
+    page = server_app.web_app.settings.setdefault("page_config_data", {})
+    if REQUEST not in page.get("untracked_message_types", [REQUEST]):
+        page["untracked_message_types"] = [*page["untracked_message_types"], REQUEST]
+
+
 def setup_handlers(server_app) -> None:
+    untrack_requests(server_app)
     web_app = server_app.web_app
     drivers = Drivers(server_app.kernel_manager, server_app.session_manager)
     web_app.settings["nbrpc_drivers"] = drivers
