@@ -1,5 +1,6 @@
 // nbrpc's JupyterLab extension: the side panel and the views as main-area panels.
 import {
+  ILabShell,
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
@@ -24,12 +25,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'nbrpc:side-panel',
   description: 'Every nbrpc cluster of this server, live; stuck cells; the views as panels.',
   autoStart: true,
-  optional: [INotebookTracker, ICommandPalette, ILayoutRestorer],
+  optional: [INotebookTracker, ICommandPalette, ILayoutRestorer, ILabShell],
   activate: (
     app: JupyterFrontEnd,
     notebooks: INotebookTracker | null,
     palette: ICommandPalette | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    labShell: ILabShell | null
   ) => {
     const open = new Map<string, MainAreaWidget<Widget>>();
     const wheres = new Map<string, string>();
@@ -49,7 +51,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
           }
           const widget = openView(kernelId, v.name, v.label, wheres.get(kernelId) || kernelId.slice(0, 8));
           open.set(key, widget);
-          app.shell.add(widget, 'main', { mode: 'split-right' });
+          // JupyterLab docks a view beside the notebook; Notebook 7's notebook page has one
+          // main widget, so there the view opens in the right side area.
+          if (labShell) {
+            app.shell.add(widget, 'main', { mode: 'split-right' });
+          } else {
+            app.shell.add(widget, 'right', { rank: 1000 });
+          }
           app.shell.activateById(widget.id);
           return widget;
         }
@@ -69,7 +77,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
       label: 'Shut down the nbrpc cluster',
       execute: args => {
         const kernel = kernelOf(String(args.kernelId || ''));
-        kernel?.requestExecute({ code: '%rpc_shutdown', silent: false, store_history: false });
+        if (!kernel) {
+          return;
+        }
+        const future = kernel.requestExecute({ code: '%rpc_shutdown', silent: false, store_history: false });
+        // This connection was only for the shutdown: close it once the kernel has run it.
+        void future.done.finally(() => kernel.dispose());
       }
     });
 
