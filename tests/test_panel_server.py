@@ -54,9 +54,9 @@ def descendants(pid: int) -> list[int]:
 class JupyterServer:
     """A jupyter_server of this test: URL, token, runtime folder, process."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, base_url: str = "/"):
         self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://127.0.0.1:{self.port}{base_url.rstrip('/')}"
         self.runtime = root / "runtime"
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime),
                "JUPYTER_CONFIG_DIR": str(root / "config")}
@@ -65,7 +65,8 @@ class JupyterServer:
             [sys.executable, "-m", "jupyter_server", "--no-browser", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-             "--ServerApp.terminals_enabled=False", *(["--allow-root"] if os.geteuid() == 0 else [])],
+             f"--ServerApp.base_url={base_url}", "--ServerApp.terminals_enabled=False",
+             *(["--allow-root"] if os.geteuid() == 0 else [])],
             cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         wait_until(lambda: self._up(), timeout=90, interval=0.3)
 
@@ -87,6 +88,7 @@ class JupyterServer:
                 body = response.read()
                 return response.status, (json.loads(body) if body else None)
         except urllib.error.HTTPError as e:
+            e.close()
             return e.code, None
 
     def api(self, path: str, method: str = "GET"):
@@ -171,7 +173,8 @@ def test_no_token_is_refused_and_a_post_needs_xsrf(server, driver):
     # Logged in by cookie (as a browser is), a POST without the XSRF token is refused.
     jar = CookieJar()
     browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    browser.open(f"{server.url}/login?token={server.token}", timeout=30).read()
+    with browser.open(f"{server.url}/login?token={server.token}", timeout=30) as page:
+        page.read()
     assert server.request("/nbrpc/clusters", token=False, opener=browser)[0] == 200
     assert server.request(f"/nbrpc/clusters/{kernel_id}/interrupt", "POST", token=False, opener=browser)[0] == 403
     xsrf = next(c.value for c in jar if c.name == "_xsrf")
@@ -224,3 +227,18 @@ def test_shutdown_removes_the_cluster(server, driver):
     assert reply["status"] == "ok", reply
     assert wait_until(lambda: clusters(server) == [], timeout=3)
     assert server.api(f"/nbrpc/clusters/{kernel_id}/views/rref")["ended"] is True
+
+
+def test_endpoints_live_under_the_base_url(tmp_path):
+    """As under JupyterHub, whose single-user servers run under /user/<name>/."""
+    server = JupyterServer(tmp_path, base_url="/user/alice/")
+    try:
+        assert server.api("/nbrpc/clusters") == {"clusters": []}
+        outside = urllib.request.Request(f"http://127.0.0.1:{server.port}/nbrpc/clusters",
+                                         headers={"Authorization": f"token {server.token}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(outside, timeout=30)
+        refused.value.close()
+        assert refused.value.code == 404
+    finally:
+        server.stop()
