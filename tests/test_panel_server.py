@@ -212,6 +212,9 @@ def test_a_stuck_cell_turns_its_cluster_red_while_the_kernel_is_busy(server, dri
     waits = server.api(f"/nbrpc/clusters/{kernel_id}/views/waits")
     assert "nbrpc-alarm" in waits["html"]
     assert "outer" in server.api(f"/nbrpc/clusters/{kernel_id}/views/stacks")["html"]
+    # Views asked over RPC keep their last drawing meanwhile: no RPC queues behind the stuck ones.
+    paused = server.api(f"/nbrpc/clusters/{kernel_id}/views/rref")
+    assert "html" not in paused and "began to wait" in paused["summary"]
     # The stop button: an interrupt ends the stuck call.
     server.api(f"/nbrpc/clusters/{kernel_id}/interrupt", "POST")
     reply = kc.get_shell_msg(timeout=60)

@@ -64,8 +64,9 @@ class ViewContent extends Widget {
       } else {
         ended = !!answer.ended;
         this.summary.textContent = answer.summary || '';
-        if (!ended) {
-          this.swap(answer.html || '');
+        // No html: the kernel keeps the last drawing (a call of its cell waits).
+        if (!ended && answer.html !== undefined) {
+          this.swap(answer.html);
         }
       }
     } catch (e) {

@@ -42,6 +42,9 @@ BEACON_PREFIX = "nbrpc-"
 # Seconds a status row (asked over RPC) serves before it is asked again.
 ROWS_FRESH = 1.0
 VIEWS = ("rref", "timeline", "waits", "autograd", "status", "stacks")
+# Views drawn from every member's answer over RPC: while a call of this kernel waits, their
+# RPCs could queue behind the stuck ones, so they keep their last drawing until it ends.
+OVER_RPC = ("rref", "timeline")
 
 
 class Beacon:
@@ -117,6 +120,10 @@ class Answers:
             return {"ended": True, "html": "", "summary": "the cluster has ended"}
         if name not in VIEWS:
             raise ValueError(f"no view named {name!r}; the views are: {', '.join(VIEWS)}")
+        oldest = PENDING.oldest()
+        if name in OVER_RPC and oldest is not None and time.time() - oldest >= hangs.AFTER:
+            return {"ended": False, "summary": "drawn before a call of this notebook began to wait; it refreshes "
+                                               "once the call ends (the Wait-for graph and Stacks show the wait)"}
         drawing, summary = getattr(self, "_" + name)(cluster)
         return {"ended": False, "html": svg.theme_style() + drawing, "summary": summary}
 
