@@ -29,6 +29,8 @@ test: $(READY)
 
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance
+	# The extension's TypeScript and CSS, in the template's prettier style (node_modules: made by the build).
+	cd labextension && ../$(VENV)/bin/jlpm install --silent && ../$(VENV)/bin/jlpm prettier:check
 
 # The fast tier: no notebooks, browser, network namespaces, GPU or slow tests (minutes, not an hour).
 test-fast: $(READY)

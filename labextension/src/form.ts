@@ -60,7 +60,11 @@ export function startForm(start: (line: string) => void): HTMLElement {
   const where = document.createElement('select');
   where.name = 'where';
   where.className = 'jp-mod-styled';
-  for (const [value, text] of [['local', 'this machine'], ['ssh', 'SSH hosts'], ['slurm', 'Slurm']]) {
+  for (const [value, text] of [
+    ['local', 'this machine'],
+    ['ssh', 'SSH hosts'],
+    ['slurm', 'Slurm']
+  ]) {
     const option = document.createElement('option');
     option.value = value;
     option.textContent = text;

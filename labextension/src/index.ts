@@ -49,7 +49,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
             app.shell.activateById(shown.id);
             return shown;
           }
-          const widget = openView(kernelId, v.name, v.label, wheres.get(kernelId) || kernelId.slice(0, 8));
+          const widget = openView(
+            kernelId,
+            v.name,
+            v.label,
+            wheres.get(kernelId) || kernelId.slice(0, 8)
+          );
           open.set(key, widget);
           // JupyterLab docks a view beside the notebook; Notebook 7's notebook page has one
           // main widget, so there the view opens in the right side area.
@@ -80,7 +85,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (!kernel) {
           return;
         }
-        const future = kernel.requestExecute({ code: '%rpc_shutdown', silent: false, store_history: false });
+        const future = kernel.requestExecute({
+          code: '%rpc_shutdown',
+          silent: false,
+          store_history: false
+        });
         // This connection was only for the shutdown: close it once the kernel has run it.
         void future.done.finally(() => kernel.dispose());
       }
@@ -92,7 +101,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const line = String(args.line || '%rpc_init -n 2');
         const panel = notebooks?.currentWidget;
         if (!panel) {
-          throw new Error('no notebook is active: open the notebook the cluster belongs to, then start it');
+          throw new Error(
+            'no notebook is active: open the notebook the cluster belongs to, then start it'
+          );
         }
         await panel.sessionContext.ready;
         const notebook = panel.content;

@@ -43,7 +43,11 @@ export class ClustersPanel extends Widget {
     this.title.label = 'nbrpc';
     const head = el('h2', 'nbrpc-panel-title', 'nbrpc');
     this.list = el('div', 'nbrpc-clusters');
-    this.node.append(head, this.list, startForm(line => this.actions.start(line)));
+    this.node.append(
+      head,
+      this.list,
+      startForm(line => this.actions.start(line))
+    );
     this.schedule(0);
   }
 
@@ -68,7 +72,9 @@ export class ClustersPanel extends Widget {
     try {
       found = await api.clusters(visible);
     } catch (e) {
-      this.list.replaceChildren(el('div', 'nbrpc-error', `nbrpc: the server did not answer (${e})`));
+      this.list.replaceChildren(
+        el('div', 'nbrpc-error', `nbrpc: the server did not answer (${e})`)
+      );
     }
     if (found !== null) {
       if (visible) {
@@ -84,7 +90,11 @@ export class ClustersPanel extends Widget {
   private draw(found: api.ICluster[]): void {
     if (!found.length) {
       this.list.replaceChildren(
-        el('div', 'nbrpc-empty', 'No nbrpc cluster runs in this server\'s kernels. Start one below, or with %rpc_init in a notebook.')
+        el(
+          'div',
+          'nbrpc-empty',
+          "No nbrpc cluster runs in this server's kernels. Start one below, or with %rpc_init in a notebook."
+        )
       );
       return;
     }
@@ -116,7 +126,9 @@ export class ClustersPanel extends Widget {
       if ((v.name === 'timeline' && !info.trace) || (v.name === 'autograd' && !info.autograd)) {
         continue;
       }
-      bar.append(this.button(v.label, `nbrpc-open-${v.id}`, () => this.actions.open(c.kernel_id, v.id)));
+      bar.append(
+        this.button(v.label, `nbrpc-open-${v.id}`, () => this.actions.open(c.kernel_id, v.id))
+      );
     }
     if (info.waiting) {
       bar.append(
@@ -125,14 +137,24 @@ export class ClustersPanel extends Widget {
         })
       );
     }
-    bar.append(this.button('Shut down', 'nbrpc-shutdown', () => this.actions.shutdown(c.kernel_id)));
+    bar.append(
+      this.button('Shut down', 'nbrpc-shutdown', () => this.actions.shutdown(c.kernel_id))
+    );
     box.append(bar);
     return box;
   }
 
   private members(rows: api.IMember[]): HTMLElement {
     const table = el('table', 'nbrpc-members');
-    const columns: (keyof api.IMember)[] = ['name', 'host', 'pid', 'state', 'devices', 'busy', 'owned_rrefs'];
+    const columns: (keyof api.IMember)[] = [
+      'name',
+      'host',
+      'pid',
+      'state',
+      'devices',
+      'busy',
+      'owned_rrefs'
+    ];
     const head = el('tr');
     for (const name of columns) {
       head.append(el('th', '', name === 'owned_rrefs' ? 'RRefs' : name));

@@ -19,7 +19,10 @@ export const VIEWS: { id: string; label: string; name: string }[] = [
 const REFRESH_MS = 1000;
 
 class ViewContent extends Widget {
-  constructor(readonly kernelId: string, readonly name: string) {
+  constructor(
+    readonly kernelId: string,
+    readonly name: string
+  ) {
     super();
     this.addClass('nbrpc-view');
     this.summary = document.createElement('div');
