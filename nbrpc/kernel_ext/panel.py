@@ -93,9 +93,13 @@ class Answers:
         waiting = oldest is not None
         rows = self._member_rows(cluster, asked=members and not waiting)
         findings, calls = [], []
-        if waiting and time.time() - oldest >= hangs.AFTER:
+        long_wait = waiting and time.time() - oldest >= hangs.AFTER
+        # While calls are in flight the busy threads come from a probe (no RPC): each
+        # second while the panel shows them, else only once a call has waited AFTER s.
+        if long_wait or (waiting and members):
             snap = probes.waits(cluster)
-            findings, calls = snap["findings"], snap["calls"]
+            calls = snap["calls"]
+            findings = snap["findings"] if long_wait else []
             rows = _with_probe(rows, snap["members"])
         return {"cluster": {"driver": cluster.driver_name, "state": cluster.state, "trace": bool(cluster.trace),
                             "members": rows, "waiting": waiting, "calls": len(calls),
