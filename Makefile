@@ -14,7 +14,9 @@ DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
 .PHONY: demo test test-fast test-newest test-runtime bench bench-gate lint lab conformance docs clean
 
-$(READY): pyproject.toml
+# Installing builds the JupyterLab extension (labextension/, with jlpm): Node.js is needed here.
+$(READY): pyproject.toml labextension/package.json labextension/yarn.lock
+	command -v node >/dev/null || bash .ci/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release
 	PIP_CONSTRAINT= $(PY) -m pip install --quiet $(TORCH)
@@ -33,6 +35,8 @@ test: $(READY)
 
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance docs
+	# The extension's TypeScript and CSS, in the template's prettier style (node_modules: made by the build).
+	cd labextension && ../$(VENV)/bin/jlpm install --silent && ../$(VENV)/bin/jlpm prettier:check
 
 # The fast tier: no notebooks, browser, network namespaces, GPU or slow tests (minutes, not an hour).
 test-fast: $(READY)

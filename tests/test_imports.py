@@ -33,7 +33,7 @@ LAYERS = [
     ("launchers", {"launchers"}),
     ("cluster", {"cluster"}),
     ("member", {"member"}),
-    ("front ends", {"kernel_ext", "widgets", "lab", "cli", "__init__", "_bench"}),
+    ("front ends", {"kernel_ext", "widgets", "lab", "server", "cli", "__init__", "_bench"}),
 ]
 PACKAGE = Path(nbrpc.__file__).parent
 RUNTIME = ("_compat", "recording", "wire", "calls", "group", "drawing", "diagnostics", "shared_server", "launchers",

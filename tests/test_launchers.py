@@ -1,5 +1,5 @@
 """The launcher registry and the options each launcher declares once, for ``Cluster``
-and ``%rpc_init`` alike (``nbrpc.launchers``, ``launchers.options``, ``cluster.options``)."""
+and ``%rpc_init`` alike (``nbrpc.launchers``, ``launchers.options``, ``cluster.cluster_options``)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ CELLS = [
     "RRefGraph(snapshot=synthetic(60, 6))",
     "AutogradGraph(autograd_wide())",
     "Timeline(TRACE)",
-    "from nbrpc.drawing.status import StatusTable\n"
+    "from nbrpc.drawing.status_table import StatusTable\n"
     "ROWS = [dict(name='master', rank=0, host='h', pid=1, state='driver', devices='-', busy=0, owned_rrefs=2),\n"
     "        dict(name='worker1', rank=1, host='h', pid=2, state='running', devices='-', busy=1, owned_rrefs=5)]\n"
     "StatusTable(ROWS)  # what %rpc_status shows",

@@ -101,10 +101,23 @@ def title(details: dict | None) -> str:
     return f"<title>{esc(chr(10).join(lines))}</title>"
 
 
+# The smallest font-size any drawing uses, and the smallest a page may show it at: a
+# drawing fitted to a narrow output shrinks no further than that, and scrolls instead.
+SMALLEST_TEXT = 10
+READABLE_TEXT = 9
+
+
+def box(width: float, height: float) -> str:
+    """A root ``<svg>``'s size attributes: its size, its viewBox, and a ``min-width``
+    that keeps its smallest text at ``READABLE_TEXT`` px however narrow the page is."""
+    narrowest = math.ceil(width * READABLE_TEXT / SMALLEST_TEXT)
+    return (f'width="{num(width)}" height="{num(height)}" viewBox="0 0 {num(width)} {num(height)}" '
+            f'style="min-width:{narrowest}px"')
+
+
 def _open(width: float, height: float, kind: str) -> str:
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="nbrpc-svg" data-kind="{kind}" '
-            f'width="{num(width)}" height="{num(height)}" viewBox="0 0 {num(width)} {num(height)}" '
-            f'{FONT}>')
+            f'{box(width, height)} {FONT}>')
 
 
 def theme_style() -> str:

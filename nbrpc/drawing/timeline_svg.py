@@ -21,7 +21,7 @@ from __future__ import annotations
 from . import summary
 from . import timeline_layout as tl
 from .describe import size_text
-from .svg import FONT, INK, MUTED, clip, esc, num, theme_style, title
+from .svg import FONT, INK, MUTED, box, clip, esc, num, theme_style, title
 
 SEND, REPLY, WAIT = "#555555", "#999999", "#b8b8b8"
 LANE_FILLS = ("#f6f7f9", "#ffffff")
@@ -181,7 +181,7 @@ def draw(snapshot: dict, place: tl.TimelineLayout, titles: bool = True) -> str:
     calls = {c["id"]: c for c in snapshot.get("calls", [])}
     w, h = place.width, place.height
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="nbrpc-svg nbrpc-timeline" data-kind="timeline" '
-             f'width="{num(w)}" height="{num(h)}" viewBox="0 0 {num(w)} {num(h)}" {FONT} '
+             f'{box(w, h)} {FONT} '
              f'data-origin="{place.origin:.6f}" data-t0="{place.t0 - place.origin:.6f}" '
              f'data-t1="{place.t1 - place.origin:.6f}" '
              f'data-plot-x="{num(place.plot_x)}" data-plot-y="{num(place.plot_y)}" '

@@ -18,7 +18,7 @@ links from a served call to the calls it waits on, ``nbrpc-finding`` (with
 from __future__ import annotations
 
 from . import waits_layout as wl
-from .svg import FONT, INK, PALETTE, _arrow, clip, esc, num, theme_style, title
+from .svg import FONT, INK, PALETTE, _arrow, box, clip, esc, num, theme_style, title
 
 # Fallback inks (no theme variables: GitHub, nbviewer): each reads at 4.5:1 or more on
 # white and on every lane's tint.
@@ -33,8 +33,7 @@ def waits_svg(snapshot: dict, *, titles: bool = True) -> str:
     places = wl.waits_layout(snapshot)
     details = waits_details(snapshot) if titles else {}
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="nbrpc-svg" data-kind="waits" '
-             f'width="{num(places.width)}" height="{num(places.height)}" '
-             f'viewBox="0 0 {num(places.width)} {num(places.height)}" {FONT}>']
+             f'{box(places.width, places.height)} {FONT}>']
     parts.extend(_lane(lane, places.lanes_bottom) for lane in places.lanes.values())
     if not places.arrows:
         parts.append(f'<text class="nbrpc-muted nbrpc-empty" x="{num(wl.MARGIN)}" '

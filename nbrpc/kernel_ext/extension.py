@@ -8,10 +8,12 @@ from ..launchers import template
 from .advice import RpcAdvice
 from .display import CellOutput
 from .hangs import HangWatch
+from .panel import Panel
 
 
 class Extension:
-    """One shell's parts: torch's advice, where workers' output shows, the hang watch."""
+    """One shell's parts: torch's advice, where workers' output shows, the hang watch, the
+    side panel's answers."""
 
     # The loaded extensions, by the shell's id (one in a kernel).
     loaded: ClassVar[dict[int, Extension]] = {}
@@ -24,6 +26,8 @@ class Extension:
         self.cell_output = CellOutput()
         # A cell stuck on the cluster says on what, by itself.
         self.hang_watch = HangWatch()
+        # JupyterLab's side panel asks this kernel about its cluster on the control channel.
+        self.panel = Panel()
 
     @classmethod
     def load(cls, shell) -> Extension:
@@ -34,6 +38,7 @@ class Extension:
             extension.advice.register(shell)
             extension.cell_output.register(shell)
             extension.hang_watch.register(shell)
+            extension.panel.register(shell)
         if template.enabled():
             # A notebook that loads nbrpc runs %rpc_init next: the warm template imports
             # torch and ipykernel while the person types, and the first cluster forks from it.
@@ -58,4 +63,5 @@ class Extension:
         self.advice.unregister(self.shell)
         self.cell_output.unregister(self.shell)
         self.hang_watch.unregister(self.shell)
+        self.panel.unregister(self.shell)
         self.loaded.pop(id(self.shell), None)

@@ -1,0 +1,85 @@
+// The side panel's requests to nbrpc's server extension (<base_url>/nbrpc/...).
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** One member of a cluster: a row of %rpc_status. */
+export interface IMember {
+  name: string;
+  rank: number;
+  host: string;
+  pid: number;
+  state: string;
+  devices: string | null;
+  busy: number | null;
+  owned_rrefs: number | null;
+}
+
+/** A finding of nbrpc.waits(), in brief. */
+export interface IFinding {
+  kind: string;
+  members: string[];
+  message: string;
+}
+
+/** One cluster of one of this server's kernels. */
+export interface ICluster {
+  kernel_id: string;
+  path: string | null;
+  type: string | null;
+  name: string | null;
+  error?: string;
+  cluster?: {
+    driver: string;
+    state: string;
+    trace: boolean;
+    members: IMember[];
+    waiting: boolean;
+    calls: number;
+    findings: IFinding[];
+    autograd: boolean;
+  } | null;
+}
+
+/** A view drawn by the kernel (nbrpc.drawing) as HTML. */
+export interface IView {
+  ended?: boolean;
+  html?: string;
+  summary?: string;
+  error?: string;
+}
+
+const settings = ServerConnection.makeSettings();
+
+async function request<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, 'nbrpc', path);
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  const text = await response.text();
+  if (!response.ok) {
+    let message = text;
+    try {
+      message = JSON.parse(text).message || text;
+    } catch {
+      // not JSON: the text is the message
+    }
+    throw new ServerConnection.ResponseError(response, message);
+  }
+  return JSON.parse(text) as T;
+}
+
+/** Every nbrpc cluster of this server's kernels. */
+export async function clusters(members: boolean): Promise<ICluster[]> {
+  const reply = await request<{ clusters: ICluster[] }>(
+    members ? 'clusters' : 'clusters?members=0'
+  );
+  return reply.clusters;
+}
+
+/** One view of a kernel's cluster. */
+export function view(kernelId: string, name: string): Promise<IView> {
+  return request<IView>(URLExt.join('clusters', kernelId, 'views', name));
+}
+
+/** Stop the stuck call: interrupt the cluster's kernel, as the stop button does. */
+export function interrupt(kernelId: string): Promise<unknown> {
+  return request(URLExt.join('clusters', kernelId, 'interrupt'), { method: 'POST' });
+}

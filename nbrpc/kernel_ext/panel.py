@@ -1,0 +1,241 @@
+"""What JupyterLab's nbrpc side panel asks a driver kernel, answered on its control channel.
+
+Parts:
+
+- ``Beacon``: while a cluster runs, a small file next to the kernel's connection file
+  (``nbrpc-kernel-<id>.json`` beside ``kernel-<id>.json``), so that the Jupyter server
+  asks only kernels that have a cluster; removed when the cluster ends and at exit.
+- ``Answers``: the answers themselves. ``summary()``: the cluster's members (the rows of
+  ``%rpc_status``), its pending calls and the findings of ``nbrpc.waits()`` while a call
+  has waited ``hangs.AFTER`` s; ``view(name)``: one view drawn by ``nbrpc.drawing`` (the
+  widgets' own code) as HTML. Both run in any thread and never over RPC while this
+  kernel has a call in flight, so a stuck cell does not hold them up.
+- ``serve(kernel, answers)``: a handler for ``nbrpc_panel_request`` on the kernel's
+  control channel, which ipykernel serves on a thread of its own: it answers while the
+  kernel's main thread is busy (a cell waiting on a hang), as workers answer probes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import html
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from ..cluster import cluster as cluster_mod
+from ..cluster import queries
+from ..diagnostics import autograd, stacks
+from ..diagnostics.rrefs import rref_snapshot
+from ..diagnostics.trace import trace_snapshot
+from ..drawing import describe, svg, timeline_svg, waits_svg
+from ..drawing.status_table import StatusTable
+from ..errors import AutogradContextError
+from ..recording.pending import PENDING
+from . import hangs
+
+REQUEST = "nbrpc_panel_request"
+REPLY = "nbrpc_panel_reply"
+BEACON_PREFIX = "nbrpc-"
+# Seconds a status row (asked over RPC) serves before it is asked again.
+ROWS_FRESH = 1.0
+VIEWS = ("rref", "timeline", "waits", "autograd", "status", "stacks")
+# Views drawn from every member's answer over RPC: while a call of this kernel waits, their
+# RPCs could queue behind the stuck ones, so they keep their last drawing until it ends.
+OVER_RPC = ("rref", "timeline")
+
+
+class Beacon:
+    """``nbrpc-kernel-<id>.json`` next to the connection file while a cluster runs."""
+
+    def __init__(self, connection_file: str | None):
+        self.path = (Path(connection_file).with_name(BEACON_PREFIX + Path(connection_file).name)
+                     if connection_file else None)
+        atexit.register(self.clear)
+
+    def update(self, *_) -> None:
+        """Write or remove the file as a cluster runs or not (after every cell)."""
+        cluster = cluster_mod.current()
+        if self.path is None:
+            return
+        if cluster is not None and cluster.state == "running":
+            if not self.path.exists():
+                text = json.dumps({"pid": os.getpid(), "driver": cluster.driver_name, "since": time.time()})
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(text)
+                tmp.replace(self.path)
+        else:
+            self.clear()
+
+    def clear(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+class Answers:
+    """The panel's questions to this driver: a summary and the views, as plain data."""
+
+    def __init__(self) -> None:
+        self._rows: list[dict] = []
+        self._rows_at = 0.0
+        self._rows_of: int | None = None
+        self._lock = threading.Lock()
+
+    def summary(self, members: bool = True) -> dict:
+        """The running cluster in a few lines of JSON, or ``{"cluster": None}``; without
+        ``members``, the members' rows asked last (no RPC), for a panel that is hidden."""
+        cluster = cluster_mod.current()
+        if cluster is None or cluster.state != "running":
+            return {"cluster": None}
+        oldest = PENDING.oldest()
+        waiting = oldest is not None
+        rows = self._member_rows(cluster, asked=members and not waiting)
+        findings, calls = [], []
+        long_wait = waiting and time.time() - oldest >= hangs.AFTER
+        # While calls are in flight the busy threads come from a probe (no RPC): each
+        # second while the panel shows them, else only once a call has waited AFTER s.
+        if long_wait or (waiting and members):
+            snap = queries.waits(cluster)
+            calls = snap["calls"]
+            findings = snap["findings"] if long_wait else []
+            rows = _with_probe(rows, snap["members"])
+        return {"cluster": {"driver": cluster.driver_name, "state": cluster.state, "trace": bool(cluster.trace),
+                            "members": rows, "waiting": waiting, "calls": len(calls),
+                            "findings": [{k: f[k] for k in ("kind", "members", "message")} for f in findings],
+                            "autograd": _recorded()}}
+
+    def _member_rows(self, cluster, asked: bool) -> list[dict]:
+        """``cluster.status()``, asked at most every ``ROWS_FRESH`` s and never while a
+        call is in flight (its RPCs would queue behind the stuck ones); else the last."""
+        with self._lock:
+            stale = self._rows_of != id(cluster) or time.monotonic() - self._rows_at > ROWS_FRESH
+            if stale and asked:
+                self._rows, self._rows_at, self._rows_of = cluster.status(), time.monotonic(), id(cluster)
+            elif self._rows_of != id(cluster):
+                self._rows, self._rows_of = _plain_rows(cluster), id(cluster)
+            return [dict(r) for r in self._rows]
+
+    def view(self, name: str) -> dict:
+        """One view as ``{"html", "summary"}``, drawn by the widgets' drawing code."""
+        cluster = cluster_mod.current()
+        if cluster is None or cluster.state != "running":
+            return {"ended": True, "html": "", "summary": "the cluster has ended"}
+        if name not in VIEWS:
+            raise ValueError(f"no view named {name!r}; the views are: {', '.join(VIEWS)}")
+        oldest = PENDING.oldest()
+        if name in OVER_RPC and oldest is not None and time.time() - oldest >= hangs.AFTER:
+            return {"ended": False, "summary": "drawn before a call of this notebook began to wait; it refreshes "
+                                               "once the call ends (the Wait-for graph and Stacks show the wait)"}
+        drawing, summary = getattr(self, "_" + name)(cluster)
+        return {"ended": False, "html": svg.theme_style() + drawing, "summary": summary}
+
+    def _rref(self, cluster) -> tuple[str, str]:
+        snap = rref_snapshot()
+        return svg.rref_svg(snap), describe.rref_summary(snap)
+
+    def _timeline(self, cluster) -> tuple[str, str]:
+        if not cluster.trace:
+            return "", "this cluster does not record its calls: start it with %rpc_init --trace"
+        snap = trace_snapshot(last=60)
+        return timeline_svg.timeline_svg(snap), timeline_svg.headline(snap)
+
+    def _waits(self, cluster) -> tuple[str, str]:
+        snap = queries.waits(cluster)
+        return waits_svg.waits_svg(snap), waits_svg.waits_summary(snap)
+
+    def _autograd(self, cluster) -> tuple[str, str]:
+        try:
+            snap = autograd.last_recorded()
+        except AutogradContextError as e:
+            return "", str(e)
+        return svg.autograd_svg(snap), describe.autograd_summary(snap)
+
+    def _status(self, cluster) -> tuple[str, str]:
+        rows = self._member_rows(cluster, asked=PENDING.oldest() is None)
+        return StatusTable(rows)._repr_html_(), f"{len(rows)} members"
+
+    def _stacks(self, cluster) -> tuple[str, str]:
+        found = queries.stacks(cluster)
+        return f"<pre class='nbrpc-stacks'>{html.escape(stacks.format_stacks(found))}</pre>", \
+            f"{len(found)} members"
+
+
+def _recorded() -> bool:
+    try:
+        autograd.last_recorded()
+    except AutogradContextError:
+        return False
+    return True
+
+
+def _plain_rows(cluster) -> list[dict]:
+    """Status rows with no RPC: what the driver knows of each member by itself."""
+    rows = [{"name": cluster.driver_name, "rank": 0, "host": os.uname().nodename, "pid": os.getpid(),
+             "state": "driver", "devices": None, "busy": None, "owned_rrefs": None}]
+    rows += [{"name": w.name, "rank": w.rank, "host": w.host, "pid": w.pid, "state": w.state,
+              "devices": None, "busy": None, "owned_rrefs": None} for w in cluster.workers]
+    return rows
+
+
+def _with_probe(rows: list[dict], members: list[dict]) -> list[dict]:
+    """Rows whose busy threads and state come from a probe (no RPC needed)."""
+    probed = {m["name"]: m for m in members}
+    for row in rows:
+        m = probed.get(row["name"])
+        if m is not None:
+            row["busy"] = m.get("busy", row.get("busy"))
+            if m.get("state") in ("gone", "frozen"):
+                row["state"] = m["state"]
+    return rows
+
+
+def serve(kernel, answers: Answers) -> None:
+    """Answer the side panel on this kernel's control channel."""
+
+    def handle(stream, ident, parent) -> None:
+        content = parent.get("content") or {}
+        try:
+            if content.get("what") == "view":
+                reply = answers.view(str(content.get("view")))
+            else:
+                reply = answers.summary(members=bool(content.get("members", True)))
+        except Exception as e:  # the panel must hear back, even that it failed
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        kernel.session.send(stream, REPLY, reply, parent, ident)
+
+    kernel.control_handlers[REQUEST] = handle
+
+
+class Panel:
+    """The beacon and the control-channel answers of one driver kernel's shell."""
+
+    def __init__(self) -> None:
+        self.answers = Answers()
+        self.beacon: Beacon | None = None
+
+    def register(self, shell) -> None:
+        kernel = getattr(shell, "kernel", None)
+        if kernel is None or not hasattr(kernel, "control_handlers"):
+            return  # a terminal IPython: no Jupyter server to answer
+        self.beacon = Beacon(_connection_file())
+        serve(kernel, self.answers)
+        shell.events.register("pre_run_cell", self.beacon.update)
+        shell.events.register("post_run_cell", self.beacon.update)
+
+    def unregister(self, shell) -> None:
+        if self.beacon is None:
+            return
+        shell.events.unregister("pre_run_cell", self.beacon.update)
+        shell.events.unregister("post_run_cell", self.beacon.update)
+        shell.kernel.control_handlers.pop(REQUEST, None)
+        self.beacon.clear()
+
+
+def _connection_file() -> str | None:
+    from ipykernel.kernelapp import IPKernelApp
+
+    if not IPKernelApp.initialized():
+        return None
+    return IPKernelApp.instance().abs_connection_file

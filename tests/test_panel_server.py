@@ -1,0 +1,247 @@
+"""The side panel's server endpoints (``nbrpc.server``) in a real Jupyter server, whose
+real kernels run real clusters: what they list, while a cell is stuck too, and who may ask.
+
+The server runs on 127.0.0.1 with token auth in its own runtime directory; its kernels
+are started through its REST API and driven with a jupyter-client over their connection
+files, as a notebook would drive them. A kernel this server does not own (started by the
+test itself, running a cluster too) is never listed nor answered for. Every process
+ends by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from http.cookiejar import CookieJar
+from pathlib import Path
+
+import pytest
+from conftest import execute, free_port, wait_gone, wait_until
+
+from nbrpc._util import kill_pids, pid_alive
+
+pytestmark = pytest.mark.slow
+
+LOCK_CELL = """\
+lock = threading.Lock()
+def inner():
+    with lock:
+        return 1
+def outer():
+    with lock:
+        return rpc.rpc_sync("worker1", inner)
+rpc.rpc_sync("worker1", outer)
+"""
+SETUP = "%load_ext nbrpc\n%rpc_init -n 1\nimport threading\nimport torch.distributed.rpc as rpc"
+
+
+def descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+class JupyterServer:
+    """A jupyter_server of this test: URL, token, runtime folder, process."""
+
+    def __init__(self, root: Path, base_url: str = "/"):
+        self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}{base_url.rstrip('/')}"
+        self.runtime = root / "runtime"
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime),
+               "JUPYTER_CONFIG_DIR": str(root / "config")}
+        self.log = open(root / "server.log", "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", "--no-browser", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
+             f"--ServerApp.base_url={base_url}", "--ServerApp.terminals_enabled=False",
+             *(["--allow-root"] if os.geteuid() == 0 else [])],
+            cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_until(lambda: self._up(), timeout=90, interval=0.3)
+
+    def _up(self) -> bool:
+        assert self.process.poll() is None, (self.root / "server.log").read_text()[-3000:]
+        try:
+            self.api("/api/status")
+            return True
+        except OSError:
+            return False
+
+    def request(self, path: str, method: str = "GET", token: bool = True, headers=None, opener=None):
+        """(status, JSON body) of a request, with the token unless told not to."""
+        headers = {**({"Authorization": f"token {self.token}"} if token else {}), **(headers or {})}
+        data = b"" if method == "POST" else None
+        request = urllib.request.Request(f"{self.url}{path}", method=method, headers=headers, data=data)
+        try:
+            with (opener or urllib.request.build_opener()).open(request, timeout=30) as response:
+                body = response.read()
+                return response.status, (json.loads(body) if body else None)
+        except urllib.error.HTTPError as e:
+            e.close()
+            return e.code, None
+
+    def api(self, path: str, method: str = "GET"):
+        status, body = self.request(path, method)
+        if status >= 400:
+            raise OSError(f"{method} {path}: {status}")
+        return body
+
+    def client(self, kernel_id: str):
+        from jupyter_client import BlockingKernelClient
+
+        kc = BlockingKernelClient(connection_file=str(self.runtime / f"kernel-{kernel_id}.json"))
+        kc.load_connection_file()
+        kc.start_channels(hb=False)  # the heartbeat may lag on a loaded machine; the server watches it
+        kc.wait_for_ready(timeout=120)
+        return kc
+
+    def stop(self) -> None:
+        pids = descendants(self.process.pid)
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        kill_pids([p for p in pids if pid_alive(p)])
+        self.log.close()
+        assert not wait_gone(pids), "processes of the Jupyter server survived"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = JupyterServer(tmp_path_factory.mktemp("server"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def driver(server):
+    """A kernel of the server running a one-worker cluster: (kernel id, client)."""
+    kernel_id = server.api("/api/kernels", "POST")["id"]
+    kc = server.client(kernel_id)
+    try:
+        _, reply = execute(kc, SETUP, timeout=180)
+        assert reply["status"] == "ok", reply
+        yield kernel_id, kc
+    finally:
+        kc.stop_channels()
+        server.api(f"/api/kernels/{kernel_id}", "DELETE")
+
+
+def clusters(server) -> list[dict]:
+    return server.api("/nbrpc/clusters")["clusters"]
+
+
+def test_a_running_cluster_is_listed_with_its_members(server, driver):
+    kernel_id, _ = driver
+    (entry,) = wait_until(lambda: clusters(server), timeout=5)
+    assert entry["kernel_id"] == kernel_id
+    members = entry["cluster"]["members"]
+    assert [m["name"] for m in members] == ["master", "worker1"]
+    assert all(m["pid"] and m["host"] and m["state"] for m in members)
+    assert entry["cluster"]["findings"] == []
+
+
+def test_views_are_drawn_by_the_kernel(server, driver):
+    kernel_id, _ = driver
+    for view, mark in [("rref", 'data-kind="rref"'), ("waits", 'data-kind="waits"'),
+                       ("status", "nbrpc-status"), ("stacks", "master")]:
+        answer = server.api(f"/nbrpc/clusters/{kernel_id}/views/{view}")
+        assert mark in answer["html"], (view, answer)
+    answer = server.api(f"/nbrpc/clusters/{kernel_id}/views/timeline")
+    assert "--trace" in answer["summary"]
+
+
+def test_no_token_is_refused_and_a_post_needs_xsrf(server, driver):
+    kernel_id, _ = driver
+    assert server.request("/nbrpc/clusters", token=False)[0] == 403
+    assert server.request(f"/nbrpc/clusters/{kernel_id}/interrupt", "POST", token=False)[0] == 403
+    # Logged in by cookie (as a browser is), a POST without the XSRF token is refused.
+    jar = CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with browser.open(f"{server.url}/login?token={server.token}", timeout=30) as page:
+        page.read()
+    assert server.request("/nbrpc/clusters", token=False, opener=browser)[0] == 200
+    assert server.request(f"/nbrpc/clusters/{kernel_id}/interrupt", "POST", token=False, opener=browser)[0] == 403
+    xsrf = next(c.value for c in jar if c.name == "_xsrf")
+    status, _ = server.request(f"/nbrpc/clusters/{kernel_id}/interrupt", "POST", token=False, opener=browser,
+                               headers={"X-XSRFToken": xsrf})
+    assert status == 200
+
+
+def test_a_kernel_this_server_does_not_own_is_not_listed(server, driver, kernel):
+    km, kc = kernel
+    _, reply = execute(kc, "%load_ext nbrpc\n%rpc_init -n 1", timeout=180)
+    assert reply["status"] == "ok", reply
+    assert Path(km.connection_file).with_name("nbrpc-" + Path(km.connection_file).name).exists()
+    foreign = Path(km.connection_file).stem.removeprefix("kernel-")
+    assert [c["kernel_id"] for c in clusters(server)] == [driver[0]]
+    assert server.request(f"/nbrpc/clusters/{foreign}/views/status")[0] == 404
+    assert server.request(f"/nbrpc/clusters/{foreign}/interrupt", "POST")[0] == 404
+    execute(kc, "%rpc_shutdown", timeout=60)
+
+
+def test_a_stuck_cell_turns_its_cluster_red_while_the_kernel_is_busy(server, driver):
+    kernel_id, kc = driver
+    began = time.monotonic()
+    msg_id = kc.execute(LOCK_CELL)
+
+    def stuck():
+        (entry,) = clusters(server)
+        return entry["cluster"]["findings"]
+
+    findings = wait_until(stuck, timeout=10, interval=0.2)
+    took = time.monotonic() - began
+    assert findings[0]["kind"] == "blocked" and "worker1" in findings[0]["message"]
+    assert took < 3.0, f"the finding came {took:.1f} s after the cell began"
+    # While stuck: the wait-for graph and the stacks.
+    waits = server.api(f"/nbrpc/clusters/{kernel_id}/views/waits")
+    assert "nbrpc-alarm" in waits["html"]
+    assert "outer" in server.api(f"/nbrpc/clusters/{kernel_id}/views/stacks")["html"]
+    # Views asked over RPC keep their last drawing meanwhile: no RPC queues behind the stuck ones.
+    paused = server.api(f"/nbrpc/clusters/{kernel_id}/views/rref")
+    assert "html" not in paused and "began to wait" in paused["summary"]
+    # The stop button: an interrupt ends the stuck call.
+    server.api(f"/nbrpc/clusters/{kernel_id}/interrupt", "POST")
+    reply = kc.get_shell_msg(timeout=60)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=60)
+    assert reply["content"]["status"] == "error"
+
+
+def test_shutdown_removes_the_cluster(server, driver):
+    kernel_id, kc = driver
+    wait_until(lambda: not clusters(server)[0]["cluster"]["waiting"], timeout=30, interval=0.3)
+    _, reply = execute(kc, "%rpc_shutdown", timeout=120)
+    assert reply["status"] == "ok", reply
+    assert wait_until(lambda: clusters(server) == [], timeout=3)
+    assert server.api(f"/nbrpc/clusters/{kernel_id}/views/rref")["ended"] is True
+
+
+def test_endpoints_live_under_the_base_url(tmp_path):
+    """As under JupyterHub, whose single-user servers run under /user/<name>/."""
+    server = JupyterServer(tmp_path, base_url="/user/alice/")
+    try:
+        assert server.api("/nbrpc/clusters") == {"clusters": []}
+        outside = urllib.request.Request(f"http://127.0.0.1:{server.port}/nbrpc/clusters",
+                                         headers={"Authorization": f"token {server.token}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(outside, timeout=30)
+        refused.value.close()
+        assert refused.value.code == 404
+    finally:
+        server.stop()
