@@ -4,8 +4,8 @@ The source notebooks are nbgrader's instructor versions: their structure (soluti
 regions, locked cells, test cells with points and hidden tests) is checked here, their
 saved outputs by nbval, and grading by real nbgrader commands in ``test_nbgrader.py``.
 The checker's messages for typical mistakes are tested in this process: lab 3's on a
-ps + trainer1 + trainer2 cluster of their own, labs 1 and 2's on the shared worker1 +
-worker2 cluster.
+ps + trainer1 + trainer2 cluster of their own, lab 6's on client1 + client2 + client3,
+labs 1, 2 and 4's on the shared worker1 + worker2 cluster.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ pytestmark = pytest.mark.slow
 
 SOURCE = Path(__file__).parent.parent / "tutorials" / "labs" / "source"
 NOTEBOOKS = {"rpc_basics": "01_rpc_basics", "dist_autograd": "02_dist_autograd",
-             "param_server": "03_param_server"}
+             "param_server": "03_param_server", "pipeline": "04_pipeline",
+             "federated": "06_federated"}
 
 # The wrong answers below are shipped to the workers by value, like notebook code.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -255,6 +256,82 @@ class TestParameterServerMistakes:
         assert out.startswith("✗ param_server.busiest: ") and what in out and hint in out, out
 
 
+def average_without_weights(states, counts):
+    return {key: sum(s[key] for s in states) / len(states) for key in states[0]}
+
+
+def average_without_the_total(states, counts):
+    return {key: sum(s[key] * n for s, n in zip(states, counts)) for key in states[0]}
+
+
+def weighted_average(states, counts):
+    total = sum(counts)
+    return {key: sum(s[key] * (n / total) for s, n in zip(states, counts)) for key in states[0]}
+
+
+def round_one_client_at_a_time(model, clients, round_no):
+    weights = model.state_dict()
+    states, counts = zip(*[c.rpc_sync().train(weights, round_no) for c in clients])
+    model.load_state_dict(weighted_average(states, counts))
+
+
+def round_without_loading(model, clients, round_no):
+    futures = [c.rpc_async().train(model.state_dict(), round_no) for c in clients]
+    states, counts = zip(*[f.wait() for f in futures])
+    return weighted_average(states, counts)
+
+
+def round_waiting_for_the_straggler(model, clients, round_no, deadline):
+    futures = [c.rpc_async().train(model.state_dict(), round_no) for c in clients]
+    states, counts = zip(*[f.wait() for f in futures])
+    model.load_state_dict(weighted_average(states, counts))
+    return len(counts)
+
+
+def round_failing_at_the_deadline(model, clients, round_no, deadline):
+    futures = [c.rpc_async(timeout=deadline).train(model.state_dict(), round_no) for c in clients]
+    states, counts = zip(*[f.wait() for f in futures])
+    model.load_state_dict(weighted_average(states, counts))
+    return len(counts)
+
+
+@pytest.fixture(scope="class")
+def client_cluster():
+    """Lab 6's cluster, client1 + client2 + client3, for the tests of one class."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(names=["client1", "client2", "client3"], progress=None, timeout=30)
+    pids = [w.pid for w in cluster.workers]
+    yield cluster
+    cluster.shutdown()
+    assert not wait_gone(pids)
+
+
+@pytest.mark.usefixtures("client_cluster")
+class TestFederatedMistakes:
+    @pytest.mark.parametrize("exercise, answer, what, hint", [
+        ("federated.weighted_average", average_without_weights,
+         "gave every client the same weight", "n / sum(counts)"),
+        ("federated.weighted_average", average_without_the_total,
+         "did not divide by their total", "n / sum(counts)"),
+        ("federated.fedavg_round", round_one_client_at_a_time,
+         "the clients trained one after the other", "start every client's train with rpc_async"),
+        ("federated.fedavg_round", round_without_loading,
+         "the server's model did not change", "model.load_state_dict(average)"),
+        ("federated.round_with_deadline", round_waiting_for_the_straggler,
+         "it waited for client3", "client.rpc_async(timeout=deadline)"),
+        ("federated.round_with_deadline", round_failing_at_the_deadline,
+         "raised RpcTimeoutError: rpc_async('client3', _local_invoke) got no answer within 1 s",
+         "catch the error of that future"),
+    ], ids=["unweighted", "not-normalised", "one-by-one", "not-loaded", "waits-for-straggler",
+            "timeout-raised"])
+    def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
+        out = check_lines(exercise, answer, capsys=capsys)
+        first, hint_line = out.rstrip("\n").split("\n")
+        assert first.startswith(f"✗ {exercise}: ") and what in first, first
+        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+
+
 def test_unknown_exercise_lists_the_exercises(cluster, capsys):
     out = check_lines("rpc_basics.square", lambda: 1, capsys=capsys)
     assert out.startswith("✗ rpc_basics.square: there is no exercise named 'rpc_basics.square'\n"
@@ -410,6 +487,55 @@ def train_scale_only(scale, shift, x, y, steps, lr):
     return losses
 
 
+# Lab 4's typical mistakes, around a right pipeline_forward that the wrong steps call.
+def pipeline_forward(shard1, shard2, x, micro_batches):
+    futures = [shard2.rpc_async().forward(shard1.remote().forward(rpc.RRef(chunk)))
+               for chunk in x.tensor_split(micro_batches)]
+    return torch.cat(torch.futures.wait_all(futures))
+
+
+def pipeline_waiting_in_the_loop(shard1, shard2, x, micro_batches):
+    return torch.cat([shard2.rpc_async().forward(shard1.remote().forward(rpc.RRef(chunk))).wait()
+                      for chunk in x.tensor_split(micro_batches)])
+
+
+def pipeline_through_master(shard1, shard2, x, micro_batches):
+    futures = [shard2.rpc_async().forward(shard1.remote().forward(rpc.RRef(chunk)).to_here())
+               for chunk in x.tensor_split(micro_batches)]
+    return torch.cat(torch.futures.wait_all(futures))
+
+
+def pipeline_without_cat(shard1, shard2, x, micro_batches):
+    return torch.futures.wait_all([shard2.rpc_async().forward(shard1.remote().forward(rpc.RRef(c)))
+                                   for c in x.tensor_split(micro_batches)])
+
+
+def optimizer_of_shard1(shard1, shard2, lr):
+    return DistributedOptimizer(torch.optim.SGD, shard1.rpc_sync().parameter_rrefs(), lr=lr)
+
+
+def pipeline_step_without_context(shard1, shard2, optimizer, x, y, micro_batches):
+    loss = F.cross_entropy(pipeline_forward(shard1, shard2, x, micro_batches), y)
+    loss.backward()
+    return loss.item()
+
+
+def pipeline_step_with_local_backward(shard1, shard2, optimizer, x, y, micro_batches):
+    with dist_autograd.context() as context_id:
+        loss = F.cross_entropy(pipeline_forward(shard1, shard2, x, micro_batches), y)
+        loss.backward()
+        optimizer.step(context_id)
+    return loss.item()
+
+
+def pipeline_step_without_context_id(shard1, shard2, optimizer, x, y, micro_batches):
+    with dist_autograd.context() as context_id:
+        loss = F.cross_entropy(pipeline_forward(shard1, shard2, x, micro_batches), y)
+        dist_autograd.backward(context_id, [loss])
+        optimizer.step()
+    return loss.item()
+
+
 MISTAKES = [
     ("rpc_basics.square_on", square_locally,
      "square_here ran on master, not on worker2", "rpc.rpc_sync(worker, square_here, args=(x,))"),
@@ -439,6 +565,24 @@ MISTAKES = [
     ("dist_autograd.train_split", train_scale_only,
      "b on worker2 (still 0) never moved", "scale.rpc_sync().parameter_rrefs() + "
      "shift.rpc_sync().parameter_rrefs()"),
+    ("pipeline.pipeline_forward", pipeline_waiting_in_the_loop,
+     "the micro-batches went one at a time", "wait for them all after the loop, not in it"),
+    ("pipeline.pipeline_forward", pipeline_through_master,
+     "shard2 got the hidden features as a tensor sent from master",
+     "pass shard1's RRef itself to shard2.rpc_async().forward(hidden_rref)"),
+    ("pipeline.pipeline_forward", pipeline_without_cat,
+     "pipeline_forward returned a list of 4 items; expected one tensor of logits",
+     "torch.cat(torch.futures.wait_all(futures))"),
+    ("pipeline.make_optimizer", optimizer_of_shard1,
+     "the parameters of shard2 on worker2 never moved in a step",
+     "the parameter RRefs of both shards"),
+    ("pipeline.train_step", pipeline_step_without_context,
+     "the forward pass ran outside a dist_autograd context",
+     "inside `with dist_autograd.context() as context_id:`"),
+    ("pipeline.train_step", pipeline_step_with_local_backward,
+     "graphTask_ INTERNAL ASSERT", "use dist_autograd.backward(context_id, [loss])"),
+    ("pipeline.train_step", pipeline_step_without_context_id,
+     "missing 1 required positional argument: 'context_id'", "optimizer.step(context_id)"),
 ]
 
 
