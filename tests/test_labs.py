@@ -4,7 +4,8 @@ The source notebooks are nbgrader's instructor versions: their structure (soluti
 regions, locked cells, test cells with points and hidden tests) is checked here, their
 saved outputs by nbval, and grading by real nbgrader commands in ``test_nbgrader.py``.
 The checker's messages for typical mistakes are tested in this process: lab 3's on a
-ps + trainer1 + trainer2 cluster of their own, lab 6's on client1 + client2 + client3,
+ps + trainer1 + trainer2 cluster of their own, lab 5's on observer1 + observer2, lab 6's
+on client1 + client2 + client3,
 labs 1, 2 and 4's on the shared worker1 + worker2 cluster.
 """
 
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.slow
 SOURCE = Path(__file__).parent.parent / "tutorials" / "labs" / "source"
 NOTEBOOKS = {"rpc_basics": "01_rpc_basics", "dist_autograd": "02_dist_autograd",
              "param_server": "03_param_server", "pipeline": "04_pipeline",
-             "federated": "06_federated"}
+             "rl": "05_rl", "federated": "06_federated"}
 
 # The wrong answers below are shipped to the workers by value, like notebook code.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -254,6 +255,86 @@ class TestParameterServerMistakes:
     def test_busiest(self, capsys, answer, what, hint):
         out = check_lines("param_server.busiest", answer, capsys=capsys)
         assert out.startswith("✗ param_server.busiest: ") and what in out and hint in out, out
+
+
+def returns_backwards(rewards, gamma):
+    returns, g = [], 0.0
+    for r in reversed(rewards):
+        g = r + gamma * g
+        returns.append(g)
+    return returns
+
+
+def returns_of_the_past(rewards, gamma):
+    returns, g, discount = [], 0.0, 1.0
+    for r in rewards:
+        g, discount = g + discount * r, discount * gamma
+        returns.append(g)
+    return returns
+
+
+@rpc.functions.async_execution
+def act_alone(agent_rref, observer_id, state):
+    action = torch.futures.Future()
+    action.set_result(agent_rref.local_value().act(torch.as_tensor(state, dtype=torch.float32)[None])[0].item())
+    return action
+
+
+@rpc.functions.async_execution
+def keep_the_old_future(agent_rref, observer_id, state):
+    agent = agent_rref.local_value()
+    agent.states[observer_id] = torch.as_tensor(state, dtype=torch.float32)
+    mine = agent.future.then(lambda f: f.value()[observer_id].item())
+    with agent.lock:
+        agent.pending -= 1
+        if agent.pending == 0:
+            agent.pending = len(agent.states)
+            agent.future.set_result(agent.act(agent.states))
+    return mine
+
+
+def select_action_undecorated(agent_rref, observer_id, state):
+    return torch.futures.Future()
+
+
+def play_one_by_one(agent_rref, observers, steps):
+    return [o.rpc_sync().run_episode(agent_rref, steps) for o in observers]
+
+
+@pytest.fixture(scope="class")
+def observer_cluster():
+    """Lab 5's cluster, observer1 + observer2, for the tests of one class."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(names=["observer1", "observer2"], progress=None, timeout=30)
+    pids = [w.pid for w in cluster.workers]
+    yield cluster
+    cluster.shutdown()
+    assert not wait_gone(pids)
+
+
+@pytest.mark.usefixtures("observer_cluster")
+class TestReinforcementLearningMistakes:
+    @pytest.mark.parametrize("exercise, answer, what, hint", [
+        ("rl.discounted_returns", returns_backwards, "the returns are in reverse order",
+         "reverse the list at the end"),
+        ("rl.discounted_returns", returns_of_the_past, "summed the rewards before it",
+         "walk the rewards from the last"),
+        ("rl.select_action", act_alone, "once per observer, not once per batch",
+         "call agent.act only when the last observer of the step has arrived"),
+        ("rl.select_action", keep_the_old_future, "got no action in step 2, after step 1 had "
+         "worked", "put a new torch.futures.Future() in agent.future"),
+        ("rl.select_action", select_action_undecorated,
+         "not decorated with @rpc.functions.async_execution", "put @rpc.functions.async_execution"),
+        ("rl.play_round", play_one_by_one, "got no answer within 3 s",
+         "a batch waits for every observer"),
+    ], ids=["reversed", "past-rewards", "one-run-per-observer", "old-future", "undecorated",
+            "one-by-one"])
+    def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
+        out = check_lines(exercise, answer, capsys=capsys)
+        first, hint_line = out.rstrip("\n").split("\n")
+        assert first.startswith(f"✗ {exercise}: ") and what in first, first
+        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
 
 
 def average_without_weights(states, counts):

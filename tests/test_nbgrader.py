@@ -23,7 +23,8 @@ import pytest
 from conftest import kernel_pids, wait_gone, wait_until, worker_pids
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
-ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server", "04_pipeline", "06_federated"]
+ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server", "04_pipeline", "05_rl",
+               "06_federated"]
 # Seconds one nbgrader command may take here (2 loaded cores) before the test fails.
 COMMAND_TIMEOUT = 500
 # The first test waits for the course's grading (its fixture): all of nbgrader's commands.
@@ -80,6 +81,17 @@ def train_step(shard1, shard2, optimizer, x, y, micro_batches):
         "messages": {"test_train_step": "✗ pipeline.train_step: the forward pass ran outside a "
                                         "dist_autograd context"},
         "points": 3 + 2,
+    },
+    "05_rl": {
+        "cells": {"discounted_returns": "solution", "play_round": "solution", "select_action": '''
+@rpc.functions.async_execution
+def select_action(agent_rref, observer_id, state):
+    action = torch.futures.Future()
+    action.set_result(agent_rref.local_value().act(torch.as_tensor(state, dtype=torch.float32)[None])[0].item())
+    return action
+'''},
+        "messages": {"test_select_action": "✗ rl.select_action: the agent ran its policy 4 times"},
+        "points": 2 + 3,
     },
     "06_federated": {
         "cells": {"weighted_average": "solution", "fedavg_round": "solution", "round_with_deadline": '''
