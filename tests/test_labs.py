@@ -3,8 +3,8 @@
 The source notebooks are nbgrader's instructor versions: their structure (solution
 regions, locked cells, test cells with points and hidden tests) is checked here, their
 saved outputs by nbval, and grading by real nbgrader commands in ``test_nbgrader.py``.
-The checker's messages for typical mistakes are tested in this process: lab 3's on a
-ps + trainer1 + trainer2 cluster of their own, lab 5's on observer1 + observer2, lab 6's
+The checker's messages for typical mistakes are tested in this process: labs 3 and 7's on
+a ps + trainer1 + trainer2 cluster of their own, lab 5's on observer1 + observer2, lab 6's
 on client1 + client2 + client3,
 labs 1, 2 and 4's on the shared worker1 + worker2 cluster.
 """
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 SOURCE = Path(__file__).parent.parent / "tutorials" / "labs" / "source"
 NOTEBOOKS = {"rpc_basics": "01_rpc_basics", "dist_autograd": "02_dist_autograd",
              "param_server": "03_param_server", "pipeline": "04_pipeline",
-             "rl": "05_rl", "federated": "06_federated"}
+             "rl": "05_rl", "federated": "06_federated", "rnn": "07_rnn"}
 
 # The wrong answers below are shipped to the workers by value, like notebook code.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -255,6 +255,68 @@ class TestParameterServerMistakes:
     def test_busiest(self, capsys, answer, what, hint):
         out = check_lines("param_server.busiest", answer, capsys=capsys)
         assert out.startswith("✗ param_server.busiest: ") and what in out and hint in out, out
+
+
+# Lab 7's typical mistakes, around a right rnn_forward that the wrong steps call.
+def rnn_forward(emb_rref, rnn, decoder_rref, tokens, hidden):
+    output, hidden = rnn(emb_rref.rpc_sync().forward(tokens), hidden)
+    return decoder_rref.rpc_sync().forward(output), hidden
+
+
+def rnn_forward_on_copies(emb_rref, rnn, decoder_rref, tokens, hidden):
+    output, hidden = rnn(emb_rref.to_here()(tokens), hidden)
+    return decoder_rref.to_here()(output), hidden
+
+
+def rrefs_made_here(emb_rref, rnn, decoder_rref):
+    return [rpc.RRef(p) for m in (emb_rref.to_here(), rnn, decoder_rref.to_here())
+            for p in m.parameters()]
+
+
+def _owned_rrefs(module_rref):
+    return [rpc.RRef(p) for p in module_rref.local_value().parameters()]
+
+
+def rrefs_without_the_lstm(emb_rref, rnn, decoder_rref):
+    return [r for m in (emb_rref, decoder_rref) for r in rpc.rpc_sync(m.owner(), _owned_rrefs, args=(m,))]
+
+
+def rnn_step_keeping_the_graph(emb_rref, rnn, decoder_rref, optimizer, tokens, targets, hidden):
+    with dist_autograd.context() as context_id:
+        output, hidden = rnn_forward(emb_rref, rnn, decoder_rref, tokens, hidden)
+        loss = F.cross_entropy(output.view(-1, output.shape[-1]), targets.reshape(-1))
+        dist_autograd.backward(context_id, [loss])
+        optimizer.step(context_id)
+    return loss.item(), hidden
+
+
+def rnn_step_without_context(emb_rref, rnn, decoder_rref, optimizer, tokens, targets, hidden):
+    output, hidden = rnn_forward(emb_rref, rnn, decoder_rref, tokens, hidden)
+    loss = F.cross_entropy(output.view(-1, output.shape[-1]), targets.reshape(-1))
+    loss.backward()
+    return loss.item(), tuple(h.detach() for h in hidden)
+
+
+@pytest.mark.usefixtures("ps_cluster")
+class TestDistributedRnnMistakes:
+    @pytest.mark.parametrize("exercise, answer, what, hint", [
+        ("rnn.rnn_forward", rnn_forward_on_copies, "the embedding and the decoder never ran on ps",
+         "emb_rref.rpc_sync().forward(tokens)"),
+        ("rnn.parameter_rrefs", rrefs_made_here, "every RRef is owned by master",
+         "make the RRefs on ps"),
+        ("rnn.parameter_rrefs", rrefs_without_the_lstm, "master owns 0 of the RRefs",
+         "add [RRef(p) for p in rnn.parameters()]"),
+        ("rnn.train_step", rnn_step_keeping_the_graph, "the hidden state returned still requires grad",
+         "return tuple(h.detach() for h in hidden)"),
+        ("rnn.train_step", rnn_step_without_context, "ran outside a dist_autograd context",
+         "inside `with dist_autograd.context() as context_id:`"),
+    ], ids=["to-here-copies", "rrefs-to-copies", "lstm-left-out", "hidden-not-detached",
+            "no-context"])
+    def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
+        out = check_lines(exercise, answer, capsys=capsys)
+        first, hint_line = out.rstrip("\n").split("\n")
+        assert first.startswith(f"✗ {exercise}: ") and what in first, first
+        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
 
 
 def returns_backwards(rewards, gamma):

@@ -24,7 +24,7 @@ from conftest import kernel_pids, wait_gone, wait_until, worker_pids
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
 ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server", "04_pipeline", "05_rl",
-               "06_federated"]
+               "06_federated", "07_rnn"]
 # Seconds one nbgrader command may take here (2 loaded cores) before the test fails.
 COMMAND_TIMEOUT = 500
 # The first test waits for the course's grading (its fixture): all of nbgrader's commands.
@@ -103,6 +103,19 @@ def round_with_deadline(model, clients, round_no, deadline):
 '''},
         "messages": {"test_round_with_deadline": "✗ federated.round_with_deadline: the round took "},
         "points": 2 + 3,
+    },
+    "07_rnn": {
+        "cells": {"rnn_forward": "solution", "parameter_rrefs": "solution", "train_step": '''
+def train_step(emb_rref, rnn, decoder_rref, optimizer, tokens, targets, hidden):
+    with dist_autograd.context() as context_id:
+        output, hidden = rnn_forward(emb_rref, rnn, decoder_rref, tokens, hidden)
+        loss = F.cross_entropy(output.view(-1, output.shape[-1]), targets.reshape(-1))
+        dist_autograd.backward(context_id, [loss])
+        optimizer.step(context_id)
+    return loss.item(), hidden
+'''},
+        "messages": {"test_train_step": "✗ rnn.train_step: the hidden state returned still requires grad"},
+        "points": 3 + 2,
     },
 }
 
