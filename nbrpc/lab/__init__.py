@@ -8,11 +8,11 @@ Parts:
   test cell score 0; the error shows as those lines alone, not as a traceback.
 - ``summary()`` prints how many exercises of the lab pass; ``results()`` returns them.
 - The checkers, one per exercise, in the ``CHECKS`` of each lab's module: ``rpc_basics``,
-  ``dist_autograd``, ``param_server`` (with the lab's data, ``digits``), ``pipeline``, ``rl``,
-  ``federated`` and ``rnn``. They call the
-  student's code with their own inputs and verify values on the workers. What they send
-  to workers lives at module level, so workers import it by reference. ``_checking``
-  holds what they share: calling the student's code, and the errors that become ✗ lines.
+  ``dist_autograd``, ``param_server`` (with the lab's data, ``digits``), ``pipeline``,
+  ``rl``, ``federated`` and ``rnn``. They call the student's code with their own inputs
+  and verify values on the workers. What they send to workers lives at module level, so
+  workers import it by reference. ``_checking`` holds what they share: calling the
+  student's code, and the errors that become ✗ lines.
 
 Generating the student version and grading are nbgrader's (``tutorials/labs`` is its
 course directory: ``nbgrader generate_assignment``, ``nbgrader autograde``).

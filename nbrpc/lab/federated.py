@@ -98,7 +98,7 @@ def _overlapped(spans: list[list[tuple[float, float]]]) -> bool:
 
 @CHECKS.exercise("federated.fedavg_round")
 def _check_fedavg_round(fedavg_round) -> str:
-    model, clients = _model(), _clients([0.3, 0.3, 0.3])
+    model, clients = _model(), _clients([0.5, 0.5, 0.5])
     start = {k: v.clone() for k, v in model.state_dict().items()}
     _call(fedavg_round, model, clients, 1, what="fedavg_round(model, clients, 1)", returns=False)
     spans = [c.rpc_sync().call_spans() for c in clients]

@@ -8,6 +8,8 @@ for the expected values.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
@@ -24,8 +26,13 @@ _REMOTE = ("call the remote part through its RRef, on its owner: "
            "emb_rref.rpc_sync().forward(tokens) and decoder_rref.rpc_sync().forward(output)")
 
 
+# torch's random generator is one per process, shared by its RPC threads: two parts built
+# on ps at the same time would draw from each other's seeded streams.
+_SEEDING = threading.Lock()
+
+
 def _seeded(seed, make):
-    with torch.random.fork_rng():  # the caller's random stream stays as it was
+    with _SEEDING, torch.random.fork_rng():  # the caller's random stream stays as it was
         torch.manual_seed(seed)
         return make()
 
