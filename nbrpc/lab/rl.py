@@ -102,6 +102,12 @@ def _check_select_action(select_action) -> str:
     futures = [rpc.rpc_async(o, _ask, args=(select_action, agent, i))
                for i, o in enumerate(_OBSERVERS)]
     got = _call(torch.futures.wait_all, futures, what="two observers asking select_action")
+    _judge_actions(got, _batches_of(agent))
+    return "two observers got their actions from one run of the policy per step, two steps"
+
+
+def _judge_actions(got: list, batches: int) -> None:
+    """Raise ``_Wrong`` unless each observer got its two actions from one batch per step."""
     expected = [[1, 0], [0, 1]]  # per observer, its two steps
     for name, actions in zip(_OBSERVERS, got):
         failed = [a for a in actions if isinstance(a, str)]
@@ -113,7 +119,6 @@ def _check_select_action(select_action) -> str:
             raise _Wrong(f"{name} got no action in step 2, after step 1 had worked: {failed[0]}",
                          "after a batch, reset agent.pending to the number of observers and "
                          "put a new torch.futures.Future() in agent.future")
-    batches = _batches_of(agent)
     if batches > len(_STEPS):
         raise _Wrong(f"the agent ran its policy {batches} times for 2 steps of 2 observers: "
                      "once per observer, not once per batch",
@@ -126,7 +131,6 @@ def _check_select_action(select_action) -> str:
                      "each observer's future is agent.future.then(lambda f: "
                      "f.value()[observer_id].item()), taken before the batch completes; after "
                      "set_result, put a new Future in agent.future")
-    return "two observers got their actions from one run of the policy per step, two steps"
 
 
 class _Observer:
