@@ -1,7 +1,7 @@
-"""nbgrader's exchange across real Unix users: a teacher releases lab 1, two students
-fetch it, work and submit, the teacher collects, autogrades (nbrpc clusters in the
-grading kernels, the course's time limits on) and releases feedback, and each student
-fetches their own.
+"""nbgrader's exchange across real Unix users: a teacher releases a lab (lab 1, then lab 6,
+whose grading kernels start three clients), two students fetch it, work and submit, the
+teacher collects, autogrades (nbrpc clusters in the grading kernels, the course's time
+limits on) and releases feedback, and each student fetches their own.
 
 Every command runs as its user, with the exchange directory nbgrader's documentation
 asks for (world-writable, set up once by root) and each user's own
@@ -28,11 +28,14 @@ pytestmark = [pytest.mark.hub, pytest.mark.slow, pytest.mark.timeout(1500)]
 pytest.importorskip("nbgrader", reason="nbgrader 0.9 needs Python 3.11 or newer (the `test` extra has it there)")
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
-LAB = "01_rpc_basics"
 TEACHER = "nbrpc-teacher"
 SOLVED, PARTLY = "nbrpc-student-s", "nbrpc-student-p"
-# The exercises the partly right student solves, and the points their test cells give.
-PARTLY_SOLVED, PARTLY_POINTS, ALL_POINTS = ("square_on", "ask_all"), 3.0, 8.0
+# Per lab: the exercises the partly right student solves, the points their test cells
+# give, and the lab's points.
+LABS_EXCHANGED = {
+    "01_rpc_basics": (("square_on", "ask_all"), 3.0, 8.0),
+    "06_federated": (("weighted_average", "fedavg_round"), 5.0, 8.0),
+}
 COMMAND_TIMEOUT = 500
 
 
@@ -98,7 +101,8 @@ def server():
     course = users[TEACHER].home / "course"
     course.mkdir()
     shutil.copy(LABS / "nbgrader_config.py", course)
-    shutil.copytree(LABS / "source" / LAB, course / "source" / LAB)
+    for lab in LABS_EXCHANGED:
+        shutil.copytree(LABS / "source" / lab, course / "source" / lab)
     give(course, users[TEACHER])
     yield {"users": users, "exchange": exchange, "course": course}
     for user in users.values():
@@ -115,23 +119,25 @@ def work(notebook_path: Path, source: nbformat.NotebookNode, solve) -> None:
     nbformat.write(notebook, notebook_path)
 
 
-def test_a_lab_goes_from_the_teacher_to_two_students_and_their_feedback_back(server):
+@pytest.mark.parametrize("lab", LABS_EXCHANGED)
+def test_a_lab_goes_from_the_teacher_to_two_students_and_their_feedback_back(server, lab):
+    partly_solved, partly_points, all_points = LABS_EXCHANGED[lab]
     users, course, exchange = server["users"], server["course"], server["exchange"]
     teacher, solved, partly = users[TEACHER], users[SOLVED], users[PARTLY]
 
-    run_as(teacher, course, "nbgrader", "generate_assignment", LAB)
-    run_as(teacher, course, "nbgrader", "release_assignment", LAB)
-    outbound = exchange / "nbrpc-labs" / "outbound" / LAB / f"{LAB}.ipynb"
+    run_as(teacher, course, "nbgrader", "generate_assignment", lab)
+    run_as(teacher, course, "nbgrader", "release_assignment", lab)
+    outbound = exchange / "nbrpc-labs" / "outbound" / lab / f"{lab}.ipynb"
     assert outbound.stat().st_uid == teacher.uid
 
-    source = nbformat.read(course / "source" / LAB / f"{LAB}.ipynb", as_version=4)
-    for student, solve in ((solved, lambda g: True), (partly, lambda g: g in PARTLY_SOLVED)):
-        fetched = run_as(student, student.home, "nbgrader", "fetch_assignment", LAB).stdout
-        mine = student.home / LAB / f"{LAB}.ipynb"
+    source = nbformat.read(course / "source" / lab / f"{lab}.ipynb", as_version=4)
+    for student, solve in ((solved, lambda g: True), (partly, lambda g: g in partly_solved)):
+        fetched = run_as(student, student.home, "nbgrader", "fetch_assignment", lab).stdout
+        mine = student.home / lab / f"{lab}.ipynb"
         assert mine.stat().st_uid == student.uid, fetched
         assert "BEGIN SOLUTION" not in mine.read_text()  # the student version, not the teacher's
         work(mine, source, solve)
-        run_as(student, student.home, "nbgrader", "submit", LAB)
+        run_as(student, student.home, "nbgrader", "submit", lab)
 
     # The inbound box takes submissions but lists nobody's: a student cannot see another's.
     inbound = exchange / "nbrpc-labs" / "inbound"
@@ -140,21 +146,21 @@ def test_a_lab_goes_from_the_teacher_to_two_students_and_their_feedback_back(ser
     assert looked.returncode != 0 and "Permission denied" in looked.stderr, looked
     assert not stat.S_IROTH & inbound.stat().st_mode
 
-    run_as(teacher, course, "nbgrader", "collect", LAB)
+    run_as(teacher, course, "nbgrader", "collect", lab)
     assert sorted(p.name for p in (course / "submitted").iterdir()) == sorted([SOLVED, PARTLY])
 
     workers_before, kernels_before = worker_pids(), kernel_pids()
-    run_as(teacher, course, "nbgrader", "autograde", LAB, "--create")
+    run_as(teacher, course, "nbgrader", "autograde", lab, "--create")
     assert not wait_gone(worker_pids() - workers_before, timeout=15), "a worker outlived the grading"
     assert wait_until(lambda: not (kernel_pids() - kernels_before), timeout=15), "a kernel outlived the grading"
-    graded = {s: grades(nbformat.read(course / "autograded" / s / LAB / f"{LAB}.ipynb", as_version=4))
+    graded = {s: grades(nbformat.read(course / "autograded" / s / lab / f"{lab}.ipynb", as_version=4))
               for s in (SOLVED, PARTLY)}
     assert not [g for g, c in graded[SOLVED].items() if any(o.output_type == "error" for o in c.get("outputs", []))]
 
-    run_as(teacher, course, "nbgrader", "generate_feedback", LAB)
-    run_as(teacher, course, "nbgrader", "release_feedback", LAB)
-    for student, points in ((solved, ALL_POINTS), (partly, PARTLY_POINTS)):
-        run_as(student, student.home, "nbgrader", "fetch_feedback", LAB)
-        (feedback,) = (student.home / LAB / "feedback").glob(f"*/{LAB}.html")
+    run_as(teacher, course, "nbgrader", "generate_feedback", lab)
+    run_as(teacher, course, "nbgrader", "release_feedback", lab)
+    for student, points in ((solved, all_points), (partly, partly_points)):
+        run_as(student, student.home, "nbgrader", "fetch_feedback", lab)
+        (feedback,) = (student.home / lab / "feedback").glob(f"*/{lab}.html")
         assert feedback.stat().st_uid == student.uid
-        assert f"Score: {points:.1f} / {ALL_POINTS:.1f}" in feedback.read_text(), student.name
+        assert f"Score: {points:.1f} / {all_points:.1f}" in feedback.read_text(), student.name

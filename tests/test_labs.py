@@ -3,9 +3,10 @@
 The source notebooks are nbgrader's instructor versions: their structure (solution
 regions, locked cells, test cells with points and hidden tests) is checked here, their
 saved outputs by nbval, and grading by real nbgrader commands in ``test_nbgrader.py``.
-The checker's messages for typical mistakes are tested in this process: lab 3's on a
-ps + trainer1 + trainer2 cluster of their own, labs 1 and 2's on the shared worker1 +
-worker2 cluster.
+The checker's messages for typical mistakes are tested in this process: labs 3 and 7's on
+a ps + trainer1 + trainer2 cluster of their own, lab 5's on observer1 + observer2, lab 6's
+on client1 + client2 + client3,
+labs 1, 2 and 4's on the shared worker1 + worker2 cluster.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ pytestmark = pytest.mark.slow
 
 SOURCE = Path(__file__).parent.parent / "tutorials" / "labs" / "source"
 NOTEBOOKS = {"rpc_basics": "01_rpc_basics", "dist_autograd": "02_dist_autograd",
-             "param_server": "03_param_server"}
+             "param_server": "03_param_server", "pipeline": "04_pipeline",
+             "rl": "05_rl", "federated": "06_federated", "rnn": "07_rnn"}
 
 # The wrong answers below are shipped to the workers by value, like notebook code.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -255,6 +257,224 @@ class TestParameterServerMistakes:
         assert out.startswith("✗ param_server.busiest: ") and what in out and hint in out, out
 
 
+# Lab 7's typical mistakes, around a right rnn_forward that the wrong steps call.
+def rnn_forward(emb_rref, rnn, decoder_rref, tokens, hidden):
+    output, hidden = rnn(emb_rref.rpc_sync().forward(tokens), hidden)
+    return decoder_rref.rpc_sync().forward(output), hidden
+
+
+def rnn_forward_on_copies(emb_rref, rnn, decoder_rref, tokens, hidden):
+    output, hidden = rnn(emb_rref.to_here()(tokens), hidden)
+    return decoder_rref.to_here()(output), hidden
+
+
+def rrefs_made_here(emb_rref, rnn, decoder_rref):
+    return [rpc.RRef(p) for m in (emb_rref.to_here(), rnn, decoder_rref.to_here())
+            for p in m.parameters()]
+
+
+def _owned_rrefs(module_rref):
+    return [rpc.RRef(p) for p in module_rref.local_value().parameters()]
+
+
+def rrefs_without_the_lstm(emb_rref, rnn, decoder_rref):
+    return [r for m in (emb_rref, decoder_rref) for r in rpc.rpc_sync(m.owner(), _owned_rrefs, args=(m,))]
+
+
+def rnn_step_keeping_the_graph(emb_rref, rnn, decoder_rref, optimizer, tokens, targets, hidden):
+    with dist_autograd.context() as context_id:
+        output, hidden = rnn_forward(emb_rref, rnn, decoder_rref, tokens, hidden)
+        loss = F.cross_entropy(output.view(-1, output.shape[-1]), targets.reshape(-1))
+        dist_autograd.backward(context_id, [loss])
+        optimizer.step(context_id)
+    return loss.item(), hidden
+
+
+def rnn_step_without_context(emb_rref, rnn, decoder_rref, optimizer, tokens, targets, hidden):
+    output, hidden = rnn_forward(emb_rref, rnn, decoder_rref, tokens, hidden)
+    loss = F.cross_entropy(output.view(-1, output.shape[-1]), targets.reshape(-1))
+    loss.backward()
+    return loss.item(), tuple(h.detach() for h in hidden)
+
+
+@pytest.mark.usefixtures("ps_cluster")
+class TestDistributedRnnMistakes:
+    @pytest.mark.parametrize("exercise, answer, what, hint", [
+        ("rnn.rnn_forward", rnn_forward_on_copies, "the embedding and the decoder never ran on ps",
+         "emb_rref.rpc_sync().forward(tokens)"),
+        ("rnn.parameter_rrefs", rrefs_made_here, "every RRef is owned by master",
+         "make the RRefs on ps"),
+        ("rnn.parameter_rrefs", rrefs_without_the_lstm, "master owns 0 of the RRefs",
+         "add [RRef(p) for p in rnn.parameters()]"),
+        ("rnn.train_step", rnn_step_keeping_the_graph, "the hidden state returned still requires grad",
+         "return tuple(h.detach() for h in hidden)"),
+        ("rnn.train_step", rnn_step_without_context, "ran outside a dist_autograd context",
+         "inside `with dist_autograd.context() as context_id:`"),
+    ], ids=["to-here-copies", "rrefs-to-copies", "lstm-left-out", "hidden-not-detached",
+            "no-context"])
+    def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
+        out = check_lines(exercise, answer, capsys=capsys)
+        first, hint_line = out.rstrip("\n").split("\n")
+        assert first.startswith(f"✗ {exercise}: ") and what in first, first
+        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+
+
+def returns_backwards(rewards, gamma):
+    returns, g = [], 0.0
+    for r in reversed(rewards):
+        g = r + gamma * g
+        returns.append(g)
+    return returns
+
+
+def returns_of_the_past(rewards, gamma):
+    returns, g, discount = [], 0.0, 1.0
+    for r in rewards:
+        g, discount = g + discount * r, discount * gamma
+        returns.append(g)
+    return returns
+
+
+@rpc.functions.async_execution
+def act_alone(agent_rref, observer_id, state):
+    action = torch.futures.Future()
+    action.set_result(agent_rref.local_value().act(torch.as_tensor(state, dtype=torch.float32)[None])[0].item())
+    return action
+
+
+@rpc.functions.async_execution
+def keep_the_old_future(agent_rref, observer_id, state):
+    agent = agent_rref.local_value()
+    agent.states[observer_id] = torch.as_tensor(state, dtype=torch.float32)
+    mine = agent.future.then(lambda f: f.value()[observer_id].item())
+    with agent.lock:
+        agent.pending -= 1
+        if agent.pending == 0:
+            agent.pending = len(agent.states)
+            agent.future.set_result(agent.act(agent.states))
+    return mine
+
+
+def select_action_undecorated(agent_rref, observer_id, state):
+    return torch.futures.Future()
+
+
+def play_one_by_one(agent_rref, observers, steps):
+    return [o.rpc_sync().run_episode(agent_rref, steps) for o in observers]
+
+
+@pytest.fixture(scope="class")
+def observer_cluster():
+    """Lab 5's cluster, observer1 + observer2, for the tests of one class."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(names=["observer1", "observer2"], progress=None, timeout=30)
+    pids = [w.pid for w in cluster.workers]
+    yield cluster
+    cluster.shutdown()
+    assert not wait_gone(pids)
+
+
+@pytest.mark.usefixtures("observer_cluster")
+class TestReinforcementLearningMistakes:
+    @pytest.mark.parametrize("exercise, answer, what, hint", [
+        ("rl.discounted_returns", returns_backwards, "the returns are in reverse order",
+         "reverse the list at the end"),
+        ("rl.discounted_returns", returns_of_the_past, "summed the rewards before it",
+         "walk the rewards from the last"),
+        ("rl.select_action", act_alone, "once per observer, not once per batch",
+         "call agent.act only when the last observer of the step has arrived"),
+        ("rl.select_action", keep_the_old_future, "got no action in step 2, after step 1 had "
+         "worked", "put a new torch.futures.Future() in agent.future"),
+        ("rl.select_action", select_action_undecorated,
+         "not decorated with @rpc.functions.async_execution", "put @rpc.functions.async_execution"),
+        ("rl.play_round", play_one_by_one, "got no answer within 3 s",
+         "a batch waits for every observer"),
+    ], ids=["reversed", "past-rewards", "one-run-per-observer", "old-future", "undecorated",
+            "one-by-one"])
+    def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
+        out = check_lines(exercise, answer, capsys=capsys)
+        first, hint_line = out.rstrip("\n").split("\n")
+        assert first.startswith(f"✗ {exercise}: ") and what in first, first
+        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+
+
+def average_without_weights(states, counts):
+    return {key: sum(s[key] for s in states) / len(states) for key in states[0]}
+
+
+def average_without_the_total(states, counts):
+    return {key: sum(s[key] * n for s, n in zip(states, counts)) for key in states[0]}
+
+
+def weighted_average(states, counts):
+    total = sum(counts)
+    return {key: sum(s[key] * (n / total) for s, n in zip(states, counts)) for key in states[0]}
+
+
+def round_one_client_at_a_time(model, clients, round_no):
+    weights = model.state_dict()
+    states, counts = zip(*[c.rpc_sync().train(weights, round_no) for c in clients])
+    model.load_state_dict(weighted_average(states, counts))
+
+
+def round_without_loading(model, clients, round_no):
+    futures = [c.rpc_async().train(model.state_dict(), round_no) for c in clients]
+    states, counts = zip(*[f.wait() for f in futures])
+    return weighted_average(states, counts)
+
+
+def round_waiting_for_the_straggler(model, clients, round_no, deadline):
+    futures = [c.rpc_async().train(model.state_dict(), round_no) for c in clients]
+    states, counts = zip(*[f.wait() for f in futures])
+    model.load_state_dict(weighted_average(states, counts))
+    return len(counts)
+
+
+def round_failing_at_the_deadline(model, clients, round_no, deadline):
+    futures = [c.rpc_async(timeout=deadline).train(model.state_dict(), round_no) for c in clients]
+    states, counts = zip(*[f.wait() for f in futures])
+    model.load_state_dict(weighted_average(states, counts))
+    return len(counts)
+
+
+@pytest.fixture(scope="class")
+def client_cluster():
+    """Lab 6's cluster, client1 + client2 + client3, for the tests of one class."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(names=["client1", "client2", "client3"], progress=None, timeout=30)
+    pids = [w.pid for w in cluster.workers]
+    yield cluster
+    cluster.shutdown()
+    assert not wait_gone(pids)
+
+
+@pytest.mark.usefixtures("client_cluster")
+class TestFederatedMistakes:
+    @pytest.mark.parametrize("exercise, answer, what, hint", [
+        ("federated.weighted_average", average_without_weights,
+         "gave every client the same weight", "n / sum(counts)"),
+        ("federated.weighted_average", average_without_the_total,
+         "did not divide by their total", "n / sum(counts)"),
+        ("federated.fedavg_round", round_one_client_at_a_time,
+         "the clients trained one after the other", "start every client's train with rpc_async"),
+        ("federated.fedavg_round", round_without_loading,
+         "the server's model did not change", "model.load_state_dict(average)"),
+        ("federated.round_with_deadline", round_waiting_for_the_straggler,
+         "it waited for client3", "client.rpc_async(timeout=deadline)"),
+        ("federated.round_with_deadline", round_failing_at_the_deadline,
+         "raised RpcTimeoutError: rpc_async('client3', _local_invoke) got no answer within 1 s",
+         "catch the error of that future"),
+    ], ids=["unweighted", "not-normalised", "one-by-one", "not-loaded", "waits-for-straggler",
+            "timeout-raised"])
+    def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
+        out = check_lines(exercise, answer, capsys=capsys)
+        first, hint_line = out.rstrip("\n").split("\n")
+        assert first.startswith(f"✗ {exercise}: ") and what in first, first
+        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+
+
 def test_unknown_exercise_lists_the_exercises(cluster, capsys):
     out = check_lines("rpc_basics.square", lambda: 1, capsys=capsys)
     assert out.startswith("✗ rpc_basics.square: there is no exercise named 'rpc_basics.square'\n"
@@ -410,6 +630,55 @@ def train_scale_only(scale, shift, x, y, steps, lr):
     return losses
 
 
+# Lab 4's typical mistakes, around a right pipeline_forward that the wrong steps call.
+def pipeline_forward(shard1, shard2, x, micro_batches):
+    futures = [shard2.rpc_async().forward(shard1.remote().forward(rpc.RRef(chunk)))
+               for chunk in x.tensor_split(micro_batches)]
+    return torch.cat(torch.futures.wait_all(futures))
+
+
+def pipeline_waiting_in_the_loop(shard1, shard2, x, micro_batches):
+    return torch.cat([shard2.rpc_async().forward(shard1.remote().forward(rpc.RRef(chunk))).wait()
+                      for chunk in x.tensor_split(micro_batches)])
+
+
+def pipeline_through_master(shard1, shard2, x, micro_batches):
+    futures = [shard2.rpc_async().forward(shard1.remote().forward(rpc.RRef(chunk)).to_here())
+               for chunk in x.tensor_split(micro_batches)]
+    return torch.cat(torch.futures.wait_all(futures))
+
+
+def pipeline_without_cat(shard1, shard2, x, micro_batches):
+    return torch.futures.wait_all([shard2.rpc_async().forward(shard1.remote().forward(rpc.RRef(c)))
+                                   for c in x.tensor_split(micro_batches)])
+
+
+def optimizer_of_shard1(shard1, shard2, lr):
+    return DistributedOptimizer(torch.optim.SGD, shard1.rpc_sync().parameter_rrefs(), lr=lr)
+
+
+def pipeline_step_without_context(shard1, shard2, optimizer, x, y, micro_batches):
+    loss = F.cross_entropy(pipeline_forward(shard1, shard2, x, micro_batches), y)
+    loss.backward()
+    return loss.item()
+
+
+def pipeline_step_with_local_backward(shard1, shard2, optimizer, x, y, micro_batches):
+    with dist_autograd.context() as context_id:
+        loss = F.cross_entropy(pipeline_forward(shard1, shard2, x, micro_batches), y)
+        loss.backward()
+        optimizer.step(context_id)
+    return loss.item()
+
+
+def pipeline_step_without_context_id(shard1, shard2, optimizer, x, y, micro_batches):
+    with dist_autograd.context() as context_id:
+        loss = F.cross_entropy(pipeline_forward(shard1, shard2, x, micro_batches), y)
+        dist_autograd.backward(context_id, [loss])
+        optimizer.step()
+    return loss.item()
+
+
 MISTAKES = [
     ("rpc_basics.square_on", square_locally,
      "square_here ran on master, not on worker2", "rpc.rpc_sync(worker, square_here, args=(x,))"),
@@ -439,6 +708,24 @@ MISTAKES = [
     ("dist_autograd.train_split", train_scale_only,
      "b on worker2 (still 0) never moved", "scale.rpc_sync().parameter_rrefs() + "
      "shift.rpc_sync().parameter_rrefs()"),
+    ("pipeline.pipeline_forward", pipeline_waiting_in_the_loop,
+     "the micro-batches went one at a time", "wait for them all after the loop, not in it"),
+    ("pipeline.pipeline_forward", pipeline_through_master,
+     "shard2 got the hidden features as a tensor sent from master",
+     "pass shard1's RRef itself to shard2.rpc_async().forward(hidden_rref)"),
+    ("pipeline.pipeline_forward", pipeline_without_cat,
+     "pipeline_forward returned a list of 4 items; expected one tensor of logits",
+     "torch.cat(torch.futures.wait_all(futures))"),
+    ("pipeline.make_optimizer", optimizer_of_shard1,
+     "the parameters of shard2 on worker2 never moved in a step",
+     "the parameter RRefs of both shards"),
+    ("pipeline.train_step", pipeline_step_without_context,
+     "the forward pass ran outside a dist_autograd context",
+     "inside `with dist_autograd.context() as context_id:`"),
+    ("pipeline.train_step", pipeline_step_with_local_backward,
+     "graphTask_ INTERNAL ASSERT", "use dist_autograd.backward(context_id, [loss])"),
+    ("pipeline.train_step", pipeline_step_without_context_id,
+     "missing 1 required positional argument: 'context_id'", "optimizer.step(context_id)"),
 ]
 
 

@@ -23,7 +23,8 @@ import pytest
 from conftest import kernel_pids, wait_gone, wait_until, worker_pids
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
-ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server"]
+ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server", "04_pipeline", "05_rl",
+               "06_federated", "07_rnn"]
 # Seconds one nbgrader command may take here (2 loaded cores) before the test fails.
 COMMAND_TIMEOUT = 500
 # The first test waits for the course's grading (its fixture): all of nbgrader's commands.
@@ -69,6 +70,52 @@ def run_training(trainers, epochs):
                      "test_busiest": "✗ param_server.busiest: not done yet: busiest still raises "
                                      "NotImplementedError"},
         "points": 2 + 2,
+    },
+    "04_pipeline": {
+        "cells": {"pipeline_forward": "solution", "make_optimizer": "solution", "train_step": '''
+def train_step(shard1, shard2, optimizer, x, y, micro_batches):
+    loss = F.cross_entropy(pipeline_forward(shard1, shard2, x, micro_batches), y)
+    loss.backward()
+    return loss.item()
+'''},
+        "messages": {"test_train_step": "✗ pipeline.train_step: the forward pass ran outside a "
+                                        "dist_autograd context"},
+        "points": 3 + 2,
+    },
+    "05_rl": {
+        "cells": {"discounted_returns": "solution", "play_round": "solution", "select_action": '''
+@rpc.functions.async_execution
+def select_action(agent_rref, observer_id, state):
+    action = torch.futures.Future()
+    action.set_result(agent_rref.local_value().act(torch.as_tensor(state, dtype=torch.float32)[None])[0].item())
+    return action
+'''},
+        "messages": {"test_select_action": "✗ rl.select_action: the agent ran its policy 4 times"},
+        "points": 2 + 3,
+    },
+    "06_federated": {
+        "cells": {"weighted_average": "solution", "fedavg_round": "solution", "round_with_deadline": '''
+def round_with_deadline(model, clients, round_no, deadline):
+    futures = [c.rpc_async().train(model.state_dict(), round_no) for c in clients]
+    states, counts = zip(*[f.wait() for f in futures])
+    model.load_state_dict(weighted_average(states, counts))
+    return len(counts)
+'''},
+        "messages": {"test_round_with_deadline": "✗ federated.round_with_deadline: the round took "},
+        "points": 2 + 3,
+    },
+    "07_rnn": {
+        "cells": {"rnn_forward": "solution", "parameter_rrefs": "solution", "train_step": '''
+def train_step(emb_rref, rnn, decoder_rref, optimizer, tokens, targets, hidden):
+    with dist_autograd.context() as context_id:
+        output, hidden = rnn_forward(emb_rref, rnn, decoder_rref, tokens, hidden)
+        loss = F.cross_entropy(output.view(-1, output.shape[-1]), targets.reshape(-1))
+        dist_autograd.backward(context_id, [loss])
+        optimizer.step(context_id)
+    return loss.item(), hidden
+'''},
+        "messages": {"test_train_step": "✗ rnn.train_step: the hidden state returned still requires grad"},
+        "points": 3 + 2,
     },
 }
 

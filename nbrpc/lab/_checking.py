@@ -86,10 +86,12 @@ _HINTS = [
 ]
 
 
-def _call(fn, *args, what: str, returns: bool = True, none_hint: str = FILL_IN, **kwargs):
+def _call(fn, *args, what: str, returns: bool = True, none_hint: str = FILL_IN,
+          hints: list[tuple[str, str]] = (), **kwargs):
     """``fn(*args, **kwargs)``; an error becomes ``_NotDone`` or ``_Wrong`` naming ``what``.
 
     A function that should return something and returns None is not done yet either.
+    ``hints`` are a lab's own (pattern, hint) pairs, tried before the shared ``_HINTS``.
     """
     if not callable(fn):
         raise _NotDone(f"{what.split('(')[0]} is {_show(fn)}, not a function yet", FILL_IN)
@@ -104,7 +106,8 @@ def _call(fn, *args, what: str, returns: bool = True, none_hint: str = FILL_IN, 
             raise _NotDone(f"{what} reached {unfinished}, which still raises NotImplementedError",
                            f"fill in {unfinished} (in this TODO cell or an earlier one), "
                            "run its cell and the cells after it, then this check") from None
-        hint = next((h for needle, h in _HINTS if re.search(needle, f"{type(e).__name__}: {e}")),
+        text = f"{type(e).__name__}: {e}"
+        hint = next((h for needle, h in [*hints, *_HINTS] if re.search(needle, text)),
                     "read the error, fix the TODO cell, run it, then this check again")
         raise _Wrong(f"{what} raised {_describe(e)}", hint) from None
     if returns and value is None:
