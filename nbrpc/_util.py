@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import select
@@ -133,9 +134,33 @@ TORCH_NOISE = (
 )
 
 
+# torch's log records an RPC user cannot act on, by logger: from torch 2.15, dynamo says it
+# ignores the profiler's record_function inside a compiled optimizer's step (PyTorch's
+# pipeline example compiles each shard's optimizer step), once per process and member.
+TORCH_LOG_NOISE = {
+    "torch._dynamo.variables.ctx_manager": "Profiler record function",
+    "torch._dynamo.variables.torch": "Profiler function",
+}
+
+
+class _DropTorchLogNoise(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.start))
+
+
 def silence_torch_noise() -> None:
-    """Drop ``TORCH_NOISE`` warnings in this process (idempotent)."""
+    """Drop ``TORCH_NOISE`` warnings and ``TORCH_LOG_NOISE`` log records in this process
+    (idempotent)."""
     import warnings
+
+    for name, start in TORCH_LOG_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropTorchLogNoise) for f in logger.filters):
+            logger.addFilter(_DropTorchLogNoise(start))
 
     for text in TORCH_NOISE:
         warnings.filterwarnings("ignore", message=f".*{re.escape(text)}")
