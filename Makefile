@@ -43,14 +43,15 @@ test-fast: $(READY)
 	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu"
 
 # The runtime's tier under the newest supported torch, in .venv-newest: the fast tests, the
-# upstream corpus and membership (the compat checks, every private name read on this torch, are fast).
+# upstream corpus, membership and a sample of torch's own RPC tests through nbrpc (the compat checks,
+# every private name read on this torch, are among the fast tests).
 test-newest:
 	$(MAKE) test-runtime VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
 
 test-runtime: $(READY)
 	$(PY) -c "import torch; print('torch', torch.__version__)"
 	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu and not hub"
-	$(PY) -m pytest tests/test_upstream.py tests/test_membership.py -m "not gpu"
+	$(PY) -m pytest tests/test_upstream.py tests/test_membership.py tests/test_conformance.py -m "not gpu"
 
 # Writes benchmarks/results.json and prints its table (missed targets show there); exits
 # non-zero only when a part failed to run. Then the CUDA recipe (it says "skipped" without a GPU).
