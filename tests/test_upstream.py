@@ -162,7 +162,8 @@ def check_pipeline(notebook, cells, folder, pids):
     printed = cell_text(notebook.cells[index_of(cells, "# main(): the master's part of each run")])
     runs = re.findall(r"((?:Processing batch \d\n)*)number of splits = (\d+), execution time = ([\d.]+)\n", printed)
     assert [split for _, split, _ in runs] == ["1", "2", "4", "8"], printed
-    assert all(batches == "Processing batch 0\nProcessing batch 1\nProcessing batch 2\n" for batches, _, _ in runs), printed
+    batches_of_each = "Processing batch 0\nProcessing batch 1\nProcessing batch 2\n"
+    assert all(batches == batches_of_each for batches, _, _ in runs), printed
     assert "".join(f"{b}number of splits = {s}, execution time = {t}\n" for b, s, t in runs) == printed
 
 
