@@ -566,6 +566,14 @@ class TestHybridMistakes:
         assert first.startswith(f"✗ {exercise}: ") and what in first, first
         assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
 
+    def test_an_unfinished_train_is_not_done_and_prints_no_traceback(self, capsys):
+        def train(emb_rref, dense, batches, lr):
+            raise NotImplementedError()
+
+        out = check_lines("hybrid.train", train, capsys=capsys)
+        assert out.startswith("✗ hybrid.train: not done yet: train still raises NotImplementedError\n"), out
+        assert "Traceback" not in capsys.readouterr().err
+
     def test_the_solution_passes(self, capsys):
         out = check_lines("hybrid.train", hybrid_train(hybrid_rrefs, distributed_backward), capsys=capsys)
         assert out.startswith("✓ hybrid.train: "), out

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import random
 import socket
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -144,9 +145,17 @@ def _check_parameter_rrefs(parameter_rrefs) -> str:
 
 
 def _train_here(train, emb_rref, batches, lr):
-    """Runs on a trainer: the student's ``train`` with the checks' dense layer; its result."""
+    """Runs on a trainer: the student's ``train`` with the checks' dense layer; its result.
+
+    An error comes back as its text, worded as torch words a remote error: raised, it would
+    also be printed by the worker, a traceback above the check's ✗ line.
+    """
     dense = _dense()
-    losses = train(emb_rref, dense, batches, lr)
+    try:
+        losses = train(emb_rref, dense, batches, lr)
+    except Exception as e:
+        info = rpc.get_worker_info()
+        return f"On WorkerInfo(id={info.id}, name={info.name}):\n{e!r}\n{traceback.format_exc()}"
     return losses, [p.detach().clone() for p in dense.parameters()]
 
 
@@ -172,7 +181,11 @@ def _on_trainers(train, table, lr):
     futures = [rpc.rpc_async(name, _train_here, args=(train, table, _batches(rank), lr),
                              timeout=_WAIT) for rank, name in enumerate(_TRAINERS)]
     torch.futures.collect_all(futures).wait()  # both finish (or fail) before anything is read
-    return [f.wait() for f in futures]
+    answers = [f.wait() for f in futures]
+    failed = [a for a in answers if isinstance(a, str)]
+    if failed:
+        raise RuntimeError(failed[0])
+    return answers
 
 
 def _expected(lr):
