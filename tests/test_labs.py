@@ -574,6 +574,20 @@ class TestHybridMistakes:
         assert out.startswith("✗ hybrid.train: not done yet: train still raises NotImplementedError\n"), out
         assert "Traceback" not in capsys.readouterr().err
 
+    def test_trainers_without_a_group_are_told_which_cell_forms_it(self, capsys):
+        import torch.distributed as dist
+
+        for future in [rpc.rpc_async(f"trainer{rank}", dist.destroy_process_group) for rank in (0, 1)]:
+            future.wait()
+        try:
+            out = check_lines("hybrid.train", hybrid_train(hybrid_rrefs, distributed_backward), capsys=capsys)
+        finally:
+            port = lab.ddp_port()
+            for future in [rpc.rpc_async(f"trainer{rank}", init_group, args=(rank, port)) for rank in (0, 1)]:
+                future.wait()
+        assert out.startswith("✗ hybrid.train: trainer0 has no process group for DDP yet\n    hint: run the "
+                              "%%rpc_on trainer0,trainer1 cell that calls dist.init_process_group"), out
+
     def test_the_solution_passes(self, capsys):
         out = check_lines("hybrid.train", hybrid_train(hybrid_rrefs, distributed_backward), capsys=capsys)
         assert out.startswith("✓ hybrid.train: "), out
