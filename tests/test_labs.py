@@ -5,7 +5,7 @@ regions, locked cells, test cells with points and hidden tests) is checked here,
 saved outputs by nbval, and grading by real nbgrader commands in ``test_nbgrader.py``.
 The checker's messages for typical mistakes are tested in this process: labs 3 and 7's on
 a ps + trainer1 + trainer2 cluster of their own, lab 5's on observer1 + observer2, lab 6's
-on client1 + client2 + client3,
+on client1 + client2 + client3, lab 8's on ps + trainer0 + trainer1 with the trainers' DDP group,
 labs 1, 2 and 4's on the shared worker1 + worker2 cluster.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import cloudpickle
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 SOURCE = Path(__file__).parent.parent / "tutorials" / "labs" / "source"
 NOTEBOOKS = {"rpc_basics": "01_rpc_basics", "dist_autograd": "02_dist_autograd",
              "param_server": "03_param_server", "pipeline": "04_pipeline",
-             "rl": "05_rl", "federated": "06_federated", "rnn": "07_rnn"}
+             "rl": "05_rl", "federated": "06_federated", "rnn": "07_rnn", "hybrid": "08_hybrid"}
 
 # The wrong answers below are shipped to the workers by value, like notebook code.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -473,6 +474,123 @@ class TestFederatedMistakes:
         first, hint_line = out.rstrip("\n").split("\n")
         assert first.startswith(f"✗ {exercise}: ") and what in first, first
         assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+
+
+# Lab 8's typical mistakes, around a right forward pass and parameter list.
+def hybrid_forward(emb_rref, fc, indices, offsets):
+    return fc(emb_rref.rpc_sync().forward(indices, offsets))
+
+
+def hybrid_forward_on_a_copy(emb_rref, fc, indices, offsets):
+    return fc(emb_rref.to_here()(indices, offsets))
+
+
+def hybrid_rrefs(emb_rref, fc):
+    return emb_rref.rpc_sync().parameter_rrefs() + [rpc.RRef(p) for p in fc.parameters()]
+
+
+def table_rrefs_only(emb_rref, fc):
+    return emb_rref.rpc_sync().parameter_rrefs()
+
+
+def hybrid_train(rrefs, backward, wrap=True, context=True):
+    """A trainer's loop, right but for the parts given."""
+    def train(emb_rref, dense, batches, lr):
+        from torch.nn.parallel import DistributedDataParallel
+
+        fc = DistributedDataParallel(dense) if wrap else dense
+        optimizer = DistributedOptimizer(torch.optim.SGD, rrefs(emb_rref, fc), lr=lr)
+        losses = []
+        for indices, offsets, target in batches:
+            with dist_autograd.context() if context else nullcontext(None) as context_id:
+                loss = F.cross_entropy(hybrid_forward(emb_rref, fc, indices, offsets), target)
+                backward(context_id, loss)
+                if context:
+                    optimizer.step(context_id)
+            losses.append(loss.item())
+        return losses
+    return train
+
+
+def distributed_backward(context_id, loss):
+    dist_autograd.backward(context_id, [loss])
+
+
+def local_backward(context_id, loss):
+    loss.backward()
+
+
+def init_group(rank, port):
+    import datetime
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=datetime.timedelta(seconds=20))
+
+
+@pytest.fixture(scope="class")
+def hybrid_cluster():
+    """Lab 8's cluster, ps + trainer0 + trainer1, the trainers in a gloo group of their own."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(names=["ps", "trainer0", "trainer1"], progress=None, timeout=30)
+    pids = [w.pid for w in cluster.workers]
+    port = lab.ddp_port()
+    for future in [rpc.rpc_async(f"trainer{rank}", init_group, args=(rank, port)) for rank in (0, 1)]:
+        future.wait()
+    yield cluster
+    cluster.shutdown()
+    assert not wait_gone(pids)
+
+
+@pytest.mark.usefixtures("hybrid_cluster")
+class TestHybridMistakes:
+    @pytest.mark.parametrize("exercise, answer, what, hint", [
+        ("hybrid.hybrid_forward", hybrid_forward_on_a_copy, "the embedding table never ran on ps",
+         "emb_rref.rpc_sync().forward(indices, offsets)"),
+        ("hybrid.parameter_rrefs", table_rrefs_only, "the RRefs cover the embedding table only",
+         "add [RRef(p) for p in fc.parameters()]"),
+        ("hybrid.train", hybrid_train(hybrid_rrefs, distributed_backward, wrap=False),
+         "the trainers' dense layers differ", "wrap the dense layer in DDP, fc = DDP(dense)"),
+        ("hybrid.train", hybrid_train(table_rrefs_only, distributed_backward),
+         "the dense layer did not change on either trainer", "the dense layer's RRefs too"),
+        ("hybrid.train", hybrid_train(hybrid_rrefs, local_backward),
+         "loss.backward()", "dist_autograd.backward(context_id, [loss])"),
+        ("hybrid.train", hybrid_train(hybrid_rrefs, local_backward, context=False),
+         "ran outside a dist_autograd context", "inside `with dist_autograd.context() as context_id:`"),
+    ], ids=["to-here-copy", "dense-left-out", "no-ddp", "optimizer-without-dense", "local-backward",
+            "no-context"])
+    def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
+        out = check_lines(exercise, answer, capsys=capsys)
+        first, hint_line = out.rstrip("\n").split("\n")
+        assert first.startswith(f"✗ {exercise}: ") and what in first, first
+        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+
+    def test_an_unfinished_train_is_not_done_and_prints_no_traceback(self, capsys):
+        def train(emb_rref, dense, batches, lr):
+            raise NotImplementedError()
+
+        out = check_lines("hybrid.train", train, capsys=capsys)
+        assert out.startswith("✗ hybrid.train: not done yet: train still raises NotImplementedError\n"), out
+        assert "Traceback" not in capsys.readouterr().err
+
+    def test_trainers_without_a_group_are_told_which_cell_forms_it(self, capsys):
+        import torch.distributed as dist
+
+        for future in [rpc.rpc_async(f"trainer{rank}", dist.destroy_process_group) for rank in (0, 1)]:
+            future.wait()
+        try:
+            out = check_lines("hybrid.train", hybrid_train(hybrid_rrefs, distributed_backward), capsys=capsys)
+        finally:
+            port = lab.ddp_port()
+            for future in [rpc.rpc_async(f"trainer{rank}", init_group, args=(rank, port)) for rank in (0, 1)]:
+                future.wait()
+        assert out.startswith("✗ hybrid.train: trainer0 has no process group for DDP yet\n    hint: run the "
+                              "%%rpc_on trainer0,trainer1 cell that calls dist.init_process_group"), out
+
+    def test_the_solution_passes(self, capsys):
+        out = check_lines("hybrid.train", hybrid_train(hybrid_rrefs, distributed_backward), capsys=capsys)
+        assert out.startswith("✓ hybrid.train: "), out
 
 
 def test_unknown_exercise_lists_the_exercises(cluster, capsys):

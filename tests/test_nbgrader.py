@@ -24,7 +24,7 @@ from conftest import kernel_pids, wait_gone, wait_until, worker_pids
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
 ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server", "04_pipeline", "05_rl",
-               "06_federated", "07_rnn"]
+               "06_federated", "07_rnn", "08_hybrid"]
 # Seconds one nbgrader command may take here (2 loaded cores) before the test fails.
 COMMAND_TIMEOUT = 500
 # The first test waits for the course's grading (its fixture): all of nbgrader's commands.
@@ -116,6 +116,22 @@ def train_step(emb_rref, rnn, decoder_rref, optimizer, tokens, targets, hidden):
 '''},
         "messages": {"test_train_step": "✗ rnn.train_step: the hidden state returned still requires grad"},
         "points": 3 + 2,
+    },
+    "08_hybrid": {
+        "cells": {"hybrid_forward": "solution", "parameter_rrefs": "solution", "train": '''
+def train(emb_rref, dense, batches, lr):
+    optimizer = DistributedOptimizer(torch.optim.SGD, parameter_rrefs(emb_rref, dense), lr=lr)
+    losses = []
+    for indices, offsets, target in batches:
+        with dist_autograd.context() as context_id:
+            loss = F.cross_entropy(hybrid_forward(emb_rref, dense, indices, offsets), target)
+            dist_autograd.backward(context_id, [loss])
+            optimizer.step(context_id)
+        losses.append(loss.item())
+    return losses
+'''},
+        "messages": {"test_train": "✗ hybrid.train: after 3 steps the trainers' dense layers differ"},
+        "points": 2 + 2,
     },
 }
 
