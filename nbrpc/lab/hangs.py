@@ -5,11 +5,11 @@ Parts:
 - The kind checks (``lock_kind``, ``pool_kind``, ``caller_kind``): the kind the student
   read in ``nbrpc.waits()`` while the lab's staged hang held, against the one nbrpc names
   for it; a wrong kind is told what the wait-for graph shows.
-- The fix checks (``outer_fixed``, ``wait_for_update_fixed``, ``rescale_fixed``): the student's function
-  runs on the cluster under short timeouts while ``_Watch`` notes the findings nbrpc
-  names, so that a fix that still hangs is told what still holds, in a line. Each check
-  waits until the calls it made have ended (or gave up) before it answers, and turns
-  worker1's torch-only serving back off, so the cluster is usable after it.
+- The fix checks (``outer_fixed``, ``wait_for_update_fixed``, ``rescale_fixed``): the
+  student's functions run on the cluster under short timeouts while ``_Watch`` notes the
+  findings nbrpc names, so that a fix that still hangs is told what still holds, in a
+  line. Each check waits until the calls it made have ended (or gave up) before it
+  answers, and turns worker1's torch-only serving back off, so the cluster is usable after.
 """
 
 from __future__ import annotations
@@ -171,6 +171,9 @@ def _check_outer_fixed(outer_fixed) -> str:
             " (a longer timeout only makes the hang longer)")
         raise _Wrong("outer_fixed still hangs (nbrpc: blocked): the lock is still held while it "
                      f"calls inner on worker1, which needs that lock{longer}", _RELEASE)
+    if any(isinstance(o, TimeoutError) for o in outcomes):
+        raise _Wrong(f"outer_fixed still hangs: calls to it got no answer within {LIMIT:.0f} s",
+                     _RELEASE)
     _wrong_values(outcomes, [2 * x + 1 for x in xs], "outer_fixed(x) on worker1")
     return "4 calls at once on worker1 each took the lock, let it go, then called inner: 2x + 1"
 
@@ -248,7 +251,8 @@ def _check_rescale_fixed(rescale_fixed) -> str:
     x, scale = torch.tensor([1.0, 2.0]), 5.0
     with _Watch() as watch:
         try:
-            got = _call(rescale_fixed, x, scale, what="rescale_fixed(x, 5.0)")
+            got = _call(rescale_fixed, x, scale, what="rescale_fixed(x, 5.0)",
+                        hints=[("got no answer within", _PASS)])
         except _Wrong as wrong:
             if wrong.status == "wrong" and "waits_on_caller" in watch.kinds:
                 _settle(4.0)
