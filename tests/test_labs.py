@@ -499,10 +499,16 @@ def outer_with_a_longer_timeout(x):
         y = 2 * x
         return rpc.rpc_sync("worker1", inner2, args=(y,), timeout=9)
 
-event, version, waiters = threading.Event(), {"now": 0}, []
+event, event2, version, waiters = threading.Event(), threading.Event(), {"now": 0}, []
 def wait_blocking():
     event.wait(4)
     return version["now"]
+@rpc.functions.async_execution
+def wait_in_the_async_function():
+    event2.wait(4)
+    future = torch.futures.Future()
+    future.set_result(version["now"])
+    return future
 def push_to_blocking(v):
     version["now"] = v
     event.set()
@@ -511,6 +517,12 @@ def wait_undecorated():
     future = torch.futures.Future()
     waiters.append(future)
     return future
+def wait_for_nothing():
+    return version["now"]
+def push_to_event2(v):
+    version["now"] = v
+    event2.set()
+    return v
 def push_to_undecorated(v):
     while waiters:
         waiters.pop().set_result(v)
@@ -562,6 +574,12 @@ HANG_MISTAKES = [
     ("hangs.wait_for_update_fixed", "wait_blocking push_to_blocking", "wait_for_update_fixed still "
      "hangs (nbrpc: pool_exhausted): each call holds one of worker1's 4 RPC threads while it "
      "waits", "do not wait in wait_for_update_fixed"),
+    ("hangs.wait_for_update_fixed", "wait_in_the_async_function push_to_event2",
+     "wait_for_update_fixed still hangs: calls to it got no answer within 4 s",
+     "do not wait in wait_for_update_fixed"),
+    ("hangs.wait_for_update_fixed", "wait_for_nothing push_to_event2",
+     "before any update was pushed: it must wait for the next push_update_fixed",
+     "return a new torch.futures.Future() kept in waiters"),
     ("hangs.wait_for_update_fixed", "wait_undecorated push_to_undecorated", "wait_for_update_fixed() "
      "on worker1 raised", "put @rpc.functions.async_execution back"),
     ("hangs.rescale_fixed", "rescale_still_held", "rescale_fixed still hangs (nbrpc: waits_on_caller): "

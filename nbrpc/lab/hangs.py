@@ -185,7 +185,8 @@ def _answered_early(waiting) -> None:
         return
     outcomes = _outcomes(early)
     _raise_unfinished(outcomes, "wait_for_update_fixed")
-    _wrong_values(outcomes[:1], [None], "wait_for_update_fixed() on worker1", hints=_POOL_HINTS)
+    if isinstance(outcomes[0], Exception):
+        _wrong_values(outcomes[:1], [None], "wait_for_update_fixed() on worker1", hints=_POOL_HINTS)
     raise _Wrong(f"wait_for_update_fixed() answered {_show(outcomes[0])} before any update "
                  "was pushed: it must wait for the next push_update_fixed",
                  "return a new torch.futures.Future() kept in waiters; push_update_fixed "
