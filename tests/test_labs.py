@@ -24,7 +24,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import wait_gone
+from conftest import as_main, run, wait_gone
 from torch.distributed.optim import DistributedOptimizer
 
 import nbrpc
@@ -35,7 +35,8 @@ pytestmark = pytest.mark.slow
 SOURCE = Path(__file__).parent.parent / "tutorials" / "labs" / "source"
 NOTEBOOKS = {"rpc_basics": "01_rpc_basics", "dist_autograd": "02_dist_autograd",
              "param_server": "03_param_server", "pipeline": "04_pipeline",
-             "rl": "05_rl", "federated": "06_federated", "rnn": "07_rnn", "hybrid": "08_hybrid"}
+             "rl": "05_rl", "federated": "06_federated", "rnn": "07_rnn", "hybrid": "08_hybrid",
+             "hangs": "09_hangs"}
 
 # The wrong answers below are shipped to the workers by value, like notebook code.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -591,6 +592,138 @@ class TestHybridMistakes:
     def test_the_solution_passes(self, capsys):
         out = check_lines("hybrid.train", hybrid_train(hybrid_rrefs, distributed_backward), capsys=capsys)
         assert out.startswith("✓ hybrid.train: "), out
+# Lab 9's wrong answers, run as the student's cells are: functions of __main__ that share
+# its locks, events and lists on each worker. Each mistake has locks of its own, so that a
+# call one leaves stuck cannot block the next.
+HANG_CELLS = """
+import threading
+import torch
+import torch.distributed.rpc as rpc
+
+lock1, lock2 = threading.Lock(), threading.Lock()
+def inner1(y):
+    with lock1:
+        return y + 1
+def inner2(y):
+    with lock2:
+        return y + 1
+def outer_still_locked(x):
+    with lock1:
+        y = 2 * x
+        return rpc.rpc_sync("worker1", inner1, args=(y,), timeout=4)
+def outer_with_a_longer_timeout(x):
+    with lock2:
+        y = 2 * x
+        return rpc.rpc_sync("worker1", inner2, args=(y,), timeout=9)
+
+event, event2, version, waiters = threading.Event(), threading.Event(), {"now": 0}, []
+def wait_blocking():
+    event.wait(4)
+    return version["now"]
+@rpc.functions.async_execution
+def wait_in_the_async_function():
+    event2.wait(4)
+    future = torch.futures.Future()
+    future.set_result(version["now"])
+    return future
+def push_to_blocking(v):
+    version["now"] = v
+    event.set()
+    return v
+def wait_undecorated():
+    future = torch.futures.Future()
+    waiters.append(future)
+    return future
+def wait_for_nothing():
+    return version["now"]
+def push_to_event2(v):
+    version["now"] = v
+    event2.set()
+    return v
+def push_to_undecorated(v):
+    while waiters:
+        waiters.pop().set_result(v)
+    return v
+
+held, settings = threading.Lock(), {"scale": 3.0}
+def read_scale():
+    with held:
+        return settings["scale"]
+def scaled(x):
+    return x * rpc.rpc_sync("master", read_scale, timeout=6)
+def rescale_still_held(x, scale):
+    with held:
+        settings["scale"] = scale
+        return rpc.remote("worker2", scaled, args=(x,)).to_here(timeout=3)
+def rescale_returning_the_rref(x, scale):
+    with held:
+        settings["scale"] = scale
+    return rpc.remote("worker2", torch.mul, args=(x, scale))
+"""
+
+
+@pytest.fixture(scope="class")
+def hangs_shell(ip):
+    """Lab 9's cluster (worker1, worker2, 4 RPC threads each), HANG_CELLS run in the shell."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(2, progress=None, threads=4, timeout=5)
+    pids = [w.pid for w in cluster.workers]
+    try:
+        with as_main(ip):
+            run(ip, HANG_CELLS)
+            yield ip
+    finally:
+        cluster.shutdown()
+    assert not wait_gone(pids)
+
+
+HANG_MISTAKES = [
+    ("hangs.lock_kind", "cycle", "lock_kind() says 'cycle', but the graph is master -> worker1 "
+     "(outer) -> worker1 (inner), and inner is blocked at `with lock:`", "print the findings"),
+    ("hangs.pool_kind", "blocked", "pool_kind() says 'blocked', but every RPC thread of worker1 "
+     "runs wait_for_update", "print the findings"),
+    ("hangs.caller_kind", "deadlock", "'deadlock' is not a kind nbrpc names", "return the kind"),
+    ("hangs.outer_fixed", "outer_still_locked", "outer_fixed still hangs (nbrpc: blocked): the lock "
+     "is still held while it calls inner on worker1", "release the lock before the nested call"),
+    ("hangs.outer_fixed", "outer_with_a_longer_timeout", "which needs that lock (a longer timeout "
+     "only makes the hang longer)", "release the lock before the nested call"),
+    ("hangs.wait_for_update_fixed", "wait_blocking push_to_blocking", "wait_for_update_fixed still "
+     "hangs (nbrpc: pool_exhausted): each call holds one of worker1's 4 RPC threads while it "
+     "waits", "do not wait in wait_for_update_fixed"),
+    ("hangs.wait_for_update_fixed", "wait_in_the_async_function push_to_event2",
+     "wait_for_update_fixed still hangs: calls to it got no answer within 4 s",
+     "do not wait in wait_for_update_fixed"),
+    ("hangs.wait_for_update_fixed", "wait_for_nothing push_to_event2",
+     "before any update was pushed: it must wait for the next push_update_fixed",
+     "return a new torch.futures.Future() kept in waiters"),
+    ("hangs.wait_for_update_fixed", "wait_undecorated push_to_undecorated", "wait_for_update_fixed() "
+     "on worker1 raised", "put @rpc.functions.async_execution back"),
+    ("hangs.rescale_fixed", "rescale_still_held", "rescale_fixed still hangs (nbrpc: waits_on_caller): "
+     "master waits on worker2 while it holds `held`", "pass the value"),
+    ("hangs.rescale_fixed", "rescale_returning_the_rref", "rescale_fixed returned an RRef",
+     "return rref.to_here()"),
+]
+
+
+@pytest.mark.usefixtures("hangs_shell")
+class TestHangsMistakes:
+    @pytest.mark.parametrize("exercise, answer, what, hint", HANG_MISTAKES,
+                             ids=[f"{m[0].split('.')[1]}-{m[1].split()[0]}" for m in HANG_MISTAKES])
+    def test_typical_mistakes(self, hangs_shell, capsys, exercise, answer, what, hint):
+        if exercise.endswith("_kind"):
+            args = (lambda: answer, {"findings": []})
+        else:
+            args = tuple(hangs_shell.user_ns[name] for name in answer.split())
+        began = time.monotonic()
+        out = check_lines(exercise, *args, capsys=capsys)
+        first, hint_line = out.rstrip("\n").split("\n")
+        assert first.startswith(f"✗ {exercise}: ") and what in first, first
+        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+        assert time.monotonic() - began < 15, "a check of a hang must give up quickly"
+        # The cluster is usable again: nothing pending, worker1 back to nbrpc's serving.
+        assert not nbrpc.waits()["calls"] or exercise == "hangs.outer_fixed"
+        assert rpc.rpc_sync("worker1", torch.add, args=(1, 1), timeout=5) == 2
 
 
 def test_unknown_exercise_lists_the_exercises(cluster, capsys):

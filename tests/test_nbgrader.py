@@ -24,7 +24,7 @@ from conftest import kernel_pids, wait_gone, wait_until, worker_pids
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
 ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server", "04_pipeline", "05_rl",
-               "06_federated", "07_rnn", "08_hybrid"]
+               "06_federated", "07_rnn", "08_hybrid", "09_hangs"]
 # Seconds one nbgrader command may take here (2 loaded cores) before the test fails.
 COMMAND_TIMEOUT = 500
 # The first test waits for the course's grading (its fixture): all of nbgrader's commands.
@@ -132,6 +132,22 @@ def train(emb_rref, dense, batches, lr):
 '''},
         "messages": {"test_train": "✗ hybrid.train: after 3 steps the trainers' dense layers differ"},
         "points": 2 + 2,
+    },
+    "09_hangs": {
+        "cells": {"lock_kind": """
+def lock_kind():
+    return "cycle"
+""", "outer_fixed": """
+def outer_fixed(x):
+    with lock:
+        y = 2 * x
+        return rpc.rpc_sync("worker1", inner, args=(y,), timeout=60)
+""", "pool_kind": "solution", "wait_for_update_fixed": "solution", "caller_kind": "solution"},
+        "messages": {"test_lock_kind": "✗ hangs.lock_kind: lock_kind() says 'cycle', but the graph is",
+                     "test_outer_fixed": "✗ hangs.outer_fixed: outer_fixed still hangs (nbrpc: blocked): "
+                                         "the lock is still held",
+                     "test_rescale_fixed": "✗ hangs.rescale_fixed: not done yet: "},
+        "points": 1 + 2 + 1,
     },
 }
 

@@ -9,7 +9,7 @@ Parts:
 - ``summary()`` prints how many exercises of the lab pass; ``results()`` returns them.
 - The checkers, one per exercise, in the ``CHECKS`` of each lab's module: ``rpc_basics``,
   ``dist_autograd``, ``param_server`` (with the lab's data, ``digits``), ``pipeline``,
-  ``rl``, ``federated``, ``rnn`` and ``hybrid``. They call the student's code with their own inputs
+  ``rl``, ``federated``, ``rnn``, ``hybrid`` and ``hangs``. They call the student's code with their own inputs
   and verify values on the workers. What they send to workers lives at module level, so
   workers import it by reference. ``_checking`` holds what they share: calling the
   student's code, and the errors that become ✗ lines.
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..cluster import cluster as cluster_mod
-from . import dist_autograd, federated, hybrid, param_server, pipeline, rl, rnn, rpc_basics
+from . import dist_autograd, federated, hangs, hybrid, param_server, pipeline, rl, rnn, rpc_basics
 from ._checking import FILL_IN, CheckFailed, _describe, _Wrong
 from .hybrid import ddp_port
 from .param_server import digits
@@ -42,13 +42,14 @@ LAB_WORKERS = {
     "federated": ("client1", "client2", "client3"),
     "rnn": ("ps",),
     "hybrid": ("ps", "trainer0", "trainer1"),
+    "hangs": ("worker1", "worker2"),
 }
 # Every exercise's checker, lab by lab in the order of the notebooks (the order
 # check() names them in and summary() lists them in).
 _CHECKS: dict[str, Callable[..., str]] = {
     **rpc_basics.CHECKS, **dist_autograd.CHECKS, **param_server.CHECKS,
     **pipeline.CHECKS, **rl.CHECKS, **federated.CHECKS,
-    **rnn.CHECKS, **hybrid.CHECKS}
+    **rnn.CHECKS, **hybrid.CHECKS, **hangs.CHECKS}
 
 # Reachable here too: what the checks send to workers, and the lab's Counter (tests
 # subclass it).
