@@ -466,7 +466,7 @@ class TestFederatedMistakes:
         ("federated.round_with_deadline", round_waiting_for_the_straggler,
          "it waited for client3", "client.rpc_async(timeout=deadline)"),
         ("federated.round_with_deadline", round_failing_at_the_deadline,
-         "raised RpcTimeoutError: rpc_async('client3', _local_invoke) got no answer within 1 s",
+         "raised RpcTimeoutError: rpc_async('client3', _Client.train) got no answer within 1 s",
          "catch the error of that future"),
     ], ids=["unweighted", "not-normalised", "one-by-one", "not-loaded", "waits-for-straggler",
             "timeout-raised"])
