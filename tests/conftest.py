@@ -429,3 +429,35 @@ def optimizer_steps_sent() -> list[str]:
 
     names = DistributedOptimizer.step.__code__.co_names
     return [n for n in names if n.endswith("_local_optimizer_step") and callable(getattr(optimizer, n, None))]
+
+
+class Cell:
+    """A cell running in a thread, as the notebook's stuck cell: its error or value."""
+
+    def __init__(self, shell, code: str):
+        self.error = self.value = None
+        self.thread = threading.Thread(target=self._run, args=(shell, code), daemon=True)
+        self.thread.start()
+
+    def _run(self, shell, code: str) -> None:
+        try:
+            self.value = run(shell, code)
+        except BaseException as e:  # the test asserts on it
+            self.error = e
+
+    def join(self, timeout: float = 60.0) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the staged hang did not end"
+
+
+def finding(kind: str, within: float = 3.0) -> tuple[dict | None, float, dict]:
+    """Wait for a finding of ``kind``; (the finding, seconds it took, the snapshot)."""
+    began = time.monotonic()
+    last = {}
+
+    def found():
+        last.update(nbrpc.waits())
+        return next((f for f in last["findings"] if f["kind"] == kind), None)
+
+    result = wait_until(found, within, interval=0.2)
+    return result, time.monotonic() - began, last

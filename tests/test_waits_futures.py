@@ -10,11 +10,10 @@ its frames are cells, while the test asks the cluster what it waits on.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 
 import pytest
-from conftest import as_main, run, wait_gone, wait_until
+from conftest import Cell, as_main, finding, run, wait_gone, wait_until
 
 import nbrpc
 from nbrpc._compat import torch_compat
@@ -38,38 +37,6 @@ def shell(ip, cluster):
         run(ip, "import threading, time\nimport torch\nimport torch.distributed.rpc as rpc\n"
                 "import torch.distributed.autograd as dist_autograd")
         yield ip
-
-
-class Cell:
-    """A cell running in a thread, as the notebook's stuck cell: its error or value."""
-
-    def __init__(self, shell, code: str):
-        self.error = self.value = None
-        self.thread = threading.Thread(target=self._run, args=(shell, code), daemon=True)
-        self.thread.start()
-
-    def _run(self, shell, code: str) -> None:
-        try:
-            self.value = run(shell, code)
-        except BaseException as e:  # the test asserts on it
-            self.error = e
-
-    def join(self, timeout: float = 60.0) -> None:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the staged hang did not end"
-
-
-def finding(kind: str, within: float = 3.0) -> tuple[dict | None, float, dict]:
-    """Wait for a finding of ``kind``; (the finding, seconds it took, the snapshot)."""
-    began = time.monotonic()
-    last = {}
-
-    def found():
-        last.update(nbrpc.waits())
-        return next((f for f in last["findings"] if f["kind"] == kind), None)
-
-    result = wait_until(found, within, interval=0.2)
-    return result, time.monotonic() - began, last
 
 
 def settled():
