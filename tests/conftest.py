@@ -461,3 +461,17 @@ def finding(kind: str, within: float = 3.0) -> tuple[dict | None, float, dict]:
 
     result = wait_until(found, within, interval=0.2)
     return result, time.monotonic() - began, last
+
+
+# The nested-lock deadlock, as a notebook cell: outer holds the lock while its call back into
+# worker1 waits for it (needs threading and rpc in the namespace).
+LOCK_CELL = """\
+lock = threading.Lock()
+def inner():
+    with lock:
+        return 1
+def outer():
+    with lock:
+        return rpc.rpc_sync("worker1", inner)
+rpc.rpc_sync("worker1", outer)
+"""

@@ -16,22 +16,12 @@ import time
 
 import nbformat
 import pytest
-from conftest import wait_until
+from conftest import LOCK_CELL, wait_until
 from test_browser import CHROMIUM, CHROMIUM_ARGS, REPO, Server, report, why_no_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 SETUP = "import threading\nimport torch\nimport torch.distributed.rpc as rpc"
-LOCK_CELL = """\
-lock = threading.Lock()
-def inner():
-    with lock:
-        return 1
-def outer():
-    with lock:
-        return rpc.rpc_sync("worker1", inner)
-rpc.rpc_sync("worker1", outer)
-"""
 REMOTE_CELL = "r = rpc.remote('worker2', torch.ones, args=((2, 3),))\nr.to_here()"
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 SCREENSHOT = REPO / "docs" / "_static" / "side-panel.png"

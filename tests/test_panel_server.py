@@ -23,22 +23,12 @@ from http.cookiejar import CookieJar
 from pathlib import Path
 
 import pytest
-from conftest import execute, free_port, wait_gone, wait_until
+from conftest import LOCK_CELL, execute, free_port, wait_gone, wait_until
 
 from nbrpc._util import kill_pids, pid_alive
 
 pytestmark = pytest.mark.slow
 
-LOCK_CELL = """\
-lock = threading.Lock()
-def inner():
-    with lock:
-        return 1
-def outer():
-    with lock:
-        return rpc.rpc_sync("worker1", inner)
-rpc.rpc_sync("worker1", outer)
-"""
 SETUP = "%load_ext nbrpc\n%rpc_init -n 1\nimport threading\nimport torch.distributed.rpc as rpc"
 
 

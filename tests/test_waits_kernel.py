@@ -12,20 +12,10 @@ import signal
 import time
 
 import pytest
-from conftest import execute, streamed
+from conftest import LOCK_CELL, execute, streamed
 
 pytestmark = pytest.mark.slow
 
-LOCK_CELL = """\
-lock = threading.Lock()
-def inner():
-    with lock:
-        return 1
-def outer():
-    with lock:
-        return rpc.rpc_sync("worker1", inner)
-rpc.rpc_sync("worker1", outer)
-"""
 
 
 LATE = "[worker1] (late: what a call wrote after the cell that made it had ended)"
