@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
 import select
 import signal
@@ -39,6 +40,22 @@ def listening_socket(host: str = LOOPBACK, port: int = 0) -> socket.socket:
         raise OSError(e.errno, msg) from e
     sock.listen(128)
     return sock
+
+
+def unused_loopback_port() -> int:
+    """A loopback port nobody listens on, below the range the OS hands to sockets bound to
+    port 0: a port picked there and closed can be taken by any process's next such socket
+    (a worker's RPC listener, say) before the one it was picked for binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        first_ephemeral = int(f.read().split()[0])
+    for port in random.sample(range(first_ephemeral // 2, first_ephemeral), 200):
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port on {LOOPBACK} between {first_ephemeral // 2} and {first_ephemeral}")
 
 
 def listening_ports(pid: int) -> set[int]:

@@ -7,9 +7,7 @@ import contextlib
 import json
 import os
 import queue
-import random
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +18,7 @@ import psutil
 import pytest
 
 import nbrpc
-from nbrpc._util import kill_pids, pid_alive, start_time
+from nbrpc._util import kill_pids, pid_alive, start_time, unused_loopback_port
 
 # Every process this test run starts inherits the mark (workers, driver scripts,
 # kernels and their workers), so concurrent runs never count or end each other's.
@@ -60,19 +58,8 @@ def kernel_pids() -> set[int]:
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on, below the range the OS hands to sockets bound to
-    port 0: a port picked there and closed can be taken by any process's next such socket
-    (a worker's RPC listener, say) before the one it was picked for binds it."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        first_ephemeral = int(f.read().split()[0])
-    for port in random.sample(range(first_ephemeral // 2, first_ephemeral), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise OSError(f"no free port on 127.0.0.1 between {first_ephemeral // 2} and {first_ephemeral}")
+    """A loopback port nobody listens on, where no socket bound to port 0 takes it first."""
+    return unused_loopback_port()
 
 
 def wait_until(check, timeout: float = 10.0, interval: float = 0.05):

@@ -17,8 +17,6 @@ Parts:
 from __future__ import annotations
 
 import datetime
-import random
-import socket
 import traceback
 
 import torch
@@ -27,6 +25,7 @@ import torch.distributed.rpc as rpc
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .._util import unused_loopback_port
 from ._checking import _call, _Checks, _close, _loss_is, _show, _Wrong
 from .rnn import _in_context, _owned_report, _seeded
 
@@ -45,21 +44,9 @@ _STEP = ("one dist_autograd context per batch: hybrid_forward, F.cross_entropy(o
 
 
 def ddp_port() -> int:
-    """A free loopback port below the range the OS gives to sockets bound to port 0.
-
-    Below it, none of the cluster's own sockets (bound to port 0) can take the port
-    before the trainers' process group binds it.
-    """
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        first_ephemeral = int(f.read().split()[0])
-    for port in random.sample(range(first_ephemeral // 2, first_ephemeral), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise OSError("no free port for the trainers' process group")
+    """A free loopback port for the trainers' process group, where none of the cluster's own
+    sockets (bound to port 0) can take it before the group binds it."""
+    return unused_loopback_port()
 
 
 class _Table(nn.Module):
