@@ -4,7 +4,9 @@ Parts:
 
 - ``_Table``: the checks' own sparse part, a seeded ``nn.EmbeddingBag`` that notes whether
   each call came inside a distributed autograd context, with ``parameter_rrefs`` as the
-  lab's own table has.
+  lab's own table has. Its gradients are sparse: the two trainers step the table on ps at
+  the same time, and a dense step rewrites every row, so one trainer's step could undo the
+  other's; a sparse step writes only the rows its bags used.
 - ``_batches``: the checks' bags for each trainer, drawn from rows of its own, so that the
   two trainers' updates of the table never meet and the expected weights are exact
   (``_expected``: the steps computed here, with the dense gradients averaged as DDP does).
@@ -54,7 +56,7 @@ class _Table(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.bag = _seeded(1, lambda: nn.EmbeddingBag(_ROWS, _WIDTH, mode="sum"))
+        self.bag = _seeded(1, lambda: nn.EmbeddingBag(_ROWS, _WIDTH, mode="sum", sparse=True))
         self.calls = []
 
     def forward(self, indices, offsets):
