@@ -1,4 +1,4 @@
-# make demo | make test | make test-fast | make test-newest | make bench | make bench-gate | make lint | make lab
+# make demo | make test | make test-fast | make test-newest | make bench | make bench-parts | make bench-gate | make lint | make lab
 # | make conformance | make docs — each sets up its virtual environment on first use.
 PYTHON ?= python3
 # The torch build to install; a machine with a GPU may choose another, e.g.
@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
-.PHONY: demo test test-fast test-newest test-runtime bench bench-gate lint lab conformance docs clean
+.PHONY: demo test test-fast test-newest test-runtime bench bench-parts bench-gate lint lab conformance docs clean
 
 # Installing builds the JupyterLab extension (labextension/, with jlpm): Node.js is needed here.
 $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
@@ -58,6 +58,10 @@ test-runtime: $(READY)
 bench: $(READY)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/cuda_rpc.py
+
+# Where a call's cost goes: the user's loops with one part of nbrpc's call path left out at a time.
+bench-parts: $(READY)
+	$(PY) benchmarks/parts.py
 
 # Fails where a row of benchmarks/results.json got worse than benchmarks/baseline.json by
 # more than the runs' own spread (see benchmarks/gate.py).

@@ -5,9 +5,10 @@
 Four sides run the same code (``user_script.py``): a real Jupyter kernel (``%load_ext
 nbrpc``, ``%rpc_init -n 1``, the script's functions as a cell), a plain script driving
 nbrpc (``nbrpc.start(1)``), and the script with ``rpc.init_rpc`` between two plain
-processes, at torch's defaults as a user writes it, and told to use ``uv`` as nbrpc
-does (on a machine with few cores the default's ``shm`` pollers take the cores, so the
-``uv`` rows show nbrpc's own cost). Whole runs take turns (the order rotating), each
+processes, told to use ``uv`` as nbrpc does (the ``..._uv`` rows, which carry the
+targets: nbrpc's own cost on the same transport), and at torch's defaults as a user
+writes it (``shm``, whose pollers spin a core per process: fastest on a quiet machine,
+slowest where the cores are shared; nbrpc keeps ``uv`` for that). Whole runs take turns (the order rotating), each
 side ``--runs`` times, and each row compares the median of a side's runs with the
 median of the init_rpc runs. A row's ``spread`` is the init_rpc runs' own: the farthest
 of them from their median, as a ratio. Every process starts in a session of its own,

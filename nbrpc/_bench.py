@@ -20,28 +20,31 @@ Nothing in nbrpc imports it; it is not for users and may change with the layers.
 - ``PENDING``: the bookkeeping of pending calls that ``nbrpc.waits()`` reads.
 - ``template_process()``: the warm template's pid and seconds to ready, or None.
 - ``KERNEL_NAME``, ``install_kernel(prefix)``: the kernel spec nbrpc installs, and its install.
+- ``PARTS``, ``left_out(part)``: the parts of a call's path, and a context in which one
+  of them is left out of this member's calls (``benchmarks/parts.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from torch.distributed.rpc import internal
 
 from ._compat import torch_compat
-from .calls import interrupts, output, serving
+from .calls import interrupts, output, serving, wrappers
 from .calls.fanout import ask_members
 from .launchers import template
-from .recording import recorder, rref_ledger
+from .recording import pending, recorder, rref_ledger
 from .recording.pending import PENDING
 from .shared_server.kernel import NAME as KERNEL_NAME
 from .shared_server.kernel import install as install_kernel
 from .wire.receivers import receivers
 from .wire.serialization import RpcPickler
 
-__all__ = ["KERNEL_NAME", "OUTPUT_SINKS", "PENDING", "RpcPickler", "install_kernel", "mark_and_check", "recording",
-           "rref_tracking", "sent_bytes", "set_inline_limit", "set_pickler", "stoppable_sync",
-           "template_process", "torch_rpc_sync"]
+__all__ = ["KERNEL_NAME", "OUTPUT_SINKS", "PARTS", "PENDING", "RpcPickler", "install_kernel", "left_out",
+           "mark_and_check", "recording", "rref_tracking", "sent_bytes", "set_inline_limit", "set_pickler",
+           "stoppable_sync", "template_process", "torch_rpc_sync"]
 
 torch_rpc_sync = torch_compat.rpc_sync
 OUTPUT_SINKS = output.SINKS
@@ -113,3 +116,43 @@ def template_process() -> tuple[int, float] | None:
     """The warm template's pid and the seconds it took to be ready, if there is one."""
     current = template.current()
     return None if current is None else (current.pid, current.ready_after or 0.0)
+
+
+class _NoCalls:
+    """The calls-in-flight table left out: nothing noted, nothing explained."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def _torch_own(*points) -> list[tuple]:
+    return [(owner, name, torch_compat._originals[(owner, name)]) for point in points for owner, name in point]
+
+
+# Each part of a call's path, as the (owner, name, stand-in) swaps that leave it out.
+PARTS = {
+    "the caller's wrappers (torch's own functions)": lambda: _torch_own(
+        torch_compat.RPC_SYNC, torch_compat.RPC_ASYNC, torch_compat.REMOTE, torch_compat.RREF_TO_HERE),
+    "the stop carrier (Stoppable, served on the worker)": lambda: [(interrupts, "sent_as", lambda func: None)],
+    "the named future of rpc_async (NamedFuture)": lambda: [
+        (wrappers, "NamedFuture", lambda fut, call, record=None, key=None: fut)],
+    "the interruptible wait of rpc_sync": lambda: [(wrappers, "_wait", lambda fut, to, served=None: None)],
+    "the calls in flight (nbrpc.waits)": lambda: [(wrappers, "PENDING", _NoCalls())],
+    "the call site of each call": lambda: [(pending, "call_site", lambda depth=2: None)],
+    "the RRef ledger's tracking": lambda: [(rref_ledger, "is_tracking", lambda: False)],
+}
+
+
+@contextlib.contextmanager
+def left_out(part: str):
+    """Within, this member's calls go without ``part`` (one of ``PARTS``): a stand-in that
+    does nothing takes its place, for a measurement only."""
+    swaps = PARTS[part]()
+    kept = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+    for owner, name, value in swaps:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in kept:
+            setattr(owner, name, value)

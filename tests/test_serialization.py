@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 import weakref
 
+import pytest
 import torch
 from conftest import run
 from torch.distributed.rpc import internal
@@ -246,3 +247,23 @@ def test_a_message_pickled_inside_another_gets_its_own_pickler(cluster):
     outer, (word, zeros), ones = pickler.deserialize(payload, tensors)
     assert (outer, word) == ("outer", "inner")
     assert torch.equal(zeros, torch.zeros(2)) and torch.equal(ones, torch.ones(1))
+
+
+class _Text(str):
+    """A str of a class of its own: pickled by the full pickler, by reference to its class."""
+
+
+def test_a_plain_reply_is_plain_pickle_signed_like_every_message(cluster):
+    pickler = internal._internal_rpc_pickler
+    key = serialization._wire.key
+    assert key is not None  # the cluster's members sign
+    for value in (None, True, 7, 2**70, 0.5, "héllo", b"\x00bytes"):
+        payload, tensors = pickler.serialize(value)
+        body = pickle.dumps(value, protocol=5)
+        assert payload == serialization._SIGNED + serialization._mac(body) + body and tensors == []
+        assert pickler.deserialize(payload, []) == value
+        forged = payload[:-1] + bytes([payload[-1] ^ 1])
+        with pytest.raises(pickle.UnpicklingError, match="not signed with this cluster's key"):
+            pickler.deserialize(forged, [])
+    payload, _ = pickler.serialize(_Text("kept"))
+    assert type(pickler.deserialize(payload, [])) is _Text
