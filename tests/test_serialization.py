@@ -7,6 +7,7 @@ if nbrpc ships it by value.
 
 from __future__ import annotations
 
+import io
 import pickle
 import weakref
 
@@ -267,3 +268,24 @@ def test_a_plain_reply_is_plain_pickle_signed_like_every_message(cluster):
             pickler.deserialize(forged, [])
     payload, _ = pickler.serialize(_Text("kept"))
     assert type(pickler.deserialize(payload, [])) is _Text
+
+
+def test_a_function_found_importable_goes_by_its_patch_point_once_one_holds_it(cluster):
+    """A function pickled by reference before it stood at one of torch's patch points goes
+    by that point's name afterwards, as every stand-in does."""
+    import colorsys
+
+    pickler = internal._internal_rpc_pickler
+    pickler.serialize(internal.PythonUDF(colorsys.rgb_to_hsv, (0, 0, 0), {}))
+    assert colorsys.rgb_to_hsv in serialization._importable
+    colorsys.point, owner = None, colorsys
+    torch_compat.patch(((owner, "point"),), colorsys.rgb_to_hsv)
+    try:
+        payload, _ = pickler.serialize(internal.PythonUDF(colorsys.rgb_to_hsv, (0, 0, 0), {}))
+        assert b"rgb_to_hsv" not in payload and b"point" in payload
+        assert colorsys.rgb_to_hsv not in serialization._importable
+        assert RpcPickler(io.BytesIO()).reducer_override(colorsys.rgb_to_hsv) == (getattr, (owner, "point"))
+    finally:
+        del colorsys.point
+        torch_compat._originals.pop((owner, "point"))
+        torch_compat._at_points.pop(id(colorsys.rgb_to_hsv))

@@ -375,6 +375,11 @@ def stand_in(obj) -> tuple | None:
     return found[1:] if found is not None and found[0] is obj else None
 
 
+def stand_in_count() -> int:
+    """How many objects stand or stood at patch points: it grows as ``patch`` puts new ones."""
+    return len(_at_points)
+
+
 def uninstall() -> None:
     """Put torch's own functions back everywhere nbrpc patched them."""
     for (owner, name), original in _originals.items():

@@ -43,6 +43,7 @@ from .._compat import torch_compat
 from ..errors import RpcTimeoutError, WorkerDiedError
 from ..recording import functions, futures, recorder
 from ..recording.pending import PENDING
+from ..wire import serialization
 from . import output, serving
 
 # What ``stop`` answers.
@@ -206,6 +207,10 @@ class Awaited(_Call):
             PENDING.awaiting(call_id, functions.named(func, args, here=True), futures.made_at(fut))
             fut.add_done_callback(lambda _: PENDING.settled(call_id))
         return fut
+
+
+serialization.add_carrier(Stoppable)
+serialization.add_carrier(Awaited)
 
 
 def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):

@@ -39,6 +39,7 @@ from ..recording import recorder, rref_ledger
 from . import definitions, module_globals, shared_tensors
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
+_C_DUMP = pickle.Pickler.dump
 # cloudpickle rebuilds bound methods from their function, by value when the
 # function's qualname does not resolve (classmethods such as torch's tensor
 # receiver); pickle's own reduction, getattr(owner, name), keeps them by reference.
@@ -46,14 +47,38 @@ _BY_REFERENCE = {types.MethodType: types.MethodType.__reduce__}
 # Functions and classes found to pickle by reference (importable by name: their modules
 # keep them alive anyway).
 _importable: set = set()
+# The types of what carries a call, pickled as they are (``reducer_override``); the calls
+# layer adds its own (``add_carrier``).
+CARRIERS: set = {torch_compat.PythonUDF}
+
+
+def _forget_importable() -> None:
+    """Forget what was found importable once more objects stand at torch's patch points
+    (``torch_compat.patch``): a function pickled by reference before nbrpc put it at one
+    goes by that point's name from then on."""
+    points = torch_compat.stand_in_count()
+    if points != _wire.points:
+        _importable.clear()
+        _wire.points = points
+
+
+def add_carrier(cls: type) -> None:
+    """Instances of ``cls`` carry calls: never a module's global, never by value."""
+    CARRIERS.add(cls)
 
 
 class _Signing:
-    """This process's signing key (None: unsigned) and its last flattened dispatch table."""
+    """This process's signing key (None: unsigned), and what pickling keeps from one
+    message to the next: the last flattened dispatch table, whether torch's table was
+    made ready, how many objects stood at patch points."""
 
     def __init__(self):
         self.key: bytes | None = None
         self.flat: tuple | None = None  # (what it was built from, the table)
+        # (torch's table, how many reducers were registered) when torch's RRef and
+        # registered reducers were last put in it (``serialize``)
+        self.prepared: tuple | None = None
+        self.points = 0  # objects at torch's patch points when ``_importable`` was last checked
 
 
 _wire = _Signing()
@@ -115,16 +140,22 @@ class RpcPickler(cloudpickle.Pickler):
         # remembered, since the check walks modules and the same few (torch's PythonUDF,
         # the call's function) come in every message. torch's API and nbrpc's
         # replacements go by name (see torch_compat.stand_in), before anything else decides.
+        # What carries every call (torch's PythonUDF, nbrpc's Stoppable) is none of these,
+        # and an object found importable is no stand-in (see ``_forget_importable``).
+        cls = type(obj)
+        if cls in CARRIERS:
+            return NotImplemented
+        is_function = cls is types.FunctionType
+        is_class = not is_function and isinstance(obj, type)
+        if (is_function or is_class) and obj in _importable:
+            return NotImplemented
         at_point = torch_compat.stand_in(obj)
         if at_point is not None:
             return getattr, at_point
-        is_function = type(obj) is types.FunctionType
-        if not is_function and not isinstance(obj, type):
+        if not (is_function or is_class):
             held = module_globals.find(obj)
             if held is not None:  # a module's global: the receiver's own (see module_globals)
                 return getattr, held
-            return NotImplemented
-        if obj in _importable:
             return NotImplemented
         if definitions.is_notebook_definition(obj):
             return definitions.reduce_function(obj) if is_function else definitions.reduce_class(obj)
@@ -148,13 +179,13 @@ class RpcPickler(cloudpickle.Pickler):
         body = self._body
         try:
             with shared_tensors.PICKLING:
-                super().dump(obj)
+                _C_DUMP(self, obj)  # cloudpickle's dump adds only a word on deep recursion
             if _wire.key is None:
                 payload = body.getvalue()
             else:
                 with body.getbuffer() as view:
                     payload = b"".join((_SIGNED, _mac(view), view))
-        except (pickle.PicklingError, TypeError, AttributeError) as e:
+        except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as e:
             raise SerializationError(_explain(obj, e)) from e
         finally:
             self.clear_memo()
@@ -204,11 +235,14 @@ def serialize(self, obj):
         return torch_compat.torch_serialize(self, obj)
     if type(obj) in _PLAIN_VALUES:
         return _plain_message(obj), []
+    _forget_importable()
     table = self._dispatch_table
-    table[rpc.PyRRef], table[rpc.RRef] = self._py_rref_reducer, self._rref_reducer
+    if _wire.prepared != (table, len(self._class_reducer_dict)) or rpc.PyRRef not in table:
+        table[rpc.PyRRef], table[rpc.RRef] = self._py_rref_reducer, self._rref_reducer
+        table.update(self._class_reducer_dict)
+        _wire.prepared = (table, len(self._class_reducer_dict))
     if isinstance(obj, torch.jit.ScriptModule):
         table[obj.__class__] = self._script_module_reducer
-    table.update(self._class_reducer_dict)
     kept = _kept
     pickler = kept.pickler
     if kept.busy or type(pickler) is not cls:
