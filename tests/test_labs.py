@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import cloudpickle
@@ -54,6 +54,28 @@ def check_lines(exercise, *answer, capsys) -> str:
         assert failed._render_traceback_() == str(failed).splitlines()
         return f"{failed}\n"
     return capsys.readouterr().out
+
+
+def assert_feedback(out: str, exercise: str, what: str, hint: str) -> None:
+    """``out`` is a check's ✗ line for ``exercise`` saying ``what``, then a hint with ``hint``."""
+    first, hint_line = out.rstrip("\n").split("\n")
+    assert first.startswith(f"✗ {exercise}: ") and what in first, first
+    assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+
+
+@contextmanager
+def lab_cluster(*args, **options):
+    """A lab's cluster for the tests of one class (``nbrpc.start``'s arguments); every
+    process it started is gone after."""
+    if nbrpc.current() is not None:
+        pytest.skip("another cluster is running in this process")
+    cluster = nbrpc.start(*args, **{"progress": None, "timeout": 30, **options})
+    pids = [w.pid for w in cluster.workers]
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+    assert not wait_gone(pids)
 
 
 # -- the source notebooks as files -----------------------------------------------------
@@ -205,13 +227,8 @@ def busiest_with_missing_parts(snapshot):
 @pytest.fixture(scope="class")
 def ps_cluster():
     """Lab 3's cluster, ps + trainer1 + trainer2, for the tests of one class."""
-    if nbrpc.current() is not None:
-        pytest.skip("another cluster is running in this process")
-    cluster = nbrpc.start(names=["ps", "trainer1", "trainer2"], progress=None, timeout=30)
-    pids = [w.pid for w in cluster.workers]
-    yield cluster
-    cluster.shutdown()
-    assert not wait_gone(pids)
+    with lab_cluster(names=["ps", "trainer1", "trainer2"]) as cluster:
+        yield cluster
 
 
 @pytest.mark.usefixtures("ps_cluster")
@@ -315,10 +332,7 @@ class TestDistributedRnnMistakes:
     ], ids=["to-here-copies", "rrefs-to-copies", "lstm-left-out", "hidden-not-detached",
             "no-context"])
     def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
-        out = check_lines(exercise, answer, capsys=capsys)
-        first, hint_line = out.rstrip("\n").split("\n")
-        assert first.startswith(f"✗ {exercise}: ") and what in first, first
-        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+        assert_feedback(check_lines(exercise, answer, capsys=capsys), exercise, what, hint)
 
 
 def returns_backwards(rewards, gamma):
@@ -368,13 +382,8 @@ def play_one_by_one(agent_rref, observers, steps):
 @pytest.fixture(scope="class")
 def observer_cluster():
     """Lab 5's cluster, observer1 + observer2, for the tests of one class."""
-    if nbrpc.current() is not None:
-        pytest.skip("another cluster is running in this process")
-    cluster = nbrpc.start(names=["observer1", "observer2"], progress=None, timeout=30)
-    pids = [w.pid for w in cluster.workers]
-    yield cluster
-    cluster.shutdown()
-    assert not wait_gone(pids)
+    with lab_cluster(names=["observer1", "observer2"]) as cluster:
+        yield cluster
 
 
 @pytest.mark.usefixtures("observer_cluster")
@@ -395,10 +404,7 @@ class TestReinforcementLearningMistakes:
     ], ids=["reversed", "past-rewards", "one-run-per-observer", "old-future", "undecorated",
             "one-by-one"])
     def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
-        out = check_lines(exercise, answer, capsys=capsys)
-        first, hint_line = out.rstrip("\n").split("\n")
-        assert first.startswith(f"✗ {exercise}: ") and what in first, first
-        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+        assert_feedback(check_lines(exercise, answer, capsys=capsys), exercise, what, hint)
 
 
 def average_without_weights(states, counts):
@@ -443,13 +449,8 @@ def round_failing_at_the_deadline(model, clients, round_no, deadline):
 @pytest.fixture(scope="class")
 def client_cluster():
     """Lab 6's cluster, client1 + client2 + client3, for the tests of one class."""
-    if nbrpc.current() is not None:
-        pytest.skip("another cluster is running in this process")
-    cluster = nbrpc.start(names=["client1", "client2", "client3"], progress=None, timeout=30)
-    pids = [w.pid for w in cluster.workers]
-    yield cluster
-    cluster.shutdown()
-    assert not wait_gone(pids)
+    with lab_cluster(names=["client1", "client2", "client3"]) as cluster:
+        yield cluster
 
 
 @pytest.mark.usefixtures("client_cluster")
@@ -471,10 +472,7 @@ class TestFederatedMistakes:
     ], ids=["unweighted", "not-normalised", "one-by-one", "not-loaded", "waits-for-straggler",
             "timeout-raised"])
     def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
-        out = check_lines(exercise, answer, capsys=capsys)
-        first, hint_line = out.rstrip("\n").split("\n")
-        assert first.startswith(f"✗ {exercise}: ") and what in first, first
-        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+        assert_feedback(check_lines(exercise, answer, capsys=capsys), exercise, what, hint)
 
 
 # Lab 8's typical mistakes, around a right forward pass and parameter list.
@@ -532,16 +530,11 @@ def init_group(rank, port):
 @pytest.fixture(scope="class")
 def hybrid_cluster():
     """Lab 8's cluster, ps + trainer0 + trainer1, the trainers in a gloo group of their own."""
-    if nbrpc.current() is not None:
-        pytest.skip("another cluster is running in this process")
-    cluster = nbrpc.start(names=["ps", "trainer0", "trainer1"], progress=None, timeout=30)
-    pids = [w.pid for w in cluster.workers]
-    port = lab.ddp_port()
-    for future in [rpc.rpc_async(f"trainer{rank}", init_group, args=(rank, port)) for rank in (0, 1)]:
-        future.wait()
-    yield cluster
-    cluster.shutdown()
-    assert not wait_gone(pids)
+    with lab_cluster(names=["ps", "trainer0", "trainer1"]) as cluster:
+        port = lab.ddp_port()
+        for future in [rpc.rpc_async(f"trainer{rank}", init_group, args=(rank, port)) for rank in (0, 1)]:
+            future.wait()
+        yield cluster
 
 
 @pytest.mark.usefixtures("hybrid_cluster")
@@ -562,10 +555,7 @@ class TestHybridMistakes:
     ], ids=["to-here-copy", "dense-left-out", "no-ddp", "optimizer-without-dense", "local-backward",
             "no-context"])
     def test_typical_mistakes(self, capsys, exercise, answer, what, hint):
-        out = check_lines(exercise, answer, capsys=capsys)
-        first, hint_line = out.rstrip("\n").split("\n")
-        assert first.startswith(f"✗ {exercise}: ") and what in first, first
-        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+        assert_feedback(check_lines(exercise, answer, capsys=capsys), exercise, what, hint)
 
     def test_an_unfinished_train_is_not_done_and_prints_no_traceback(self, capsys):
         def train(emb_rref, dense, batches, lr):
@@ -665,17 +655,9 @@ def rescale_returning_the_rref(x, scale):
 @pytest.fixture(scope="class")
 def hangs_shell(ip):
     """Lab 9's cluster (worker1, worker2, 4 RPC threads each), HANG_CELLS run in the shell."""
-    if nbrpc.current() is not None:
-        pytest.skip("another cluster is running in this process")
-    cluster = nbrpc.start(2, progress=None, threads=4, timeout=5)
-    pids = [w.pid for w in cluster.workers]
-    try:
-        with as_main(ip):
-            run(ip, HANG_CELLS)
-            yield ip
-    finally:
-        cluster.shutdown()
-    assert not wait_gone(pids)
+    with lab_cluster(2, threads=4, timeout=5), as_main(ip):
+        run(ip, HANG_CELLS)
+        yield ip
 
 
 HANG_MISTAKES = [
@@ -716,10 +698,7 @@ class TestHangsMistakes:
         else:
             args = tuple(hangs_shell.user_ns[name] for name in answer.split())
         began = time.monotonic()
-        out = check_lines(exercise, *args, capsys=capsys)
-        first, hint_line = out.rstrip("\n").split("\n")
-        assert first.startswith(f"✗ {exercise}: ") and what in first, first
-        assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+        assert_feedback(check_lines(exercise, *args, capsys=capsys), exercise, what, hint)
         assert time.monotonic() - began < 15, "a check of a hang must give up quickly"
         # The cluster is usable again: nothing pending, worker1 back to nbrpc's serving.
         assert not nbrpc.waits()["calls"] or exercise == "hangs.outer_fixed"
@@ -984,10 +963,8 @@ MISTAKES = [
                          ids=[f"{m[0]}-{m[1].__name__}" for m in MISTAKES])
 def test_typical_mistakes_get_specific_feedback(cluster, capsys, exercise, answer, what, hint):
     out = check_lines(exercise, answer, capsys=capsys)
-    first, hint_line = out.rstrip("\n").split("\n")
-    assert first.startswith(f"✗ {exercise}: ") and "not done" not in first
-    assert what in first, first
-    assert hint_line.startswith("    hint: ") and hint in hint_line, hint_line
+    assert "not done" not in out.split("\n")[0]
+    assert_feedback(out, exercise, what, hint)
     assert lab.results()[exercise].status == "wrong"
 
 
