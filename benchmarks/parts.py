@@ -23,12 +23,12 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 if __name__ == "__main__":
     import nbrpc  # before torch, as a notebook's first cell
 
 import torch.distributed.rpc as rpc
+from usage import cpu_ns
 
 from nbrpc import _bench
 
@@ -64,26 +64,14 @@ LOOPS = {"rpc_sync": (small_calls, 1), "remote + to_here": (remote_fetches, 2),
          "rpc_async, 32 in flight": (pipelined, 1)}
 
 
-def _cpu_ns(pid: int, thread: int | None = None) -> int:
-    """CPU time of ``pid``'s threads (or of one), in nanoseconds."""
-    total = 0
-    tasks = Path(f"/proc/{pid}/task")
-    for task in ([tasks / str(thread)] if thread else tasks.iterdir()):
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError):
-            pass
-    return total
-
-
 def _measure(loop, calls: int, worker: int) -> tuple[float, float, float, float]:
     """(wall us, driver CPU us, its main thread's, worker CPU us) per call."""
     me = os.getpid()
-    began, driver, main, served = time.perf_counter(), _cpu_ns(me), _cpu_ns(me, me), _cpu_ns(worker)
+    began, driver, main, served = time.perf_counter(), cpu_ns(me), cpu_ns(me, me), cpu_ns(worker)
     loop(calls)
     per = lambda ns: ns / calls / 1e3  # noqa: E731
-    return ((time.perf_counter() - began) / calls * 1e6, per(_cpu_ns(me) - driver),
-            per(_cpu_ns(me, me) - main), per(_cpu_ns(worker) - served))
+    return ((time.perf_counter() - began) / calls * 1e6, per(cpu_ns(me) - driver),
+            per(cpu_ns(me, me) - main), per(cpu_ns(worker) - served))
 
 
 def _without(part: str, measure):
