@@ -83,6 +83,25 @@ def _sleep_in_c(seconds: float) -> str:
     return "slept"
 
 
+runs: list = []
+
+
+def _where(tag: str) -> str:
+    """The thread this call runs on; each run is kept in ``runs``."""
+    runs.append(tag)
+    return threading.current_thread().name
+
+
+def _runs() -> list:
+    return list(runs)
+
+
+def _set_inline_limit(limit: int | None) -> None:
+    from nbrpc.calls import serving
+
+    serving.pool.inline_limit = limit
+
+
 def _context_here() -> tuple[int, int]:
     """The distributed autograd context this call runs in, as torch and nbrpc see it."""
     return dist_autograd._current_context()._context_id(), torch_compat.thread_context_id()
@@ -136,6 +155,20 @@ def test_more_blocking_calls_than_rpc_threads_complete(cluster):
     futures = [rpc.rpc_async("worker1", _a, args=(x,)) for x in range(8)]
     assert [f.wait() for f in futures] == [x * 10 for x in range(8)]
     _answers_within(3)
+
+
+def test_a_waited_call_runs_on_torch_thread_until_the_limit_then_is_served(cluster):
+    """``rpc_sync`` sends its function to run on torch's thread (a plain function); a member
+    whose torch threads may run no more calls answers that it is busy, and the call is
+    sent again and handed to a serving thread: its value comes back, and it ran once."""
+    assert not rpc.rpc_sync("worker1", _where, args=("direct",)).startswith("nbrpc-serve")
+    rpc.rpc_sync("worker1", _set_inline_limit, args=(0,))
+    try:
+        assert rpc.rpc_sync("worker1", _where, args=("refused",)).startswith("nbrpc-serve")
+    finally:
+        rpc.rpc_sync("worker1", _set_inline_limit, args=(None,))
+    assert rpc.rpc_sync("worker1", _runs)[-2:] == ["direct", "refused"]
+    assert not rpc.rpc_sync("worker1", _where, args=("direct again",)).startswith("nbrpc-serve")
 
 
 def test_a_call_runs_in_its_callers_autograd_context(cluster):

@@ -42,7 +42,7 @@ from ..errors import (
 from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import agent_devices, caller_half, destinations, fetch_threads, interrupts, output, stopping
+from . import agent_devices, caller_half, destinations, fetch_threads, interrupts, output, serving, stopping
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_to_here = torch_compat.to_here
@@ -96,13 +96,21 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
     record = caller_half.record("rpc_sync", to, func)
-    fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout),
-                         func, args, record, replies=True)
+
+    def send(f):
+        return destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout)
+
+    fut, sent = _send(send, func, args, record, replies=True, direct=True)
+    call_id = None if sent is None else sent.call_id
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key, served = PENDING.calling(to, what, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
     try:
         _wait(fut, to, served)
         value = fut.wait()
+        if value is serving.Busy:  # the callee's torch threads were taken: sent to be served as others are
+            fut = send(interrupts.Stoppable(sent))
+            _wait(fut, to, served)
+            value = fut.wait()
     except RuntimeError as e:
         stop = stopping.stop_on_timeout(e, to, call_id)
         _raise_named(e, to, _label("rpc_sync", to, what), timeout, record.answered, key, stop)
@@ -123,8 +131,9 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
     record = caller_half.record("rpc_async", to, func)
-    fut, call_id = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
-                         func, args, record, replies=True)
+    fut, sent = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
+                      func, args, record, replies=True)
+    call_id = None if sent is None else sent.call_id
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key = PENDING.calling(to, what, call_id, "rpc_async")
     named = NamedFuture(fut, (to, what, timeout, call_id), record, key)
@@ -289,22 +298,27 @@ def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unreco
 
 
 def _send(send: Callable, func, args, record: caller_half.Record | caller_half.Unrecorded, replies: bool,
-          call_id: str | None = None):
+          call_id: str | None = None, direct: bool = False):
     """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
-    ``Stoppable`` (an ``@async_execution`` one as an ``Awaited``) with a new call id (or
+    ``Stoppable`` (a ``Direct`` one if ``direct``: its caller waits for the reply at
+    once; an ``@async_execution`` one as an ``Awaited``) with a new call id (or
     ``call_id``, given only for such a function), so that an interrupt can stop it (a
     recorded call's carries the record's id, and whether its reply is pickled:
-    ``replies``). Returns what ``send`` returned and the call id (None: cannot be
-    stopped); the record learns what was sent, and a failure to send."""
+    ``replies``). Returns what ``send`` returned and the carrier sent (None: the function
+    went bare and cannot be stopped); the record learns what was sent, and a failure to send."""
     output.before_call()
     try:
         carrier = interrupts.sent_as(func)
         if carrier is None:
             return send(func), None
-        trace = record.trace(replies) if carrier is interrupts.Stoppable else None
+        trace = None
+        if carrier is interrupts.Stoppable:
+            trace = record.trace(replies)
+            if direct:
+                carrier = interrupts.Direct
         stoppable = carrier((func, call_id or interrupts.new_call_id(), trace))
         try:
-            return send(stoppable), stoppable.call_id
+            return send(stoppable), stoppable
         except SerializationError:
             # Sent bare, the error names the function or argument that does not pickle.
             return send(func), None
