@@ -52,7 +52,7 @@ SCRIPTS = {
     "output": (["--calls", "2000"], ["--calls", "200"]),
     "pending": (["--calls", "2000"], ["--calls", "200"]),
     "scale": ([], ["--sizes", "1,2"]),
-    "user": ([], ["--runs", "1", "--calls", "100", "--trips", "1"]),
+    "user": ([], ["--runs", "1", "--calls", "100", "--trips", "1", "--turns", "2"]),
 }
 DEFAULT = ("calls", "cuda", "user", "startup", "definitions", "output", "pending", "scale", "tutorials", "cycles")
 

@@ -1,6 +1,6 @@
 """The user's comparison: a notebook running nbrpc against the script it replaces.
 
-    python benchmarks/user.py [--runs 3] [--calls 1000] [--trips 3] [--json FILE]
+    python benchmarks/user.py [--runs 5] [--calls 1000] [--trips 3] [--turns 30] [--json FILE]
 
 Four sides run the same code (``user_script.py``): a real Jupyter kernel (``%load_ext
 nbrpc``, ``%rpc_init -n 1``, the script's functions as a cell), a plain script driving
@@ -13,6 +13,11 @@ side ``--runs`` times, and each row compares the median of a side's runs with th
 median of the init_rpc runs. A row's ``spread`` is the init_rpc runs' own: the farthest
 of them from their median, as a ratio. Every process starts in a session of its own,
 as a kernel does, so the scheduler shares the CPU among them alike.
+
+Whole runs of one side differ by up to 10% on a 2-core machine (the machine's drift, and
+where the scheduler puts a run's threads). The ``user_kernel_beside_script_sync`` row
+takes them apart: a kernel and a script, each with a cluster of its own, running at the
+same time and taking ``--turns`` turns of small calls, give the kernel's own share.
 """
 
 from __future__ import annotations
@@ -131,6 +136,68 @@ def take_turns(runs: int, calls: int, trips: int, progress=print) -> dict[str, l
     return found
 
 
+def kernel_beside_script(turns: int = 30, calls: int = 200) -> dict:
+    """The kernel's own share: a kernel and a script, each driving a cluster of its own at
+    the same time, take turns of ``calls`` small calls (the order alternating), so that
+    the machine's drift and a run's thread placement fall on both alike. The medians of
+    the turns' medians (ms) and of their ratios."""
+    from jupyter_client import KernelManager
+
+    loop = SCRIPT.read_text().split("# -- cells begin\n", 1)[1].split("# -- cells end", 1)[0]
+    turn = loop + "\nturn = lambda n: timed(lambda: rpc.rpc_sync('worker1', echo, args=(1,)), n)\n"
+    script = ("import sys\nimport nbrpc\n" + turn + "cluster = nbrpc.start(1, progress=None)\ntry:\n"
+              "    for line in sys.stdin:\n        print(turn(int(line)), flush=True)\n"
+              "finally:\n    cluster.shutdown()\n")
+    with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(scratch) / "kernel"))
+        km.start_kernel(cwd=scratch)
+        started = []
+        proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        try:
+            kc = km.client()
+            kc.start_channels()
+            kc.wait_for_ready(timeout=TIMEOUT)
+            for cell in ("%load_ext nbrpc", "%rpc_init -n 1", turn):
+                started += _children(km.provisioner.pid)
+                _execute(kc, cell)
+
+            def in_kernel(n: int) -> float:
+                return float(_execute(kc, f"print(turn({n}))").split()[-1])
+
+            def in_script(n: int) -> float:
+                proc.stdin.write(f"{n}\n")
+                proc.stdin.flush()
+                return float(proc.stdout.readline())
+
+            in_kernel(calls)
+            in_script(calls)  # connections and threads: not timed
+            kernel, script = [], []
+            for i in range(turns):
+                for side in ((in_kernel, kernel), (in_script, script))[:: 1 if i % 2 else -1]:
+                    side[1].append(side[0](calls))
+            _execute(kc, "%rpc_shutdown")
+            kc.stop_channels()
+        finally:
+            started += _children(proc.pid)
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            km.shutdown_kernel(now=True)
+            kill_pids(sorted(set(started + [proc.pid])))
+    ratios = [k / s for k, s in zip(kernel, script)]
+    return {"kernel_ms": statistics.median(kernel), "script_ms": statistics.median(script),
+            "ratio": statistics.median(ratios), "turns": turns, "calls": calls}
+
+
+def beside_row(found: dict) -> dict:
+    return row("user_kernel_beside_script_sync", found["kernel_ms"], found["script_ms"], ratio=found["ratio"],
+               note=f"median of {found['turns']} turns' ratios, {found['calls']} calls a turn, "
+                    "both clusters running at once")
+
+
 def user_rows(found: dict[str, list[dict]]) -> list[dict]:
     """Each nbrpc side against the script at torch's defaults (``user_<side>_<figure>``),
     and its small calls against the script told to use ``uv`` (``..._uv``)."""
@@ -151,14 +218,17 @@ def user_rows(found: dict[str, list[dict]]) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="whole runs of each side")
+    parser.add_argument("--runs", type=int, default=5, help="whole runs of each side")
     parser.add_argument("--calls", type=int, default=1000, help="small calls a run (remote: half)")
     parser.add_argument("--trips", type=int, default=3, help="100 MiB round trips a run")
+    parser.add_argument("--turns", type=int, default=30, help="turns of the kernel beside the script")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
-    found = take_turns(args.runs, args.calls, args.trips,
-                       lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+    progress = lambda message: print(f"bench: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    found = take_turns(args.runs, args.calls, args.trips, progress)
     rows = user_rows(found)
+    progress("user's comparison: a kernel beside a script")
+    rows.append(beside_row(kernel_beside_script(args.turns)))
     for r in rows:
         print(f"{r['id']:<24} {r['nbrpc']:>10.4g} {r['reference']:>10.4g} {r['ratio']:>6.2f}  {r['target']}")
     write_rows(rows, args.json)
