@@ -201,7 +201,7 @@ def serve(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
 def serve_here(run: Callable, args: tuple, kwargs: dict):
     """``run(*args, **kwargs)`` on this torch thread while fewer than the limit run calls
     on torch's threads, else ``Busy``: a plain function's value, without the Future of
-    torch's ``@async_execution`` protocol (about 2% of a small call)."""
+    torch's ``@async_execution`` protocol (about 1% of a small call here)."""
     if not _take_torch_thread():
         return Busy
     try:

@@ -10,6 +10,9 @@ Wrappers, installed in every member by ``group.join``:
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
   could not pickle and in failures of workers whose process has ended. An
   interrupted or timed-out call is stopped on its worker too, nested calls included.
+  Its Python function goes as an ``interrupts.Direct``, which torch runs as a plain
+  function; a callee whose torch threads are taken answers ``serving.Busy``, and the call
+  goes again as a ``Stoppable``, to be handed to a serving thread.
 - ``rpc.rpc_async``: returns a ``NamedFuture`` (torch's devices), whose ``wait`` does the same.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
