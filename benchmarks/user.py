@@ -173,9 +173,10 @@ def kernel_beside_script(turns: int = 30, calls: int = 200) -> dict:
             in_kernel(calls)
             in_script(calls)  # connections and threads: not timed
             kernel, script = [], []
+            sides = ((in_kernel, kernel), (in_script, script))
             for i in range(turns):
-                for side in ((in_kernel, kernel), (in_script, script))[:: 1 if i % 2 else -1]:
-                    side[1].append(side[0](calls))
+                for measure, found in sides if i % 2 else sides[::-1]:
+                    found.append(measure(calls))
             _execute(kc, "%rpc_shutdown")
             kc.stop_channels()
         finally:
@@ -224,7 +225,9 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=30, help="turns of the kernel beside the script")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
-    progress = lambda message: print(f"bench: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    def progress(message: str) -> None:
+        print(f"bench: {message}", file=sys.stderr, flush=True)
+
     found = take_turns(args.runs, args.calls, args.trips, progress)
     rows = user_rows(found)
     progress("user's comparison: a kernel beside a script")
