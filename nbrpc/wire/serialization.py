@@ -67,7 +67,7 @@ def add_carrier(cls: type) -> None:
     CARRIERS.add(cls)
 
 
-class _Signing:
+class _WireState:
     """This process's signing key (None: unsigned), and what pickling keeps from one
     message to the next: the last flattened dispatch table, whether torch's table was
     made ready, how many objects stood at patch points."""
@@ -81,7 +81,7 @@ class _Signing:
         self.points = 0  # objects at torch's patch points when ``_importable`` was last checked
 
 
-_wire = _Signing()
+_wire = _WireState()
 
 
 _SIGNED = b"nbrpc-blake2b:"
@@ -140,7 +140,7 @@ class RpcPickler(cloudpickle.Pickler):
         # remembered, since the check walks modules and the same few (torch's PythonUDF,
         # the call's function) come in every message. torch's API and nbrpc's
         # replacements go by name (see torch_compat.stand_in), before anything else decides.
-        # What carries every call (torch's PythonUDF, nbrpc's Stoppable) is none of these,
+        # What carries every call (``CARRIERS``: torch's PythonUDF, nbrpc's carriers) is none of these,
         # and an object found importable is no stand-in (see ``_forget_importable``).
         cls = type(obj)
         if cls in CARRIERS:
