@@ -11,7 +11,8 @@ default) and ends with its table (``report.py``). The parts, in order:
   taking turns in short rounds; the second raw ``uv`` pair gives the run's spread.
 - ``cuda``: small calls through a device map, where torch sees a GPU (``cuda_calls.py``).
 - ``user``: the user's comparison, a Jupyter kernel and a plain script driving nbrpc
-  against ``init_rpc`` between two plain processes, whole runs in turns (``user.py``).
+  against ``init_rpc`` between two plain processes, whole runs in turns and side by side
+  (``user.py``).
 - ``startup``, ``definitions``, ``output``, ``pending``, ``scale``, ``cycles``: each a script of
   this folder that prints its own table and hands its rows over (``--json``).
 - ``tutorials``: the wall time of tutorials 01, 02 and 04 run headless.

@@ -1,6 +1,6 @@
 """The user's comparison: a notebook running nbrpc against the script it replaces.
 
-    python benchmarks/user.py [--runs 5] [--calls 1000] [--trips 3] [--turns 30] [--json FILE]
+    python benchmarks/user.py [--runs 5] [--calls 1000] [--trips 3] [--turns 60] [--json FILE]
 
 Four sides run the same code (``user_script.py``): a real Jupyter kernel (``%load_ext
 nbrpc``, ``%rpc_init -n 1``, the script's functions as a cell), a plain script driving
@@ -8,16 +8,19 @@ nbrpc (``nbrpc.start(1)``), and the script with ``rpc.init_rpc`` between two pla
 processes, told to use ``uv`` as nbrpc does (the ``..._uv`` rows, which carry the
 targets: nbrpc's own cost on the same transport), and at torch's defaults as a user
 writes it (``shm``, whose pollers spin a core per process: fastest on a quiet machine,
-slowest where the cores are shared; nbrpc keeps ``uv`` for that). Whole runs take turns (the order rotating), each
-side ``--runs`` times, and each row compares the median of a side's runs with the
-median of the init_rpc runs. A row's ``spread`` is the init_rpc runs' own: the farthest
-of them from their median, as a ratio. Every process starts in a session of its own,
-as a kernel does, so the scheduler shares the CPU among them alike.
+slowest where the cores are shared; nbrpc keeps ``uv`` for that). Whole runs take turns,
+each side ``--runs`` times, the order reversed every other turn (the script on ``uv``
+runs next to both nbrpc sides). A row's ratio is the median of the turns' ratios (each
+nbrpc run against the init_rpc run of its turn), its values the medians of the runs; its
+``spread`` is the init_rpc runs' own: the farthest of them from their median, as a
+ratio. Every process starts in a session of its own, as a kernel does, so the scheduler
+shares the CPU among them alike.
 
-Whole runs of one side differ by up to 10% on a 2-core machine (the machine's drift, and
-where the scheduler puts a run's threads). The ``user_kernel_beside_script_sync`` row
-takes them apart: a kernel and a script, each with a cluster of its own, running at the
-same time and taking ``--turns`` turns of small calls, give the kernel's own share.
+Whole runs of one side differ by up to 10% on a 2-core machine (the machine's drift and
+load, and where the scheduler puts a run's threads). The ``user_*_beside_*`` rows take
+them apart: a kernel and a script, each with a cluster of its own, and the script's
+init_rpc pair on ``uv``, running at the same time and taking ``--turns`` turns of small
+calls and ``remote`` + ``to_here``, give nbrpc's own share, and the kernel's.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ import tempfile
 from pathlib import Path
 
 import psutil
-from results import row, write_rows
+from results import TARGETS, row, write_rows
 from usage import kill_pids
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "user_script.py"
-SIDES = ("kernel", "script", "raw", "raw_uv")
+# In a turn's order (every other turn reversed): the script on uv, which each nbrpc side
+# is compared with, runs next to both.
+SIDES = ("kernel", "raw_uv", "script", "raw")
 FIGURES = {"sync": "sync_ms", "remote": "remote_ms", "throughput": "throughput", "tensor": "tensor_ms"}
 TIMEOUT = 600
 
@@ -125,83 +130,113 @@ def _last_json(stdout: str, who: str, stderr: str = "") -> dict:
 
 
 def take_turns(runs: int, calls: int, trips: int, progress=print) -> dict[str, list[dict]]:
-    """Whole runs of each side in turns, the order rotating."""
+    """Whole runs of each side in turns, the order reversed every other turn."""
     run = {"kernel": run_kernel, "script": run_script, "raw": run_raw,
            "raw_uv": lambda c, t: run_raw(c, t, "raw-uv")}
     found = {side: [] for side in SIDES}
     for turn in range(runs):
-        for side in SIDES[turn % len(SIDES):] + SIDES[:turn % len(SIDES)]:
+        for side in SIDES[::-1] if turn % 2 else SIDES:
             progress(f"user's comparison: {side}, run {turn + 1} of {runs}")
             found[side].append(run[side](calls, trips))
     return found
 
 
-def kernel_beside_script(turns: int = 30, calls: int = 200) -> dict:
-    """The kernel's own share: a kernel and a script, each driving a cluster of its own at
-    the same time, take turns of ``calls`` small calls (the order alternating), so that
-    the machine's drift and a run's thread placement fall on both alike. The medians of
-    the turns' medians (ms) and of their ratios."""
+# The sides that run at once in ``side_by_side``, and its rows: (side, reference, figure).
+BESIDE = ("kernel", "script", "raw_uv")
+BESIDE_ROWS = {"user_kernel_beside_script_sync": ("kernel", "script", "sync_ms"),
+               "user_kernel_beside_raw_sync": ("kernel", "raw_uv", "sync_ms"),
+               "user_kernel_beside_raw_remote": ("kernel", "raw_uv", "remote_ms"),
+               "user_script_beside_raw_sync": ("script", "raw_uv", "sync_ms"),
+               "user_script_beside_raw_remote": ("script", "raw_uv", "remote_ms")}
+
+
+def side_by_side(turns: int = 60, calls: int = 200) -> dict:
+    """A kernel and a script, each driving a cluster of its own, and the script's
+    ``init_rpc`` pair (on ``uv``), all running at once, take ``turns`` turns of ``calls``
+    small calls and half as many ``remote`` + ``to_here`` (the order rotating), so that the
+    machine's drift, its load and a run's thread placement fall on every side alike. Each
+    side's figures per turn (``user_script.turn``)."""
     from jupyter_client import KernelManager
 
-    loop = SCRIPT.read_text().split("# -- cells begin\n", 1)[1].split("# -- cells end", 1)[0]
-    turn = loop + "\nturn = lambda n: timed(lambda: rpc.rpc_sync('worker1', echo, args=(1,)), n)\n"
-    script = ("import sys\nimport nbrpc\n" + turn + "cluster = nbrpc.start(1, progress=None)\ntry:\n"
-              "    for line in sys.stdin:\n        print(turn(int(line)), flush=True)\n"
-              "finally:\n    cluster.shutdown()\n")
     with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
+        store = str(Path(scratch) / "store")
+        commands = ([sys.executable, str(SCRIPT), "nbrpc", "--turns"],
+                    [sys.executable, str(SCRIPT), "raw-uv", "0", store, "--turns"],
+                    [sys.executable, str(SCRIPT), "raw-uv", "1", store])
+        errors = [Path(scratch) / f"stderr-{i}" for i in range(len(commands))]
         km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(scratch) / "kernel"))
         km.start_kernel(cwd=scratch)
-        started = []
-        proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        procs, started = [], []
         try:
+            for command, err in zip(commands, errors):
+                with err.open("w") as sink:
+                    procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                  stderr=sink, text=True, start_new_session=True))
             kc = km.client()
             kc.start_channels()
             kc.wait_for_ready(timeout=TIMEOUT)
-            for cell in ("%load_ext nbrpc", "%rpc_init -n 1", turn):
+            for cell in cells(0, 0)[:3]:
                 started += _children(km.provisioner.pid)
                 _execute(kc, cell)
-
-            def in_kernel(n: int) -> float:
-                return float(_execute(kc, f"print(turn({n}))").split()[-1])
-
-            def in_script(n: int) -> float:
-                proc.stdin.write(f"{n}\n")
-                proc.stdin.flush()
-                return float(proc.stdout.readline())
-
-            in_kernel(calls)
-            in_script(calls)  # connections and threads: not timed
-            kernel, script = [], []
-            sides = ((in_kernel, kernel), (in_script, script))
+            ask = {"kernel": lambda n: _last_json(_execute(kc, f"import json\nprint(json.dumps(turn({n})))"),
+                                                  "the kernel"),
+                   "script": _asking(procs[0], "the script with nbrpc", errors[0]),
+                   "raw_uv": _asking(procs[1], "the script with init_rpc (raw-uv)", errors[1])}
+            for side in BESIDE:
+                ask[side](calls)  # connections and threads: not timed
+            found = {side: [] for side in BESIDE}
             for i in range(turns):
-                for measure, found in sides if i % 2 else sides[::-1]:
-                    found.append(measure(calls))
+                for side in BESIDE[i % len(BESIDE):] + BESIDE[:i % len(BESIDE)]:
+                    found[side].append(ask[side](calls))
             _execute(kc, "%rpc_shutdown")
             kc.stop_channels()
         finally:
-            started += _children(proc.pid)
-            proc.stdin.close()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
+            for proc in procs:
+                started += _children(proc.pid)
+                if proc.stdin:
+                    proc.stdin.close()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    pass
+                proc.stdout.close()
             km.shutdown_kernel(now=True)
-            kill_pids(sorted(set(started + [proc.pid])))
-    ratios = [k / s for k, s in zip(kernel, script)]
-    return {"kernel_ms": statistics.median(kernel), "script_ms": statistics.median(script),
-            "ratio": statistics.median(ratios), "turns": turns, "calls": calls}
+            kill_pids(sorted(set(started + [proc.pid for proc in procs])))
+    return {"turns": found, "calls": calls}
 
 
-def beside_row(found: dict) -> dict:
-    return row("user_kernel_beside_script_sync", found["kernel_ms"], found["script_ms"], ratio=found["ratio"],
-               note=f"median of {found['turns']} turns' ratios, {found['calls']} calls a turn, "
-                    "both clusters running at once")
+def _asking(proc: subprocess.Popen, who: str, stderr: Path):
+    """A turn of ``calls`` from a process that measures a turn per line of its input."""
+
+    def ask(calls: int) -> dict:
+        proc.stdin.write(f"{calls}\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        return _last_json(line, who, "" if line else stderr.read_text())
+
+    return ask
+
+
+def beside_rows(found: dict) -> list[dict]:
+    """Each ``BESIDE_ROWS`` row: the median of the turns' ratios."""
+    rows = []
+    for id, (side, reference, figure) in BESIDE_ROWS.items():
+        ours, theirs = ([turn[figure] for turn in found["turns"][s]] for s in (side, reference))
+        calls = found["calls"] if figure == "sync_ms" else found["calls"] // 2
+        rows.append(row(id, statistics.median(ours), statistics.median(theirs),
+                        ratio=statistics.median(o / t for o, t in zip(ours, theirs)),
+                        note=f"median of {len(ours)} turns' ratios, {calls} calls a turn, "
+                             "the three running at once"))
+    return rows
 
 
 def user_rows(found: dict[str, list[dict]]) -> list[dict]:
     """Each nbrpc side against the script at torch's defaults (``user_<side>_<figure>``),
-    and its small calls against the script told to use ``uv`` (``..._uv``)."""
+    and its small calls against the script told to use ``uv`` (``..._uv``). A row's ratio
+    is the median of the turns' ratios, each run against the reference's run of the same
+    turn, as the in-run rows pair their rounds: the machine's drift over minutes falls on
+    both runs of a turn alike. The note gives the runs and the ratio of their medians."""
     pairs = [(side, name, "raw", "") for side in ("kernel", "script") for name in FIGURES]
     pairs += [(side, name, "raw_uv", "_uv") for side in ("kernel", "script") for name in FIGURES if name != "tensor"]
     rows = []
@@ -209,10 +244,13 @@ def user_rows(found: dict[str, list[dict]]) -> list[dict]:
         if not found.get(reference):
             continue
         ours, raw = ([run[FIGURES[name]] for run in found[s]] for s in (side, reference))
+        target = TARGETS[f"user_{side}_{name}{suffix}"]
         middle = statistics.median(raw)
         spread = max((max(r / middle, middle / r) for r in raw), default=None)
+        of_medians = target.ratio(statistics.median(ours), middle)
         rows.append(row(f"user_{side}_{name}{suffix}", statistics.median(ours), middle, spread=spread,
-                        note=f"medians of {len(ours)} whole runs a side; runs: "
+                        ratio=statistics.median(target.ratio(o, r) for o, r in zip(ours, raw)),
+                        note=f"median of {len(ours)} turns' ratios (of the medians: {of_medians:.3f}); runs: "
                              f"{', '.join(f'{x:.4g}' for x in ours)} against {', '.join(f'{x:.4g}' for x in raw)}"))
     return rows
 
@@ -222,7 +260,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="whole runs of each side")
     parser.add_argument("--calls", type=int, default=1000, help="small calls a run (remote: half)")
     parser.add_argument("--trips", type=int, default=3, help="100 MiB round trips a run")
-    parser.add_argument("--turns", type=int, default=30, help="turns of the kernel beside the script")
+    parser.add_argument("--turns", type=int, default=60, help="turns of the sides running side by side")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     def progress(message: str) -> None:
@@ -230,8 +268,8 @@ def main() -> int:
 
     found = take_turns(args.runs, args.calls, args.trips, progress)
     rows = user_rows(found)
-    progress("user's comparison: a kernel beside a script")
-    rows.append(beside_row(kernel_beside_script(args.turns)))
+    progress("user's comparison: a kernel, a script and the init_rpc pair side by side")
+    rows += beside_rows(side_by_side(args.turns))
     for r in rows:
         print(f"{r['id']:<24} {r['nbrpc']:>10.4g} {r['reference']:>10.4g} {r['ratio']:>6.2f}  {r['target']}")
     write_rows(rows, args.json)

@@ -3,14 +3,16 @@
     python user_script.py nbrpc [CALLS TRIPS]            # nbrpc.start(1): a plain script as the driver
     python user_script.py raw RANK STORE [CALLS TRIPS]   # init_rpc between two plain processes
     python user_script.py raw-uv RANK STORE [CALLS TRIPS]  # the same, told to use uv as nbrpc does
+    python user_script.py nbrpc --turns                  # either way: a turn per line of stdin
 
 The same functions, called the same way: a small ``rpc_sync`` of a function defined in
 ``__main__``, ``rpc.remote`` + ``to_here``, ``rpc_async`` throughput with 32 in flight and
 a 100 MiB round trip, all to "worker1". The raw pair is ``rpc.init_rpc`` left at torch's
 defaults (or told to use TensorPipe's ``uv`` transport only, nbrpc's default), meeting
-through a file store; rank 1 serves until rank 0 is done. A notebook
-runs the code between the two "cells" markers below as a cell, after ``%load_ext nbrpc``
-and ``%rpc_init -n 1``. The measuring process prints one JSON line.
+through a file store; rank 1 serves until rank 0 is done. A notebook runs the code between
+the two "cells" markers below as a cell, after ``%load_ext nbrpc`` and ``%rpc_init -n 1``.
+The measuring process prints one JSON line; with ``--turns`` it reads a number N per line
+instead and answers each with ``turn(N)``'s figures, until its input ends.
 """
 
 import sys
@@ -62,16 +64,31 @@ def measure_all(calls=1000, trips=3):
             "remote_ms": timed(lambda: rpc.remote("worker1", echo, args=(1,)).to_here(), calls // 2),
             "throughput": statistics.median(throughput(calls) for _ in range(3)),
             "tensor_ms": timed(lambda: rpc.rpc_sync("worker1", echo, args=(tensor,)), trips)}
+
+
+def turn(n):
+    """One turn of the side-by-side comparison: ms per small call, per remote + to_here."""
+    return {"sync_ms": timed(lambda: rpc.rpc_sync("worker1", echo, args=(1,)), n),
+            "remote_ms": timed(lambda: rpc.remote("worker1", echo, args=(1,)).to_here(), n // 2)}
 # -- cells end
 
 
-def main(argv: list[str]) -> None:
+def measure(argv: list[str]) -> None:
+    """Print ``measure_all``'s figures, or (``--turns``) a turn's per line of input."""
     import json
 
+    if "--turns" not in argv:
+        print(json.dumps(measure_all(*map(int, argv))), flush=True)
+        return
+    for line in sys.stdin:
+        print(json.dumps(turn(int(line))), flush=True)
+
+
+def main(argv: list[str]) -> None:
     if argv[0] == "nbrpc":
         cluster = nbrpc.start(1, progress=None)
         try:
-            print(json.dumps(measure_all(*map(int, argv[1:]))), flush=True)
+            measure(argv[1:])
         finally:
             cluster.shutdown()
         return
@@ -80,7 +97,7 @@ def main(argv: list[str]) -> None:
     options = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{store}", **uv)
     rpc.init_rpc(("master", "worker1")[rank], rank=rank, world_size=2, rpc_backend_options=options)
     if rank == 0:
-        print(json.dumps(measure_all(*map(int, argv[3:]))), flush=True)
+        measure(argv[3:])
     rpc.shutdown()
 
 

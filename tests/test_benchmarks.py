@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -146,3 +147,55 @@ def test_a_quick_run_of_one_part_writes_its_rows(tmp_path):
     assert [row["id"] for row in results["rows"]] == ["recording", "handoff", "handoff_forced"]
     assert results["complete"] and all(row["ratio"] > 0 for row in results["rows"])
     assert "call recording on" in done.stdout
+
+
+def _runs(values: list[float]) -> list[dict]:
+    return [{"sync_ms": v, "remote_ms": v, "throughput": 1 / v, "tensor_ms": v} for v in values]
+
+
+def test_the_users_rows_pair_each_run_with_the_reference_run_of_its_turn(bench):
+    """A row's ratio is the median of the turns' ratios, which the machine's drift between
+    turns leaves alone; the ratio of the medians is in the note."""
+    reference = [3.0, 1.0, 2.0, 5.0, 4.0]  # the machine's speed drifting from turn to turn
+    ours = [r * f for r, f in zip(reference, (1.01, 1.02, 1.03, 1.04, 1.5))]
+    found = {"kernel": _runs(ours), "script": _runs(reference), "raw": _runs(reference), "raw_uv": _runs(reference)}
+    rows = {row["id"]: row for row in bench["user"].user_rows(found)}
+    sync = rows["user_kernel_sync_uv"]
+    assert sync["ratio"] == pytest.approx(1.03) and "of the medians: 1.010" in sync["note"]
+    assert sync["met"] is True and sync["nbrpc"] == pytest.approx(3.03) and sync["reference"] == 3.0
+    assert rows["user_kernel_throughput_uv"]["ratio"] == pytest.approx(1.03)  # calls/s: reference/nbrpc
+    assert rows["user_script_sync_uv"]["ratio"] == 1.0
+    assert "user_kernel_tensor" in rows and "user_kernel_tensor_uv" not in rows
+
+
+def test_the_side_by_side_rows_take_each_turns_ratio(bench):
+    turns = {"kernel": [{"sync_ms": 1.1, "remote_ms": 2.0}, {"sync_ms": 2.2, "remote_ms": 1.0}],
+             "script": [{"sync_ms": 1.0, "remote_ms": 2.0}, {"sync_ms": 2.0, "remote_ms": 1.0}],
+             "raw_uv": [{"sync_ms": 1.0, "remote_ms": 1.0}, {"sync_ms": 2.0, "remote_ms": 1.0}]}
+    rows = {row["id"]: row for row in bench["user"].beside_rows({"turns": turns, "calls": 200})}
+    assert set(rows) == set(bench["user"].BESIDE_ROWS)
+    assert rows["user_kernel_beside_script_sync"]["ratio"] == pytest.approx(1.1)
+    assert rows["user_kernel_beside_raw_sync"]["ratio"] == pytest.approx(1.1)
+    remote = rows["user_kernel_beside_raw_remote"]
+    assert remote["ratio"] == pytest.approx(1.5) and remote["met"] is False and "100 calls a turn" in remote["note"]
+
+
+def _side_by_side_processes() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if "user_script.py" in line or "nbrpc-user-" in line:
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+def test_a_kernel_a_script_and_the_init_rpc_pair_run_side_by_side(bench):
+    """Real processes: a Jupyter kernel with nbrpc, a script with nbrpc and an init_rpc pair
+    take turns; every process they started is gone after."""
+    found = bench["user"].side_by_side(turns=2, calls=20)
+    assert {side: len(turns) for side, turns in found["turns"].items()} == {"kernel": 2, "script": 2, "raw_uv": 2}
+    for turns in found["turns"].values():
+        assert all(0.01 < turn["sync_ms"] < 100 and 0.01 < turn["remote_ms"] < 100 for turn in turns), turns
+    assert all(row["ratio"] > 0 for row in bench["user"].beside_rows(found))
+    assert not _side_by_side_processes()
