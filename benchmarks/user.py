@@ -221,10 +221,10 @@ def _asking(proc: subprocess.Popen, who: str, stderr: Path):
 def beside_rows(found: dict) -> list[dict]:
     """Each ``BESIDE_ROWS`` row: the median of the turns' ratios."""
     rows = []
-    for id, (side, reference, figure) in BESIDE_ROWS.items():
+    for row_id, (side, reference, figure) in BESIDE_ROWS.items():
         ours, theirs = ([turn[figure] for turn in found["turns"][s]] for s in (side, reference))
         calls = found["calls"] if figure == "sync_ms" else found["calls"] // 2
-        rows.append(row(id, statistics.median(ours), statistics.median(theirs),
+        rows.append(row(row_id, statistics.median(ours), statistics.median(theirs),
                         ratio=statistics.median(o / t for o, t in zip(ours, theirs)),
                         note=f"median of {len(ours)} turns' ratios, {calls} calls a turn, "
                              "the three running at once"))
