@@ -158,6 +158,22 @@ to_worker_info = api._to_worker_info
 # Sends one call with an explicit exec mode (rpc_sync/rpc_async without torch's
 # wrappers, so a call can carry a call id); known to work with torch 2.11 to 2.15.
 invoke_rpc = api._invoke_rpc
+# The C++ calls under those two for a Python function; known to work with torch 2.11 to 2.15.
+_invoke_rpc_python_udf = torch._C._distributed_rpc._invoke_rpc_python_udf
+_invoke_remote_python_udf = torch._C._distributed_rpc._invoke_remote_python_udf
+
+
+def send_python_call(to, func, args, kwargs, timeout: float, is_async: bool, remote: bool = False):
+    """What torch's ``_invoke_rpc`` (``remote``: torch's ``remote``) does for a Python
+    function ``func`` while no profiler runs, without the lookups and the profiler's
+    context that cost a small call a fifth of its Python: its caller knows ``func`` is a
+    Python function, and whether it is an ``@async_execution`` one (``is_async``)."""
+    info = api._to_worker_info(to)
+    pickled, tensors = api._default_pickler.serialize(PythonUDF(func, args or (), kwargs or {}))
+    send = _invoke_remote_python_udf if remote else _invoke_rpc_python_udf
+    return send(info, pickled, tensors, timeout, is_async)
+
+
 # The decorator torch puts on its calls ("RPC has not been initialized"); known to work with torch 2.11 to 2.15.
 require_initialized = api._require_initialized
 # Per-thread state where torch's _wait_all collects the futures of rpc_async;
@@ -175,6 +191,9 @@ collect_all = torch._C._collect_all
 # Tells a Python function torch sends as such from a builtin operator (which it
 # sends differently, so no call id); known to work with torch 2.11 to 2.15.
 find_builtin = torch.jit._builtins._find_builtin
+# The table under it, by id of the function: built once, added to in place
+# (``torch.jit._builtins._register_builtin``); known to work with torch 2.11 to 2.15.
+BUILTINS = torch.jit._builtins._get_builtin_table()
 # The attribute @rpc.functions.async_execution marks a function with; known to work with torch 2.11 to 2.15.
 ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
 # internal.PythonUDF (the function and arguments of a call being pickled, named in

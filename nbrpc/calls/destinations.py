@@ -3,7 +3,8 @@
 ``remote_to`` and ``invoke_to`` are torch's ``remote`` and ``_invoke_rpc`` for the call
 wrappers, with the destination set for the pickler while the call is pickled
 (``definitions.receivers``); once the destination answered a call that carried a code in
-full, it holds that code (``_acknowledging``).
+full, it holds that code (``_acknowledging``). A call's carrier (``serialization.CARRIERS``) goes to torch's C++ call
+directly while no profiler runs (``_send``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from .._compat import torch_compat
 from .._compat.torch_compat import RPCExecMode
 from ..wire.receivers import receivers
+from ..wire.serialization import CARRIERS
 
 _torch_remote = torch_compat.remote
 
@@ -21,12 +23,24 @@ def remote_to(to, func, args, kwargs, timeout: float):
     """torch's ``remote``, telling the pickler where the call goes (see ``_sending``)."""
     _sending(to)
     try:
-        rref = _torch_remote(to, func, args, kwargs, timeout)
+        rref = _send(to, func, args, kwargs, timeout, remote=True)
     finally:
         fresh = receivers.end()
     if fresh:
         torch_compat.creation_future(rref).add_done_callback(_acknowledging(to, fresh))
     return rref
+
+
+def _send(to, func, args, kwargs, timeout: float, mode: RPCExecMode | None = None, remote: bool = False):
+    """torch's ``_invoke_rpc`` with ``mode`` (``remote``: torch's ``remote``); a carrier,
+    a Python function torch runs as an ``@async_execution`` one if its class is marked so,
+    without torch's profiling context and lookups unless a profiler runs."""
+    if type(func) in CARRIERS and not torch_compat.profiler_enabled():
+        is_async = hasattr(type(func), torch_compat.ASYNC_EXECUTION_MARK)
+        return torch_compat.send_python_call(to, func, args, kwargs, timeout, is_async, remote)
+    if remote:
+        return _torch_remote(to, func, args, kwargs, timeout)
+    return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)
 
 
 def _sending(to) -> None:
@@ -53,7 +67,7 @@ def invoke_to(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
     """torch's ``_invoke_rpc``, telling the pickler where the call goes."""
     _sending(to)
     try:
-        fut = torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)
+        fut = _send(to, func, args, kwargs, timeout, mode=mode)
     finally:
         fresh = receivers.end()
     if fresh:

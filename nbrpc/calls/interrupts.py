@@ -82,7 +82,7 @@ def sent_as(func: Callable) -> type | None:
     """What carries ``func`` to its callee: ``Stoppable`` for a Python function torch
     sends as such, ``Awaited`` for an ``@async_execution`` function, None for a builtin
     operator or a TorchScript function (torch runs those itself)."""
-    if torch_compat.find_builtin(func) is not None or isinstance(func, torch.jit.ScriptFunction):
+    if id(func) in torch_compat.BUILTINS or isinstance(func, torch.jit.ScriptFunction):
         return None
     return Awaited if hasattr(func, torch_compat.ASYNC_EXECUTION_MARK) else Stoppable
 

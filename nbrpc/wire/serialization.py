@@ -206,11 +206,69 @@ _PLAIN_VALUES = frozenset({type(None), bool, int, float, str, bytes})
 
 def _plain_message(obj) -> bytes:
     """``RpcPickler.message`` of a value of a ``_PLAIN_VALUES`` type."""
-    body = pickle.dumps(obj, cloudpickle.DEFAULT_PROTOCOL)
+    return _signed(obj, pickle.dumps(obj, cloudpickle.DEFAULT_PROTOCOL))
+
+
+def _signed(obj, body) -> bytes:
+    """``body``, ``obj``'s pickle, as a message: signed if this process signs."""
     payload = body if _wire.key is None else b"".join((_SIGNED, _mac(body), body))
     if recorder.RECORDER.armed:
         recorder.count(obj, len(payload))
     return payload
+
+
+class _CallPickler(threading.local):
+    """This thread's plain C pickler for ``_call_message``."""
+
+    def __init__(self):
+        self.body = io.BytesIO()
+        self.pickler = pickle.Pickler(self.body, cloudpickle.DEFAULT_PROTOCOL)
+        self.pickler.dispatch_table = {_Reduced: tuple}
+
+
+class _Reduced(tuple):
+    """A reduction (callable, arguments) in a call's place of the function it rebuilds:
+    the C pickler's table gives it back as it is (``tuple``), where the C pickler writes
+    any function as a global before it looks in a table."""
+
+    __slots__ = ()
+
+
+_call_pickler = _CallPickler()
+
+
+def _call_message(udf) -> bytes | None:
+    """``RpcPickler.message`` of the usual call, pickled all in C: a carrier (unrecorded)
+    of a function found importable, or of a notebook function that pickles as one
+    reduction of plain values (one its receiver holds, or a plain one: see
+    ``definitions.reduce_function``), with arguments of ``_PLAIN_VALUES`` types; None for
+    any other call. The kept pickler asks a Python ``reducer_override`` for each of the
+    call's objects, about half of a small call's pickling."""
+    carrier = udf.func
+    if type(carrier) not in CARRIERS or udf.kwargs or carrier[2] is not None:
+        return None
+    for arg in udf.args:
+        if type(arg) not in _PLAIN_VALUES:
+            return None
+    func = carrier[0]
+    if type(func) is not types.FunctionType:
+        return None
+    _forget_importable()
+    if func not in _importable:  # by reference, as the kept pickler sends it
+        if not definitions.is_notebook_definition(func):
+            return None
+        reduction = definitions.reduce_function(func)
+        if len(reduction) != 2:  # with state to pickle (the definitions it uses)
+            return None
+        func = _Reduced(reduction)
+    kept = _call_pickler
+    try:
+        kept.pickler.dump(tuple.__new__(type(udf), (type(carrier)((func, carrier[1], None)), udf.args, udf.kwargs)))
+        return _signed(udf, kept.body.getvalue())
+    finally:
+        kept.pickler.clear_memo()
+        kept.body.seek(0)
+        kept.body.truncate()
 
 
 class _Kept(threading.local):
@@ -235,6 +293,10 @@ def serialize(self, obj):
         return torch_compat.torch_serialize(self, obj)
     if type(obj) in _PLAIN_VALUES:
         return _plain_message(obj), []
+    if type(obj) is torch_compat.PythonUDF:
+        message = _call_message(obj)
+        if message is not None:
+            return message, []
     _forget_importable()
     table = self._dispatch_table
     if _wire.prepared != (table, len(self._class_reducer_dict)) or rpc.PyRRef not in table:
