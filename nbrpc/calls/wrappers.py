@@ -293,6 +293,8 @@ def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | call
 
 def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded):
     """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled."""
+    if record is caller_half.UNRECORDED:
+        return _torch_to_here(rref, timeout)
     record.fetching(True)
     try:
         return _torch_to_here(rref, timeout)
@@ -353,11 +355,12 @@ def _wait(fut, to, served: interrupts.Served | None = None) -> None:
     """On the main thread, or serving a call (``served``, whose stop ends the wait), wait
     for ``fut`` in a way Ctrl-C can interrupt: a lock released by its done-callback (a
     lock's timed acquire costs no CPU, where polling ``done()`` took a core)."""
-    if fut.done() or (served is None and threading.get_ident() != threading.main_thread().ident):
+    # torch's C++ future's own methods: a ``NamedFuture``'s Python ones only call them.
+    if _CFuture.done(fut) or (served is None and threading.get_ident() != threading.main_thread().ident):
         return
     done = _thread.allocate_lock()
     done.acquire()
-    fut.add_done_callback(_releasing(done))
+    _CFuture.add_done_callback(fut, _releasing(done))
     if served is None:
         _await(done, to)
     else:
