@@ -220,3 +220,22 @@ def test_a_cpu_members_futures_have_no_devices(cluster):
     assert isinstance(fut, wrappers.NamedFuture) and fut.wait() == 2
     assert agent_devices.current() == []
     assert rpc.rpc_sync("worker1", agent_devices.current) == []
+
+
+def test_a_python_functions_call_is_profiled_as_torch_profiles_it(cluster, monkeypatch):
+    """Without a profiler a Python function's call goes to torch's C++ call directly;
+    under one it takes torch's own path, which records the call by its function's name."""
+    from torch.autograd import profiler_legacy
+
+    from nbrpc.calls import destinations
+
+    sent = []
+    invoke = destinations.torch_compat.invoke_rpc
+    monkeypatch.setattr(destinations.torch_compat, "invoke_rpc", lambda *a: sent.append(a[1]) or invoke(*a))
+    assert rpc.rpc_sync("worker1", _ended) == [] and sent == []
+    with profiler_legacy.profile() as prof:  # the one that records RPCs
+        assert rpc.rpc_sync("worker1", _ended) == []
+        assert rpc.rpc_async("worker1", _ended).wait() == []
+    assert len(sent) == 2
+    names = [e.name for e in prof.function_events if e.name.startswith(("rpc_sync#", "rpc_async#"))]
+    assert len(names) == 2 and all("_ended" in n for n in names), names

@@ -289,3 +289,53 @@ def test_a_function_found_importable_goes_by_its_patch_point_once_one_holds_it(c
         del colorsys.point
         torch_compat._originals.pop((owner, "point"))
         torch_compat._at_points.pop(id(colorsys.rgb_to_hsv))
+
+
+def test_the_usual_call_is_pickled_all_in_c_and_the_rest_as_before(shell, monkeypatch):
+    """A call of a function the receiver holds, with plain arguments, asks no Python
+    reducer; a function that uses another definition, or a tensor argument, takes the
+    kept pickler. Each arrives and runs."""
+    run(shell, """
+def double(x):
+    return 2 * x
+
+def quadruple(x):
+    return double(double(x))
+""")
+    asked = []
+    reducer = RpcPickler.reducer_override
+    monkeypatch.setattr(RpcPickler, "reducer_override", lambda self, obj: asked.append(obj) or reducer(self, obj))
+    calls = {  # the call, what it returns, whether the kept pickler pickles it
+        'rpc.rpc_sync("worker1", double, args=(3,))': (6, False),
+        'rpc.rpc_sync("worker1", double, args=("ab",))': ("abab", False),
+        'rpc.rpc_async("worker1", double, args=(2.5,)).wait()': (5.0, False),
+        'rpc.remote("worker1", double, args=(4,)).to_here()': (8, False),
+        'rpc.rpc_sync("worker1", quadruple, args=(3,))': (12, True),
+        'rpc.rpc_sync("worker1", double, args=([1],))': ([1, 1], True),
+        'rpc.rpc_sync("worker1", double, args=(torch.ones(1),)).item()': (2.0, True),
+        'rpc.rpc_sync("worker1", double, kwargs={"x": 1})': (2, True),
+    }
+    for call, (value, kept) in calls.items():
+        run(shell, call)  # the first sends the code: the receiver then holds it
+        asked.clear()
+        assert run(shell, call) == value, call
+        assert bool(asked) == kept, f"{call}: the kept pickler was asked about {asked}"
+
+
+def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
+    run(shell, "def triple(x):\n    return 3 * x")
+    assert run(shell, 'rpc.rpc_sync("worker1", triple, args=(2,))') == 6
+    from nbrpc.calls import interrupts
+    from nbrpc.wire.receivers import receivers
+
+    udf = internal.PythonUDF(interrupts.Direct((shell.user_ns["triple"], "1-1", None)), (2,), {})
+    receivers.begin("worker1")
+    try:
+        payload = serialization._call_message(udf)
+    finally:
+        receivers.end()
+    body = payload[len(serialization._SIGNED) + serialization._MAC_SIZE:]
+    assert payload == serialization._SIGNED + serialization._mac(body) + body
+    forged = payload[:-1] + bytes([payload[-1] ^ 1])
+    with pytest.raises(pickle.UnpicklingError, match="not signed with this cluster's key"):
+        internal._internal_rpc_pickler.deserialize(forged, [])
