@@ -39,6 +39,10 @@ def _ended() -> list:
     return list(ended)
 
 
+def _echo(value):
+    return value
+
+
 _per_thread = threading.local()
 
 
@@ -232,10 +236,10 @@ def test_a_python_functions_call_is_profiled_as_torch_profiles_it(cluster, monke
     sent = []
     invoke = destinations.torch_compat.invoke_rpc
     monkeypatch.setattr(destinations.torch_compat, "invoke_rpc", lambda *a: sent.append(a[1]) or invoke(*a))
-    assert rpc.rpc_sync("worker1", _ended) == [] and sent == []
+    assert rpc.rpc_sync("worker1", _echo, args=(1,)) == 1 and sent == []
     with profiler_legacy.profile() as prof:  # the one that records RPCs
-        assert rpc.rpc_sync("worker1", _ended) == []
-        assert rpc.rpc_async("worker1", _ended).wait() == []
+        assert rpc.rpc_sync("worker1", _echo, args=(2,)) == 2
+        assert rpc.rpc_async("worker1", _echo, args=(3,)).wait() == 3
     assert len(sent) == 2
     names = [e.name for e in prof.function_events if e.name.startswith(("rpc_sync#", "rpc_async#"))]
-    assert len(names) == 2 and all("_ended" in n for n in names), names
+    assert len(names) == 2 and all("_echo" in n for n in names), names
