@@ -146,14 +146,17 @@ BESIDE = ("kernel", "script", "raw_uv")
 BESIDE_ROWS = {"user_kernel_beside_script_sync": ("kernel", "script", "sync_ms"),
                "user_kernel_beside_raw_sync": ("kernel", "raw_uv", "sync_ms"),
                "user_kernel_beside_raw_remote": ("kernel", "raw_uv", "remote_ms"),
+               "user_kernel_beside_raw_throughput": ("kernel", "raw_uv", "throughput"),
                "user_script_beside_raw_sync": ("script", "raw_uv", "sync_ms"),
-               "user_script_beside_raw_remote": ("script", "raw_uv", "remote_ms")}
+               "user_script_beside_raw_remote": ("script", "raw_uv", "remote_ms"),
+               "user_script_beside_raw_throughput": ("script", "raw_uv", "throughput")}
 
 
 def side_by_side(turns: int = 60, calls: int = 200) -> dict:
     """A kernel and a script, each driving a cluster of its own, and the script's
     ``init_rpc`` pair (on ``uv``), all running at once, take ``turns`` turns of ``calls``
-    small calls and half as many ``remote`` + ``to_here`` (the order rotating), so that the
+    small calls, half as many ``remote`` + ``to_here`` and ``calls`` ``rpc_async`` with 32
+    in flight (the order rotating), so that the
     machine's drift, its load and a run's thread placement fall on every side alike. Each
     side's figures per turn (``user_script.turn``)."""
     from jupyter_client import KernelManager
@@ -223,9 +226,9 @@ def beside_rows(found: dict) -> list[dict]:
     rows = []
     for row_id, (side, reference, figure) in BESIDE_ROWS.items():
         ours, theirs = ([turn[figure] for turn in found["turns"][s]] for s in (side, reference))
-        calls = found["calls"] if figure == "sync_ms" else found["calls"] // 2
+        calls = found["calls"] // 2 if figure == "remote_ms" else found["calls"]
         rows.append(row(row_id, statistics.median(ours), statistics.median(theirs),
-                        ratio=statistics.median(o / t for o, t in zip(ours, theirs)),
+                        ratio=statistics.median(TARGETS[row_id].ratio(o, t) for o, t in zip(ours, theirs)),
                         note=f"median of {len(ours)} turns' ratios, {calls} calls a turn, "
                              "the three running at once"))
     return rows

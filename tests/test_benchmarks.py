@@ -169,15 +169,22 @@ def test_the_users_rows_pair_each_run_with_the_reference_run_of_its_turn(bench):
 
 
 def test_the_side_by_side_rows_take_each_turns_ratio(bench):
-    turns = {"kernel": [{"sync_ms": 1.1, "remote_ms": 2.0}, {"sync_ms": 2.2, "remote_ms": 1.0}],
-             "script": [{"sync_ms": 1.0, "remote_ms": 2.0}, {"sync_ms": 2.0, "remote_ms": 1.0}],
-             "raw_uv": [{"sync_ms": 1.0, "remote_ms": 1.0}, {"sync_ms": 2.0, "remote_ms": 1.0}]}
+    def turn(sync_ms, remote_ms, throughput):
+        return {"sync_ms": sync_ms, "remote_ms": remote_ms, "throughput": throughput}
+
+    turns = {"kernel": [turn(1.1, 2.0, 900), turn(2.2, 1.0, 1800)],
+             "script": [turn(1.0, 2.0, 1000), turn(2.0, 1.0, 2000)],
+             "raw_uv": [turn(1.0, 1.0, 1000), turn(2.0, 1.0, 2000)]}
     rows = {row["id"]: row for row in bench["user"].beside_rows({"turns": turns, "calls": 200})}
     assert set(rows) == set(bench["user"].BESIDE_ROWS)
     assert rows["user_kernel_beside_script_sync"]["ratio"] == pytest.approx(1.1)
     assert rows["user_kernel_beside_raw_sync"]["ratio"] == pytest.approx(1.1)
     remote = rows["user_kernel_beside_raw_remote"]
     assert remote["ratio"] == pytest.approx(1.5) and remote["met"] is False and "100 calls a turn" in remote["note"]
+    rate = rows["user_kernel_beside_raw_throughput"]  # a rate: the reference's over nbrpc's
+    assert rate["ratio"] == pytest.approx(1000 / 900, rel=1e-5) and rate["met"] is False
+    assert "200 calls a turn" in rate["note"]
+    assert rows["user_script_beside_raw_throughput"]["ratio"] == pytest.approx(1.0)
 
 
 def _side_by_side_processes() -> list[psutil.Process]:
@@ -196,6 +203,7 @@ def test_a_kernel_a_script_and_the_init_rpc_pair_run_side_by_side(bench):
     found = bench["user"].side_by_side(turns=2, calls=20)
     assert {side: len(turns) for side, turns in found["turns"].items()} == {"kernel": 2, "script": 2, "raw_uv": 2}
     for turns in found["turns"].values():
-        assert all(0.01 < turn["sync_ms"] < 100 and 0.01 < turn["remote_ms"] < 100 for turn in turns), turns
+        assert all(0.01 < turn["sync_ms"] < 100 and 0.01 < turn["remote_ms"] < 100 and 10 < turn["throughput"] < 1e6
+                   for turn in turns), turns
     assert all(row["ratio"] > 0 for row in bench["user"].beside_rows(found))
     assert not _side_by_side_processes()

@@ -320,6 +320,13 @@ def quadruple(x):
         asked.clear()
         assert run(shell, call) == value, call
         assert bool(asked) == kept, f"{call}: the kept pickler was asked about {asked}"
+    import nbrpc
+
+    with nbrpc.trace() as recorded:  # a recorded call's trace is plain values too
+        asked.clear()
+        assert run(shell, 'rpc.rpc_sync("worker1", double, args=(5,))') == 10 and not asked
+    [call] = recorded.snapshot()["calls"]
+    assert call["request"]["pickle"] > 0 and call["reply"]["pickle"] > 0
 
 
 def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):

@@ -238,23 +238,24 @@ _call_pickler = _CallPickler()
 
 
 def _call_message(udf) -> bytes | None:
-    """``RpcPickler.message`` of the usual call, pickled all in C: a carrier (unrecorded)
-    of a function found importable, or of a notebook function that pickles as one
-    reduction of plain values (one its receiver holds, or a plain one: see
-    ``definitions.reduce_function``), with arguments of ``_PLAIN_VALUES`` types; None for
-    any other call. The kept pickler asks a Python ``reducer_override`` for each of the
-    call's objects, about half of a small call's pickling."""
+    """``RpcPickler.message`` of the usual call, pickled all in C: a carrier of a function
+    found importable, or of a notebook function that pickles as one reduction of plain
+    values (one its receiver holds, or a plain one: see ``definitions.reduce_function``),
+    with arguments of ``_PLAIN_VALUES`` types; None for any other call. The kept pickler
+    asks a Python ``reducer_override`` for each of the call's objects, about half of a
+    small call's pickling."""
     carrier = udf.func
-    if type(carrier) not in CARRIERS or udf.kwargs or carrier[2] is not None:
+    if type(carrier) not in CARRIERS or udf.kwargs:
         return None
-    for arg in udf.args:
-        if type(arg) not in _PLAIN_VALUES:
+    trace = carrier[2]  # a recorded call's: its id and whether its reply is pickled
+    for value in udf.args if trace is None else (*udf.args, *trace):
+        if type(value) not in _PLAIN_VALUES:
             return None
     func = carrier[0]
     if type(func) is not types.FunctionType:
         return None
     _forget_importable()
-    if func not in _importable:  # by reference, as the kept pickler sends it
+    if func not in _importable:  # (an importable one goes by reference, as the kept pickler sends it)
         if not definitions.is_notebook_definition(func):
             return None
         reduction = definitions.reduce_function(func)
@@ -263,7 +264,7 @@ def _call_message(udf) -> bytes | None:
         func = _Reduced(reduction)
     kept = _call_pickler
     try:
-        kept.pickler.dump(tuple.__new__(type(udf), (type(carrier)((func, carrier[1], None)), udf.args, udf.kwargs)))
+        kept.pickler.dump(tuple.__new__(type(udf), (type(carrier)((func, carrier[1], trace)), udf.args, udf.kwargs)))
         return _signed(udf, kept.body.getvalue())
     finally:
         kept.pickler.clear_memo()
