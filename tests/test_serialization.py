@@ -320,6 +320,13 @@ def quadruple(x):
         asked.clear()
         assert run(shell, call) == value, call
         assert bool(asked) == kept, f"{call}: the kept pickler was asked about {asked}"
+    from nbrpc.wire import definitions
+
+    reduced = []
+    reduce_function = definitions.reduce_function
+    monkeypatch.setattr(definitions, "reduce_function", lambda f: reduced.append(f.__name__) or reduce_function(f))
+    assert run(shell, 'rpc.rpc_sync("worker1", quadruple, args=(1,))') == 4
+    assert sorted(reduced) == ["double", "quadruple"], "a function reduced twice for one message"
     import nbrpc
 
     with nbrpc.trace() as recorded:  # a recorded call's trace is plain values too

@@ -158,7 +158,10 @@ class RpcPickler(cloudpickle.Pickler):
                 return getattr, held
             return NotImplemented
         if definitions.is_notebook_definition(obj):
-            return definitions.reduce_function(obj) if is_function else definitions.reduce_class(obj)
+            if not is_function:
+                return definitions.reduce_class(obj)
+            made, _kept.made = _kept.made, None  # made already for this message (``_call_message``)
+            return made[1] if made is not None and made[0] is obj else definitions.reduce_function(obj)
         reduced = super().reducer_override(obj)
         if reduced is NotImplemented:  # pickled by reference
             _importable.add(obj)
@@ -259,7 +262,8 @@ def _call_message(udf) -> bytes | None:
         if not definitions.is_notebook_definition(func):
             return None
         reduction = definitions.reduce_function(func)
-        if len(reduction) != 2:  # with state to pickle (the definitions it uses)
+        if len(reduction) != 2:  # with state to pickle (the definitions it uses): the kept pickler's
+            _kept.made = (func, reduction)
             return None
         func = _Reduced(reduction)
     kept = _call_pickler
@@ -273,12 +277,14 @@ def _call_message(udf) -> bytes | None:
 
 
 class _Kept(threading.local):
-    """This thread's pickler, kept from one message to the next, and whether it is
-    pickling one now (a message pickled inside another gets a pickler of its own)."""
+    """This thread's pickler, kept from one message to the next, whether it is pickling
+    one now (a message pickled inside another gets a pickler of its own), and the call's
+    function's reduction ``_call_message`` made for it (function, reduction), if any."""
 
     def __init__(self):
         self.pickler: RpcPickler | None = None
         self.busy = False
+        self.made: tuple | None = None
 
 
 _kept = _Kept()
@@ -320,7 +326,7 @@ def serialize(self, obj):
         pickler.dispatch_table = table
         return pickler.message(obj), tables.send_tables
     finally:
-        kept.busy = nested
+        kept.busy, kept.made = nested, None
         if outer is None:
             del tables.send_tables
         else:
