@@ -166,8 +166,8 @@ _invoke_remote_python_udf = torch._C._distributed_rpc._invoke_remote_python_udf
 def send_python_call(to, func, args, kwargs, timeout: float, is_async: bool, remote: bool = False):
     """What torch's ``_invoke_rpc`` (``remote``: torch's ``remote``) does for a Python
     function ``func`` while no profiler runs, without the lookups and the profiler's
-    context that cost a small call a fifth of its Python: its caller knows ``func`` is a
-    Python function, and whether it is an ``@async_execution`` one (``is_async``)."""
+    context it runs for every call: its caller knows ``func`` is a Python function, and
+    whether it is an ``@async_execution`` one (``is_async``)."""
     info = api._to_worker_info(to)
     pickled, tensors = api._default_pickler.serialize(PythonUDF(func, args or (), kwargs or {}))
     send = _invoke_remote_python_udf if remote else _invoke_rpc_python_udf

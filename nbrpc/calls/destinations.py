@@ -3,8 +3,8 @@
 ``remote_to`` and ``invoke_to`` are torch's ``remote`` and ``_invoke_rpc`` for the call
 wrappers, with the destination set for the pickler while the call is pickled
 (``definitions.receivers``); once the destination answered a call that carried a code in
-full, it holds that code (``_acknowledging``). A call's carrier (``serialization.CARRIERS``) goes to torch's C++ call
-directly while no profiler runs (``_send``).
+full, it holds that code (``_acknowledging``). A call's carrier (``serialization.CARRIERS``)
+goes to torch's C++ call directly while no profiler runs (``_send``).
 """
 
 from __future__ import annotations

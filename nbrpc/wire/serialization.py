@@ -262,7 +262,7 @@ def _call_message(udf) -> bytes | None:
         if not definitions.is_notebook_definition(func):
             return None
         reduction = definitions.reduce_function(func)
-        if len(reduction) != 2:  # with state to pickle (the definitions it uses): the kept pickler's
+        if len(reduction) != 2:  # with state (the definitions it uses): for the kept pickler
             _kept.made = (func, reduction)
             return None
         func = _Reduced(reduction)
