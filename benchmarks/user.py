@@ -156,9 +156,9 @@ def side_by_side(turns: int = 60, calls: int = 200) -> dict:
     """A kernel and a script, each driving a cluster of its own, and the script's
     ``init_rpc`` pair (on ``uv``), all running at once, take ``turns`` turns of ``calls``
     small calls, half as many ``remote`` + ``to_here`` and ``calls`` ``rpc_async`` with 32
-    in flight (the order rotating), so that the
-    machine's drift, its load and a run's thread placement fall on every side alike. Each
-    side's figures per turn (``user_script.turn``)."""
+    in flight (the order rotating), so that the machine's drift, its load and a run's
+    thread placement fall on every side alike. Each side's figures per turn
+    (``user_script.turn``)."""
     from jupyter_client import KernelManager
 
     with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:

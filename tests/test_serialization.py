@@ -16,8 +16,11 @@ import torch
 from conftest import run
 from torch.distributed.rpc import internal
 
+import nbrpc
 from nbrpc._compat import torch_compat
-from nbrpc.wire import serialization, shared_tensors
+from nbrpc.calls import interrupts
+from nbrpc.wire import definitions, serialization, shared_tensors
+from nbrpc.wire.receivers import receivers
 from nbrpc.wire.serialization import RpcPickler
 
 
@@ -320,15 +323,11 @@ def quadruple(x):
         asked.clear()
         assert run(shell, call) == value, call
         assert bool(asked) == kept, f"{call}: the kept pickler was asked about {asked}"
-    from nbrpc.wire import definitions
-
     reduced = []
     reduce_function = definitions.reduce_function
     monkeypatch.setattr(definitions, "reduce_function", lambda f: reduced.append(f.__name__) or reduce_function(f))
     assert run(shell, 'rpc.rpc_sync("worker1", quadruple, args=(1,))') == 4
     assert sorted(reduced) == ["double", "quadruple"], "a function reduced twice for one message"
-    import nbrpc
-
     with nbrpc.trace() as recorded:  # a recorded call's trace is plain values too
         asked.clear()
         assert run(shell, 'rpc.rpc_sync("worker1", double, args=(5,))') == 10 and not asked
@@ -339,9 +338,6 @@ def quadruple(x):
 def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
     run(shell, "def triple(x):\n    return 3 * x")
     assert run(shell, 'rpc.rpc_sync("worker1", triple, args=(2,))') == 6
-    from nbrpc.calls import interrupts
-    from nbrpc.wire.receivers import receivers
-
     udf = internal.PythonUDF(interrupts.Direct((shell.user_ns["triple"], "1-1", None)), (2,), {})
     receivers.begin("worker1")
     try:
