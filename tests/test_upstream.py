@@ -171,7 +171,10 @@ def check_pipeline(notebook, cells, folder, pids):
 
 def check_batch_parameter_server(notebook, cells, folder, pids):
     printed = cell_text(notebook.cells[index_of(cells, "# rank 0 of run(): the parameter server")])
-    lines = [line.split(" ", 1)[1] for line in printed.splitlines()]  # the time goes
+    # Each line is "HH:MM:SS text", a trainer's tagged. The server's update_and_fetch_model runs on
+    # two RPC threads at once, and print() writes its text and its newline apart, so two of its lines
+    # may run together ("...updatesHH:MM:SS PS got ...\n\n"), as they may in the plain script.
+    lines = [text for text in re.split(r"(?:\[\w+\] )?\d\d:\d\d:\d\d |\n", printed) if text]
     assert lines[0] == "Start training" and lines[-1] == "Finish training", printed
     # 2 trainers x 2 batches reach the server; every 2nd update steps the optimizer
     assert sum(re.fullmatch(r"PS got [01]/2 updates", line) is not None for line in lines) == 4, printed
