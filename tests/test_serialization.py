@@ -296,14 +296,31 @@ def test_a_function_found_importable_goes_by_its_patch_point_once_one_holds_it(c
 
 def test_the_usual_call_is_pickled_all_in_c_and_the_rest_as_before(shell, monkeypatch):
     """A call of a function the receiver holds, with plain arguments, asks no Python
-    reducer; a function that uses another definition, or a tensor argument, takes the
-    kept pickler. Each arrives and runs."""
+    reducer, nor does one that uses such functions; one that uses a class or a closure,
+    or a tensor argument, takes the kept pickler. Each arrives and runs."""
     run(shell, """
 def double(x):
     return 2 * x
 
 def quadruple(x):
     return double(double(x))
+
+def adder(y):
+    def add(x):
+        return x + y
+    return add
+
+add_one = adder(1)
+
+def incremented(x):
+    return add_one(double(x))
+
+class Box:
+    def __init__(self, x):
+        self.x = x
+
+def unboxed(x):
+    return Box(x).x
 """)
     asked = []
     reducer = RpcPickler.reducer_override
@@ -313,7 +330,9 @@ def quadruple(x):
         'rpc.rpc_sync("worker1", double, args=("ab",))': ("abab", False),
         'rpc.rpc_async("worker1", double, args=(2.5,)).wait()': (5.0, False),
         'rpc.remote("worker1", double, args=(4,)).to_here()': (8, False),
-        'rpc.rpc_sync("worker1", quadruple, args=(3,))': (12, True),
+        'rpc.rpc_sync("worker1", quadruple, args=(3,))': (12, False),
+        'rpc.rpc_sync("worker1", incremented, args=(3,))': (7, True),
+        'rpc.rpc_sync("worker1", unboxed, args=(3,))': (3, True),
         'rpc.rpc_sync("worker1", double, args=([1],))': ([1, 1], True),
         'rpc.rpc_sync("worker1", double, args=(torch.ones(1),)).item()': (2.0, True),
         'rpc.rpc_sync("worker1", double, kwargs={"x": 1})': (2, True),
@@ -326,8 +345,8 @@ def quadruple(x):
     reduced = []
     reduce_function = definitions.reduce_function
     monkeypatch.setattr(definitions, "reduce_function", lambda f: reduced.append(f.__name__) or reduce_function(f))
-    assert run(shell, 'rpc.rpc_sync("worker1", quadruple, args=(1,))') == 4
-    assert sorted(reduced) == ["double", "quadruple"], "a function reduced twice for one message"
+    assert run(shell, 'rpc.rpc_sync("worker1", incremented, args=(1,))') == 3
+    assert sorted(reduced) == ["add", "double", "incremented"], "a function reduced twice for one message"
     with nbrpc.trace() as recorded:  # a recorded call's trace is plain values too
         asked.clear()
         assert run(shell, 'rpc.rpc_sync("worker1", double, args=(5,))') == 10 and not asked

@@ -167,6 +167,12 @@ def _by_identity(func: types.FunctionType, key: tuple, ident: Identity) -> tuple
     return (_pinned_function, (key,), uses, None, None, _touch)
 
 
+def held_uses(reduction: tuple) -> tuple | None:
+    """The notebook definitions in a held function's reduction (``_by_identity``), or None
+    for any other reduction."""
+    return reduction[2] if reduction[0] is _pinned_function else None
+
+
 def _cache_code(ident: Identity, func: types.FunctionType) -> None:
     with REGISTRY.lock:
         code = func.__code__

@@ -160,8 +160,9 @@ class RpcPickler(cloudpickle.Pickler):
         if definitions.is_notebook_definition(obj):
             if not is_function:
                 return definitions.reduce_class(obj)
-            made, _kept.made = _kept.made, None  # made already for this message (``_call_message``)
-            return made[1] if made is not None and made[0] is obj else definitions.reduce_function(obj)
+            made = _kept.made  # made already for this message (``_reduced_in_c``)
+            reduction = made and made.pop(obj, None)
+            return reduction or definitions.reduce_function(obj)
         reduced = super().reducer_override(obj)
         if reduced is NotImplemented:  # pickled by reference
             _importable.add(obj)
@@ -242,11 +243,10 @@ _call_pickler = _CallPickler()
 
 def _call_message(udf) -> bytes | None:
     """``RpcPickler.message`` of the usual call, pickled all in C: a carrier of a function
-    found importable, or of a notebook function that pickles as one reduction of plain
-    values (one its receiver holds, or a plain one: see ``definitions.reduce_function``),
-    with arguments of ``_PLAIN_VALUES`` types; None for any other call. The kept pickler
-    asks a Python ``reducer_override`` for each of the call's objects, about half of a
-    small call's pickling."""
+    found importable, or of a notebook function ``_reduced_in_c`` reduces, with arguments
+    of ``_PLAIN_VALUES`` types; None for any other call. The kept pickler asks a Python
+    ``reducer_override`` for each of the call's objects, about half of a small call's
+    pickling."""
     carrier = udf.func
     if type(carrier) not in CARRIERS or udf.kwargs:
         return None
@@ -261,11 +261,9 @@ def _call_message(udf) -> bytes | None:
     if func not in _importable:  # (an importable one goes by reference, as the kept pickler sends it)
         if not definitions.is_notebook_definition(func):
             return None
-        reduction = definitions.reduce_function(func)
-        if len(reduction) != 2:  # with state (the definitions it uses): for the kept pickler
-            _kept.made = (func, reduction)
+        func = _reduced_in_c(func)
+        if func is None:
             return None
-        func = _Reduced(reduction)
     kept = _call_pickler
     try:
         kept.pickler.dump(tuple.__new__(type(udf), (type(carrier)((func, carrier[1], trace)), udf.args, udf.kwargs)))
@@ -276,15 +274,33 @@ def _call_message(udf) -> bytes | None:
         kept.body.truncate()
 
 
+def _reduced_in_c(func: types.FunctionType) -> _Reduced | None:
+    """A notebook function's reduction as the C pickler writes it: one call of plain values,
+    or a function its receiver holds with the notebook functions it uses, each such a call.
+    None for any other, whose reductions made here are left to the kept pickler."""
+    reduction = definitions.reduce_function(func)
+    if len(reduction) == 2:
+        return _Reduced(reduction)
+    made = {func: reduction}
+    uses = definitions.held_uses(reduction)
+    for used in uses or ():
+        if type(used) is types.FunctionType:
+            made[used] = definitions.reduce_function(used)
+    if uses is None or any(len(made.get(used, ())) != 2 for used in uses):
+        _kept.made = made  # each reduced once per message
+        return None
+    return _Reduced((*reduction[:2], tuple(_Reduced(made[used]) for used in uses), *reduction[3:]))
+
+
 class _Kept(threading.local):
     """This thread's pickler, kept from one message to the next, whether it is pickling
-    one now (a message pickled inside another gets a pickler of its own), and the call's
-    function's reduction ``_call_message`` made for it (function, reduction), if any."""
+    one now (a message pickled inside another gets a pickler of its own), and the notebook
+    functions' reductions ``_reduced_in_c`` made for this message, by function."""
 
     def __init__(self):
         self.pickler: RpcPickler | None = None
         self.busy = False
-        self.made: tuple | None = None
+        self.made: dict | None = None
 
 
 _kept = _Kept()
