@@ -321,6 +321,9 @@ class Box:
 
 def unboxed(x):
     return Box(x).x
+
+def factorial(n):
+    return 1 if n < 2 else n * factorial(n - 1)
 """)
     asked = []
     reducer = RpcPickler.reducer_override
@@ -347,6 +350,10 @@ def unboxed(x):
     monkeypatch.setattr(definitions, "reduce_function", lambda f: reduced.append(f.__name__) or reduce_function(f))
     assert run(shell, 'rpc.rpc_sync("worker1", incremented, args=(1,))') == 3
     assert sorted(reduced) == ["add", "double", "incremented"], "a function reduced twice for one message"
+    run(shell, 'rpc.rpc_sync("worker1", factorial, args=(3,))')  # sent in full: held from now on
+    reduced.clear()
+    assert run(shell, 'rpc.rpc_sync("worker1", factorial, args=(4,))') == 24
+    assert reduced == ["factorial"], "a recursive function reduced twice for one message"
     with nbrpc.trace() as recorded:  # a recorded call's trace is plain values too
         asked.clear()
         assert run(shell, 'rpc.rpc_sync("worker1", double, args=(5,))') == 10 and not asked

@@ -284,7 +284,7 @@ def _reduced_in_c(func: types.FunctionType) -> _Reduced | None:
     made = {func: reduction}
     uses = definitions.held_uses(reduction)
     for used in uses or ():
-        if type(used) is types.FunctionType:
+        if type(used) is types.FunctionType and used not in made:  # (a recursive one uses itself)
             made[used] = definitions.reduce_function(used)
     if uses is None or any(len(made.get(used, ())) != 2 for used in uses):
         _kept.made = made  # each reduced once per message
