@@ -1,0 +1,91 @@
+"""The raw torch side: three plain processes (master, worker1, worker2) that join with
+``init_rpc`` and import ``differential.scenarios``, as upstream scripts import their
+functions. master reads one JSON request a line on its stdin and answers each with
+``scenarios.run``'s facts, one JSON line on its stdout.
+
+``python raw.py RANK PORT`` is one process; ``RawTorch`` starts the three and asks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent
+NAMES = ["master", "worker1", "worker2"]
+
+
+def member(rank: int, port: int) -> None:
+    """One process of the group; rank 0 serves requests until its stdin closes."""
+    sys.path.insert(0, str(TESTS))
+    import torch.distributed.rpc as rpc
+
+    from differential import scenarios
+
+    # What the scenarios print must not mix with the answers.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, rpc_timeout=60,
+                                              init_method=f"tcp://127.0.0.1:{port}")
+    rpc.init_rpc(NAMES[rank], rank=rank, world_size=len(NAMES), rpc_backend_options=options)
+    if rank == 0:
+        answers.write(json.dumps({"ready": True}) + "\n")
+        for line in sys.stdin:
+            answers.write(json.dumps(scenarios.run(json.loads(line))) + "\n")
+    rpc.shutdown()
+
+
+class RawTorch:
+    """The three raw torch processes; ``ask(request)`` gives master's answer."""
+
+    def __init__(self, port: int, start_timeout: float = 120.0):
+        self.procs = []
+        for rank in range(len(NAMES)):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, __file__, str(rank), str(port)], cwd=TESTS, text=True,
+                stdin=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                start_new_session=True))
+        self.timeout = start_timeout
+        self.read(start_timeout)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def read(self, timeout: float) -> dict:
+        """master's next answer (a thread reads, so that a stuck master fails the test)."""
+        found: list[str] = []
+        reader = threading.Thread(target=lambda: found.append(self.procs[0].stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not found or not found[0]:
+            codes = [p.poll() for p in self.procs]
+            raise RuntimeError(f"the raw torch master gave no answer within {timeout} s (exit codes {codes})")
+        return json.loads(found[0])
+
+    def ask(self, request: dict, timeout: float = 60.0) -> dict:
+        self.procs[0].stdin.write(json.dumps(request) + "\n")
+        self.procs[0].stdin.flush()
+        return self.read(timeout)
+
+    def close(self, timeout: float = 60.0) -> list[int]:
+        """End the group gracefully (master's stdin closes); the pids still alive after."""
+        if self.procs[0].stdin and not self.procs[0].stdin.closed:
+            self.procs[0].stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.procs[0].stdout:
+            self.procs[0].stdout.close()
+        return [p.pid for p in self.procs if p.poll() is None]
+
+
+if __name__ == "__main__":
+    member(int(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,41 @@
+"""The TorchScript functions of the differential check. torch finds a ``ScriptFunction``
+by its qualified name in the callee's compilation unit, so, as torch's docstrings say
+("On both workers"), this runs on every member: imported by each raw torch process, run
+as a cell on every member of the nbrpc cluster."""
+
+from typing import List
+
+import torch
+import torch.distributed.rpc as rpc
+from torch import Tensor
+from torch.futures import Future
+
+
+@torch.jit.script
+def script_receive(write: int, xs: List[Tensor]) -> List[Tensor]:
+    if write >= 0 and write < len(xs):
+        xs[write].fill_(7)
+    return xs
+
+
+@rpc.functions.async_execution
+@torch.jit.script
+def async_script_receive(to: str, write: int, xs: List[Tensor]) -> Future[List[Tensor]]:
+    return rpc.rpc_async(to, script_receive, (write, xs))
+
+
+# torch.distributed.rpc.functions.async_execution's docstring, and rpc_sync's / remote's
+@torch.jit.script
+def script_add(x: Tensor, y: Tensor) -> Tensor:
+    return x + y
+
+
+@rpc.functions.async_execution
+@torch.jit.script
+def async_add(to: str, x: Tensor, y: Tensor) -> Future[Tensor]:
+    return rpc.rpc_async(to, script_add, (x, y))
+
+
+@torch.jit.script
+def my_script_add(tensor: torch.Tensor, scalar: int):
+    return torch.add(tensor, scalar)

@@ -1,0 +1,92 @@
+"""Hypothesis strategies for the differential check's scenarios (plain data, see
+``messages``): bases of every dtype with sizes on both sides of each threshold a path
+takes a tensor by, views of them that share, overlap, offset and stride, nested in
+containers beside plain values, sent by each call form to each kind of callable."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from nbrpc.wire import shared_tensors
+
+ELEMENT_SIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "complex64": 8,
+                "int64": 8, "int32": 4, "uint8": 1, "bool": 1}
+GRAD_DTYPES = {"float32", "float64", "float16", "bfloat16", "complex64"}
+# Bytes where a tensor's path changes: torch sends a view of a storage of 8 KiB or more
+# that uses less than half of it as a copy of its own (rpc/utils.cpp ``cloneSparseTensors``);
+# nbrpc sends a tensor of MIN_BYTES or more through shared memory.
+THRESHOLDS = (8 << 10, shared_tensors.MIN_BYTES)
+
+KINDS = ("function", "pick", "async", "method", "builtin", "script", "async_script")
+FORMS = {"method": ("rpc_sync", "rpc_async", "remote")}  # an RRef's proxies
+CALL_FORMS = ("rpc_sync", "rpc_async", "remote", "then")
+PLAIN = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1),
+                  st.floats(allow_nan=False), st.text(max_size=6))
+
+
+@st.composite
+def bases(draw) -> dict:
+    dtype = draw(st.sampled_from(sorted(ELEMENT_SIZE)))
+    size = ELEMENT_SIZE[dtype]
+    near = sorted({max(0, limit // size + d) for limit in THRESHOLDS for d in (-1, 0, 1)}
+                  | {2 * shared_tensors.MIN_BYTES // size + 5})
+    n = draw(st.one_of(st.integers(0, 48), st.sampled_from(near)))
+    grad = dtype in GRAD_DTYPES and draw(st.integers(0, 4)) == 0
+    return {"dtype": dtype, "n": n, "seed": draw(st.integers(0, 1 << 16)), "grad": grad}
+
+
+@st.composite
+def views(draw, n: int) -> list:
+    kind = draw(st.sampled_from(["whole", "slice", "element", "expand", "windows", "matrix_t",
+                                 "channels_last"] if n else ["whole"]))
+    if kind == "slice":
+        start = draw(st.integers(0, n))
+        stop = draw(st.integers(start, n))
+        return [kind, start, stop, draw(st.sampled_from([1, 1, 2, 3, 7]))]
+    if kind == "element":
+        return [kind, draw(st.integers(0, n - 1))]
+    if kind == "expand":
+        return [kind, draw(st.integers(0, n - 1)), draw(st.integers(0, 6))]
+    if kind == "windows":
+        size = draw(st.integers(1, min(n, 16)))
+        return [kind, size, draw(st.integers(1, size + 2))]
+    if kind == "matrix_t":
+        rows = draw(st.integers(1, min(n, 64)))
+        return [kind, rows, draw(st.integers(1, n // rows))]
+    if kind == "channels_last":
+        c = draw(st.integers(1, min(n, 4)))
+        h = draw(st.integers(1, max(1, min(4, n // c))))
+        return [kind, c, h, draw(st.integers(1, max(1, n // (c * h))))]
+    return [kind]
+
+
+def items(leaf_count: int):
+    """A message's items: plain values, leaves, and lists, tuples and dicts of them."""
+    leaf = st.integers(0, leaf_count - 1).map(lambda i: ["leaf", i]) if leaf_count else st.nothing()
+    keys = st.text(alphabet="abxyz", min_size=1, max_size=2)
+    return st.recursive(
+        st.one_of(leaf, leaf, PLAIN),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3).map(lambda v: ["list", v]),
+            st.lists(inner, max_size=3).map(lambda v: ["tuple", v]),
+            st.dictionaries(keys, inner, max_size=3).map(lambda d: ["dict", [[k, v] for k, v in d.items()]])),
+        max_leaves=6)
+
+
+@st.composite
+def scenarios(draw) -> dict:
+    """One call: its message, the callable's kind, the call form, what the callee writes."""
+    kind = draw(st.sampled_from(KINDS))
+    base_specs = draw(st.lists(bases(), min_size=1, max_size=3))
+    leaf_count = draw(st.integers(1 if kind in ("builtin", "script", "async_script") else 0, 4))
+    leaves = [{"base": b, "view": draw(views(base_specs[b]["n"]))}
+              for b in (draw(st.integers(0, len(base_specs) - 1)) for _ in range(leaf_count))]
+    message = draw(st.lists(items(leaf_count), min_size=1 if kind == "pick" else 0, max_size=4))
+    spec = {"kind": kind, "form": draw(st.sampled_from(FORMS.get(kind, CALL_FORMS))),
+            "to": "worker1", "next": "worker2", "write": draw(st.integers(-1, leaf_count)),
+            "bases": base_specs, "leaves": leaves, "items": message}
+    if kind == "pick" or (kind == "method" and draw(st.booleans())):
+        spec["pick"] = draw(st.integers(0, max(0, len(message) - 1)))
+    if kind == "builtin":
+        spec["op"] = draw(st.sampled_from(["add", "mul"]))
+    return spec

@@ -1,0 +1,77 @@
+"""The differential check: the same calls under raw torch, in three plain processes that
+``init_rpc`` and import the functions, and in a real nbrpc cluster, from the notebook's
+``__main__``; what each side sees must be the same (``tests/differential/``).
+
+Generated messages (Hypothesis, a fixed seed; ``NBRPC_DIFFERENTIAL_EXAMPLES`` sets how
+many, ``make conformance`` runs more), errors and timeouts of every call form, and torch's
+documented examples. A failure prints the smallest message Hypothesis found, what differs,
+and both sides' facts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import free_port, run, wait_gone
+from differential.compare import report
+from differential.notebook import Notebook
+from differential.raw import RawTorch
+from differential.scenarios import CASES, EXAMPLES
+from differential.strategies import scenarios
+from hypothesis import HealthCheck, given, settings
+
+from nbrpc._util import kill_pids
+
+EXAMPLE_COUNT = int(os.environ.get("NBRPC_DIFFERENTIAL_EXAMPLES", "60"))
+ERROR_FORMS = ("rpc_sync", "rpc_async", "remote")
+TIMEOUT_FORMS = (*ERROR_FORMS, "then")
+
+
+@pytest.fixture(scope="module")
+def raw():
+    """master, worker1, worker2 under raw torch, started once for the module."""
+    group = RawTorch(free_port())
+    yield group
+    survivors = group.close()
+    kill_pids(survivors)
+    assert not survivors and not wait_gone(group.pids), "the raw torch processes did not end"
+
+
+@pytest.fixture(scope="module")
+def notebook(shell, cluster):
+    return Notebook(shell, cluster, run)
+
+
+def agree(raw, notebook, request: dict, timed: bool = False) -> None:
+    difference = report(request, raw.ask(request), notebook.ask(request), timed)
+    assert difference is None, difference
+
+
+@settings(max_examples=EXAMPLE_COUNT, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=scenarios())
+def test_generated_messages_arrive_as_under_raw_torch(raw, notebook, spec):
+    agree(raw, notebook, {"scenario": spec})
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_documented_example_gives_raw_torchs_result(raw, notebook, name):
+    agree(raw, notebook, {"example": name})
+
+
+@pytest.mark.parametrize("form", ERROR_FORMS)
+@pytest.mark.parametrize("case", ["raises", "unpicklable_reply", "unpicklable_argument", "unknown_worker"])
+def test_error_has_raw_torchs_class_and_words(raw, notebook, case, form):
+    agree(raw, notebook, {"case": case, "options": {"form": form}})
+
+
+@pytest.mark.parametrize("form", TIMEOUT_FORMS)
+@pytest.mark.parametrize("case", ["timeout", "default_timeout"])
+def test_timeout_fires_at_its_time(raw, notebook, case, form):
+    agree(raw, notebook, {"case": case, "options": {"form": form}}, timed=True)
+
+
+def test_every_case_is_checked():
+    assert set(CASES) == {"raises", "unpicklable_reply", "unpicklable_argument", "unknown_worker",
+                          "timeout", "default_timeout"}
