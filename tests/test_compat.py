@@ -211,3 +211,140 @@ def test_init_rpc_has_the_steps_that_join_repeats():
                        "backend_registry.init_backend", "api._init_rpc_states"]
     assert torch_compat.init_rpc_backend is rpc._init_rpc_backend
     assert torch_compat.set_profiler_node_id is rpc._set_profiler_node_id
+
+
+# -- the kinds of callable torch's _invoke_rpc tells apart ----------------------------
+
+
+@torch.jit.script
+def script_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+@rpc.functions.async_execution
+@torch.jit.script
+def async_script_add(to: str, x: torch.Tensor, y: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    return rpc.rpc_async(to, script_add, (x, y))
+
+
+def python_add(x, y):
+    return x + y
+
+
+@rpc.functions.async_execution
+def async_python_add(x, y):
+    fut = torch.futures.Future()
+    fut.set_result(x + y)
+    return fut
+
+
+class Adder:
+    def add(self, x, y):
+        return x + y
+
+
+def test_invoke_rpc_and_remote_have_the_branches_call_kind_follows():
+    # torch 2.11 to 2.15: a builtin first, then an @async_execution wrapper's TorchScript
+    # function in its place, then TorchScript, then a pickled Python function; a torch
+    # that adds, drops or reorders a branch fails here (and call_kind must follow it).
+    for function, prefix in ((rpc.api._invoke_rpc, "_invoke_rpc"), (rpc.api.remote, "_invoke_remote")):
+        called = calls_in(function)
+        tested = [name for name in called if name in ("torch.jit._builtins._find_builtin", "hasattr", "isinstance")]
+        assert tested == ["torch.jit._builtins._find_builtin", "hasattr", "isinstance", "isinstance"], function
+        branches = [name for name in called if name.startswith(prefix + "_")]
+        assert branches == [f"{prefix}_builtin", f"{prefix}_torchscript", f"{prefix}_python_udf"], function
+        source = __import__("inspect").getsource(function)
+        assert f'hasattr(func, "{torch_compat.ASYNC_EXECUTION_MARK}")' in source
+        assert "isinstance(wrapped, torch.jit.ScriptFunction)" in source
+
+
+# Each C++ call under torch's branches, and where its is_async argument is (None: it has none).
+BRANCHES = {"_invoke_rpc_builtin": None, "_invoke_rpc_torchscript": 5, "_invoke_rpc_python_udf": 4,
+            "_invoke_remote_builtin": None, "_invoke_remote_torchscript": 3, "_invoke_remote_python_udf": 4}
+
+
+def _watch_branches(monkeypatch) -> list:
+    """Record which of torch's C++ calls each call takes, with its is_async (the calls go on)."""
+    taken = []
+
+    def watching(name, call):
+        def watched(*args, **kwargs):
+            position = BRANCHES[name]
+            taken.append((name, None if position is None else args[position]))
+            return call(*args, **kwargs)
+        return watched
+
+    for name in BRANCHES:
+        monkeypatch.setattr(rpc.api, name, watching(name, getattr(rpc.api, name)))
+        if hasattr(torch_compat, name):
+            monkeypatch.setattr(torch_compat, name, watching(name, getattr(torch_compat, name)))
+    return taken
+
+
+def _callables() -> dict:
+    """One callable of each kind torch tells apart (and the carriers nbrpc sends)."""
+    from nbrpc.calls import interrupts
+
+    return {
+        "builtin": (torch.add, (torch.ones(2), 1)),
+        "ScriptFunction": (script_add, (torch.ones(2), torch.ones(2))),
+        "async_execution of a ScriptFunction": (async_script_add, ("master", torch.ones(2), torch.ones(2))),
+        "Python function": (python_add, (torch.ones(2), 1)),
+        "async_execution of a Python function": (async_python_add, (torch.ones(2), 1)),
+        "bound method": (Adder().add, (torch.ones(2), 1)),
+        "class": (torch.nn.Identity, ()),
+        "Stoppable": (interrupts.Stoppable((python_add, interrupts.new_call_id(), None)), (torch.ones(2), 1)),
+        "Direct": (interrupts.Direct((python_add, interrupts.new_call_id(), None)), (torch.ones(2), 1)),
+        "Awaited": (interrupts.Awaited((async_python_add, interrupts.new_call_id(), None)), (torch.ones(2), 1)),
+    }
+
+
+def _value(got):
+    value = got.to_here(timeout=30) if isinstance(got, PyRRef) else got.wait()
+    return value.tolist() if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+@pytest.mark.parametrize("profiled", [False, True], ids=["plain", "profiled"])
+@pytest.mark.parametrize("mode", ["SYNC", "ASYNC", "REMOTE"])
+def test_send_python_call_takes_torchs_branch_for_every_kind_of_callable(cluster, monkeypatch, mode, profiled):
+    """torch's ``_invoke_rpc`` (``remote``) and ``send_python_call``, walked for each kind
+    of callable to this member itself: the same C++ call, the same is_async, the same value."""
+    import contextlib
+
+    taken = _watch_branches(monkeypatch)
+    exec_mode = getattr(torch_compat.RPCExecMode, mode)
+    kinds = {}
+    for label, (func, args) in _callables().items():
+        found = {}
+        for who in ("torch", "nbrpc"):
+            profiler = torch.autograd.profiler.profile() if profiled else contextlib.nullcontext()
+            with profiler:
+                if who == "nbrpc":
+                    got = torch_compat.send_python_call("master", func, args, None, 30.0, exec_mode)
+                elif mode == "REMOTE":
+                    got = torch_compat.remote("master", func, args, None, 30.0)
+                else:
+                    got = torch_compat.invoke_rpc("master", func, exec_mode, args, None, 30.0)
+                value = _value(got)
+            found[who] = (taken.pop(), value)
+            assert not taken, (label, who, taken)
+        assert found["nbrpc"] == found["torch"], label
+        kinds[label] = found["torch"][0]
+    prefix = "_invoke_remote" if mode == "REMOTE" else "_invoke_rpc"
+    # the branches as torch's docs name them, for the kinds it names
+    assert kinds["builtin"] == (f"{prefix}_builtin", None)
+    assert kinds["ScriptFunction"] == (f"{prefix}_torchscript", False)
+    assert kinds["async_execution of a ScriptFunction"] == (f"{prefix}_torchscript", True)
+    assert kinds["Python function"] == (f"{prefix}_python_udf", False)
+    assert kinds["async_execution of a Python function"] == (f"{prefix}_python_udf", True)
+    assert kinds["Stoppable"] == kinds["Awaited"] == (f"{prefix}_python_udf", True)
+    assert kinds["Direct"] == (f"{prefix}_python_udf", False)
+
+
+def test_call_kind_names_each_kind_as_torch_sends_it():
+    kinds = {label: torch_compat.call_kind(func) for label, (func, _) in _callables().items()}
+    assert kinds["builtin"] == (torch_compat.BUILTIN, False)
+    assert kinds["ScriptFunction"] == (torch_compat.SCRIPT, False)
+    assert kinds["async_execution of a ScriptFunction"] == (torch_compat.SCRIPT, True)
+    assert kinds["Python function"] == kinds["bound method"] == kinds["class"] == (torch_compat.PYTHON, False)
+    assert kinds["async_execution of a Python function"] == (torch_compat.PYTHON, True)

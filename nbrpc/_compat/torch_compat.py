@@ -162,12 +162,38 @@ invoke_rpc = api._invoke_rpc
 _invoke_rpc_python_udf = torch._C._distributed_rpc._invoke_rpc_python_udf
 _invoke_remote_python_udf = torch._C._distributed_rpc._invoke_remote_python_udf
 
+# The branches of torch's ``_invoke_rpc`` (and ``remote``), by the kind of callable:
+# a builtin operator (``torch.add``: sent by its qualified name), a TorchScript function
+# (``@torch.jit.script``, also under ``@async_execution``: by its qualified name) and
+# anything else, pickled as a Python function; known to work with torch 2.11 to 2.15
+# (``tests/test_compat.py`` walks torch's branches for each kind).
+BUILTIN, SCRIPT, PYTHON = "builtin", "script", "python"
 
-def send_python_call(to, func, args, kwargs, timeout: float, is_async: bool, remote: bool = False):
-    """What torch's ``_invoke_rpc`` (``remote``: torch's ``remote``) does for a Python
-    function ``func`` while no profiler runs, without the lookups and the profiler's
-    context it runs for every call: its caller knows ``func`` is a Python function, and
-    whether it is an ``@async_execution`` one (``is_async``)."""
+
+def call_kind(func) -> tuple[str, bool]:
+    """The branch torch's ``_invoke_rpc`` and ``remote`` take for ``func`` (``BUILTIN``,
+    ``SCRIPT`` or ``PYTHON``), and whether they send it as an ``@async_execution``
+    function: their own tests, in their order (a builtin first, then an ``@async_execution``
+    wrapper's TorchScript function in its place)."""
+    is_async = hasattr(func, ASYNC_EXECUTION_MARK)
+    if find_builtin(func) is not None:
+        return BUILTIN, is_async
+    if is_async and isinstance(getattr(func, ASYNC_EXECUTION_MARK), torch.jit.ScriptFunction):
+        return SCRIPT, True
+    return (SCRIPT if isinstance(func, torch.jit.ScriptFunction) else PYTHON), is_async
+
+
+def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode):
+    """torch's ``_invoke_rpc`` with ``mode`` (``RPCExecMode.REMOTE``: torch's ``remote``),
+    without its lookups and profiling context where they do nothing: for a Python
+    function (``call_kind``) while no profiler runs. Any other callable, and any call
+    while a profiler runs, goes to torch's own function untouched."""
+    kind, is_async = call_kind(func)
+    remote = mode == RPCExecMode.REMOTE
+    if kind != PYTHON or profiler_enabled():
+        if remote:
+            return _torch_remote(to, func, args, kwargs, timeout)
+        return invoke_rpc(to, func, mode, args, kwargs, timeout)
     info = api._to_worker_info(to)
     pickled, tensors = api._default_pickler.serialize(PythonUDF(func, args or (), kwargs or {}))
     send = _invoke_remote_python_udf if remote else _invoke_rpc_python_udf
@@ -183,7 +209,7 @@ call_thread_state = api._thread_local_var
 # public names, kept here before nbrpc replaces them.
 rpc_sync = api.rpc_sync
 rpc_async = api.rpc_async
-remote = api.remote
+remote = _torch_remote = api.remote  # (send_python_call's own name for it)
 # What torch.futures.wait_all and collect_all call at each call (so it is found however
 # they were imported): one future done when all are, or at once with the first error
 # torch's C++ future holds; known to work with torch 2.11 to 2.15.
@@ -191,9 +217,6 @@ collect_all = torch._C._collect_all
 # Tells a Python function torch sends as such from a builtin operator (which it
 # sends differently, so no call id); known to work with torch 2.11 to 2.15.
 find_builtin = torch.jit._builtins._find_builtin
-# The table under it, by id of the function: built once, added to in place
-# (``torch.jit._builtins._register_builtin``); known to work with torch 2.11 to 2.15.
-BUILTINS = torch.jit._builtins._get_builtin_table()
 # The attribute @rpc.functions.async_execution marks a function with; known to work with torch 2.11 to 2.15.
 ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
 # internal.PythonUDF (the function and arguments of a call being pickled, named in

@@ -32,12 +32,11 @@ def remote_to(to, func, args, kwargs, timeout: float):
 
 
 def _send(to, func, args, kwargs, timeout: float, mode: RPCExecMode | None = None, remote: bool = False):
-    """torch's ``_invoke_rpc`` with ``mode`` (``remote``: torch's ``remote``); a carrier,
-    a Python function torch runs as an ``@async_execution`` one if its class is marked so,
-    without torch's profiling context and lookups unless a profiler runs."""
-    if type(func) in CARRIERS and not torch_compat.profiler_enabled():
-        is_async = hasattr(type(func), torch_compat.ASYNC_EXECUTION_MARK)
-        return torch_compat.send_python_call(to, func, args, kwargs, timeout, is_async, remote)
+    """torch's ``_invoke_rpc`` with ``mode`` (``remote``: torch's ``remote``); a carrier
+    goes without torch's profiling context and lookups unless a profiler runs
+    (``torch_compat.send_python_call``, which hands any other kind of callable to torch)."""
+    if type(func) in CARRIERS:
+        return torch_compat.send_python_call(to, func, args, kwargs, timeout, RPCExecMode.REMOTE if remote else mode)
     if remote:
         return _torch_remote(to, func, args, kwargs, timeout)
     return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)

@@ -80,16 +80,13 @@ def new_call_id() -> str:
 
 def sent_as(func: Callable) -> type | None:
     """What carries ``func`` to its callee: ``Stoppable`` for a Python function torch
-    sends as such, ``Awaited`` for an ``@async_execution`` function, None for a builtin
-    operator or a TorchScript function (torch runs those itself)."""
-    if id(func) in torch_compat.BUILTINS or isinstance(func, torch.jit.ScriptFunction):
+    sends as such, ``Awaited`` for an ``@async_execution`` one, None for a builtin
+    operator or a TorchScript function, ``@async_execution`` or not (torch runs those
+    itself): torch's own branches (``torch_compat.call_kind``)."""
+    kind, is_async = torch_compat.call_kind(func)
+    if kind != torch_compat.PYTHON:
         return None
-    return Awaited if hasattr(func, torch_compat.ASYNC_EXECUTION_MARK) else Stoppable
-
-
-def can_stop(func: Callable) -> bool:
-    """True for a Python function torch sends as such (see ``sent_as``)."""
-    return sent_as(func) is Stoppable
+    return Awaited if is_async else Stoppable
 
 
 class Served:
