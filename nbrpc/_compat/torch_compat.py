@@ -238,10 +238,9 @@ def remote_exception(error: Exception, show: bool = True) -> RemoteException:
     return RemoteException(text, type(error))
 
 
-# The pickler and unpickler classes torch's RPC pickles with, and the method that pickles
-# each message with a new pickler; known to work with torch 2.11 to 2.15.
+# The pickler class torch's RPC pickles with, and the method that pickles each message
+# with a new pickler; known to work with torch 2.11 to 2.15.
 torch_pickler = internal._pickler
-torch_unpickler = internal._unpickler
 torch_serialize = internal._InternalRPCPickler.serialize
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..diagnostics import stacks as stacks_mod
 from ..diagnostics import waits as waits_mod
@@ -24,13 +24,20 @@ from ..errors import NoClusterError, UnknownWorkerError
 
 if TYPE_CHECKING:
     from ..launchers.base import Worker
-    from .cluster import Cluster
     from .control import Probes
 
 # Seconds a snapshot may serve to explain a call whose chain came apart since, and
 # how many are kept.
 RECENT = 5.0
 HISTORY = 8
+
+
+class Queried(Protocol):
+    """What the public queries read of a cluster (``cluster.Cluster`` is one); declared
+    here so that this module never imports the cluster that imports it."""
+
+    state: str
+    queries: Queries
 
 
 class Queries:
@@ -121,18 +128,18 @@ def _driver_cells() -> stacks_mod.Cells:
     return stacks_mod.Cells(numbers if numbers is not None else {})
 
 
-def _require(cluster: Cluster | None) -> Cluster:
+def _require(cluster: Queried | None) -> Queried:
     if cluster is None or cluster.state != "running":
         raise NoClusterError("no nbrpc cluster is running in this process; start one first "
                              "(%rpc_init -n 2, or nbrpc.start(n=2))")
     return cluster
 
 
-def waits(cluster: Cluster | None) -> dict:
+def waits(cluster: Queried | None) -> dict:
     """``nbrpc.waits()``: the cluster's pending calls as a wait-for graph with findings."""
     return _require(cluster).queries.waits()
 
 
-def stacks(cluster: Cluster | None, members: list[str] | None = None) -> dict:
+def stacks(cluster: Queried | None, members: list[str] | None = None) -> dict:
     """``nbrpc.stacks()``: every member's threads and frames, or those of ``members``."""
     return _require(cluster).queries.stacks(members)
