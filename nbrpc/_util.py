@@ -20,12 +20,6 @@ import psutil
 LOOPBACK = "127.0.0.1"
 
 
-def switched_on(variable: str) -> bool:
-    """Whether environment variable ``variable`` leaves a feature on: on unless it is set to
-    0, false, no or off."""
-    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def listening_socket(host: str = LOOPBACK, port: int = 0) -> socket.socket:
     """Bind and listen on ``host:port`` (0 picks a free port); name the fix if taken."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

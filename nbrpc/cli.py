@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 
-from .settings import TOKEN_ENV
+from .settings import join_token
 
 
 def run_notebook(path: str, output: str, timeout: int = 600) -> float:
@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     worker = commands.add_parser(
         "worker", help="join a driver's cluster as a worker kernel (%%rpc_init --attach prints the command)")
     worker.add_argument("--join", required=True, metavar="HOST:PORT", help="the driver's rendezvous address")
-    worker.add_argument("--token", default=os.environ.get(TOKEN_ENV, ""),
+    worker.add_argument("--token", default=join_token(),
                         help="the cluster's token ('-': read it from stdin; default: $NBRPC_TOKEN)")
     worker.add_argument("--name", default=None, help="this worker's RPC name (default: one the driver picks)")
     spec = commands.add_parser(

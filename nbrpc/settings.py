@@ -10,9 +10,14 @@ Parts:
   variables less the ones about the driver's machine, which it sets for itself).
 - ``check_name``: the one check of a worker's name, as torch RPC requires it.
 
-Every ``NBRPC_*`` variable a worker's settings travel in is named here; ``TOKEN_ENV``
-and ``WARM_START_ENV`` are the ones a person sets. One more is read elsewhere:
-``NBRPC_CLOCK_SKEW`` (``recording/clocks.py``, a test's shifted clock).
+- The readers of the variables people set (``join_token``, ``warm_start_wanted``,
+  ``default_launcher``, ``limits_asked``, ``clock_skew``, ``shared_tensors_wanted``,
+  ``in_a_worker``).
+
+Every ``NBRPC_*`` variable is named here, and only this module reads one from an
+environment (a layout test checks): ``TOKEN_ENV`` and ``WARM_START_ENV`` are the ones a
+person sets; an administrator sets the launcher and the limits; the rest carry a worker's
+settings.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ._util import switched_on
 from .group import DEFAULT_TRANSPORT
 from .group.devices import Placement
 
@@ -45,6 +49,9 @@ NO_PRIVATE_NETWORK_ENV = "NBRPC_NO_PRIVATE_NETWORK"
 LAUNCHER_ENV = "NBRPC_LAUNCHER"
 LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THREADS",
               "max_timeout": "NBRPC_MAX_TIMEOUT"}  # each limit, over the limits file's (by an administrator)
+# Set by a test in a worker's environment: seconds added to that worker's clock, which
+# then reads as another machine's (see ``recording.clocks``).
+CLOCK_SKEW_ENV = "NBRPC_CLOCK_SKEW"
 # Room the template process keeps in its environment for a worker's (see ``template``).
 TEMPLATE_ROOM_ENV = "NBRPC_TEMPLATE_ROOM"
 
@@ -152,6 +159,53 @@ class WorkerSettings:
         return replace(self, store=store, driver_pid=driver_pid, interface=interface, import_path=import_path)
 
 
+# -- the variables people set, read from this process's environment --------------------
+
+
+def switched_on(variable: str) -> bool:
+    """Whether environment variable ``variable`` leaves a feature on: on unless it is set to
+    0, false, no or off."""
+    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def shared_tensors_wanted() -> bool:
     """Whether this driver's environment leaves the shared memory path on (its default)."""
     return switched_on(SHARED_TENSORS_ENV)
+
+
+def warm_start_wanted() -> bool:
+    """Whether this environment leaves the warm template on (its default)."""
+    return switched_on(WARM_START_ENV)
+
+
+def join_token() -> str:
+    """The join token ``nbrpc worker`` takes when given no ``--token`` ("" if none)."""
+    return os.environ.get(TOKEN_ENV, "")
+
+
+def default_launcher() -> str:
+    """The launcher an administrator named for clusters that name none ("" if none)."""
+    return os.environ.get(LAUNCHER_ENV, "").strip()
+
+
+def in_a_worker() -> bool:
+    """Whether this process is a worker kernel (its name is in its environment)."""
+    return _NAME in os.environ
+
+
+def clock_skew() -> float:
+    """Seconds a test adds to this worker's clock (0 unless set)."""
+    text = os.environ.get(CLOCK_SKEW_ENV, "").strip()
+    try:
+        return float(text or 0)
+    except ValueError:
+        raise ValueError(f"{CLOCK_SKEW_ENV}={text!r} is not a number of seconds; unset it or "
+                         "set it to one") from None
+
+
+def limits_asked(environ: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """What an administrator set in ``environ`` (default: this process's) about the limits:
+    the limits file named ("" for the default) and each limit's text, by its name."""
+    environ = os.environ if environ is None else environ
+    texts = {name: environ.get(variable, "").strip() for name, variable in LIMITS_ENV.items()}
+    return environ.get(LIMITS_FILE_ENV, ""), {name: text for name, text in texts.items() if text}

@@ -168,6 +168,99 @@ def test_the_loop_check_sees_an_import_inside_a_function(tmp_path):
     assert found.startswith("nbrpc/kernel_ext/magics.py:") and "takes nbrpc.kernel_ext.hang_watch" in found
 
 
+def _module_of(target: str, root: Path) -> str | None:
+    """The module file an imported name lives in (``nbrpc.a.b.Name`` -> ``nbrpc.a.b``)."""
+    parts = target.split(".")
+    while parts:
+        path = root.parent.joinpath(*parts)
+        if path.with_suffix(".py").exists() or (path / "__init__.py").exists():
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def _mutual_imports(root: Path) -> list[str]:
+    """Pairs of modules that import each other, typing-only imports included."""
+    edges = set()
+    for path in root.rglob("*.py"):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        edges |= {(module, m) for target, _ in _imports(path, root)
+                  if (m := _module_of(target, root)) not in (None, module)}
+    return sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b and not b.startswith(a + "."))
+
+
+def test_no_two_modules_import_each_other_not_even_for_typing():
+    assert _mutual_imports(PACKAGE) == []
+
+
+def test_the_mutual_import_check_sees_a_typing_import(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "nbrpc", ignore=shutil.ignore_patterns("__pycache__"))
+    queries = tmp_path / "nbrpc" / "cluster" / "queries.py"
+    queries.write_text(queries.read_text() + "\n\nif TYPE_CHECKING:\n    from .cluster import Cluster\n")
+    assert _mutual_imports(tmp_path / "nbrpc") == ["nbrpc.cluster.cluster <-> nbrpc.cluster.queries"]
+
+
+def test_every_folder_of_modules_is_a_package():
+    folders = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    assert sorted(str(f.relative_to(PACKAGE)) for f in folders if not (f / "__init__.py").exists()) == []
+
+
+# Reading the environment: ``X.get(key)``/``getenv(key)`` on an environ, ``environ[key]``,
+# ``key in environ``, and nbrpc's ``switched_on(key)``.
+_READERS = ("get", "getenv", "switched_on")
+
+
+def _environment_reads(tree: ast.AST) -> list[tuple[ast.expr, int]]:
+    """(key, line) of every read of an environment variable in ``tree``."""
+    def is_environ(node: ast.expr) -> bool:
+        return ast.unparse(node).split(".")[-1] == "environ"
+
+    reads = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            owner_is_environ = isinstance(func, ast.Attribute) and is_environ(func.value)
+            if (name == "get" and owner_is_environ) or name in _READERS[1:]:
+                reads.append((node.args[0], node.lineno))
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and is_environ(node.value):
+            reads.append((node.slice, node.lineno))
+        elif isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops):
+            if is_environ(node.comparators[-1]):
+                reads.append((node.left, node.lineno))
+    return reads
+
+
+def _nbrpc_variable_reads(root: Path) -> list[str]:
+    """Reads of an environment variable outside ``settings.py`` whose name is not a literal
+    other than ``NBRPC_*`` (a name held in a constant could be one of nbrpc's)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path == root / "settings.py":
+            continue
+        for key, line in _environment_reads(ast.parse(path.read_text())):
+            literal = key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+            if literal is None or literal.startswith("NBRPC_"):
+                found.append(f"{path.relative_to(root.parent)}:{line} reads {ast.unparse(key)}")
+    return found
+
+
+def test_only_settings_reads_nbrpc_variables():
+    assert _nbrpc_variable_reads(PACKAGE) == []
+
+
+def test_the_variable_check_sees_a_read_elsewhere(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "nbrpc", ignore=shutil.ignore_patterns("__pycache__"))
+    clocks = tmp_path / "nbrpc" / "recording" / "clocks.py"
+    clocks.write_text(clocks.read_text() + "\n\ndef _skew():\n    import os\n"
+                      "    return os.environ.get('NBRPC_CLOCK_SKEW'), 'NBRPC_X' in os.environ\n")
+    registry = tmp_path / "nbrpc" / "launchers" / "registry.py"
+    registry.write_text(registry.read_text() + "\n\ndef _named():\n    return os.environ[LAUNCHER_ENV]\n")
+    found = _nbrpc_variable_reads(tmp_path / "nbrpc")
+    assert [f.split(":")[0] for f in found] == ["nbrpc/launchers/registry.py"] + ["nbrpc/recording/clocks.py"] * 2
+    assert found[0].endswith("reads LAUNCHER_ENV") and found[1].endswith("reads 'NBRPC_CLOCK_SKEW'")
+
+
 def test_modules_stay_small_and_few_stay_flat():
     sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert {name: n for name, n in sizes.items() if n > 450} == {}

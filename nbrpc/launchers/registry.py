@@ -14,12 +14,11 @@ and returns the launcher they ask for.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from importlib.metadata import entry_points
 
-from ..settings import LAUNCHER_ENV
+from ..settings import LAUNCHER_ENV, default_launcher
 from .attach import AttachLauncher
 from .base import Admission, Launcher, Worker
 from .local import LocalLauncher
@@ -113,7 +112,7 @@ def keywords(registry: dict[str, Kind]) -> set[str]:
 
 def default_name() -> str:
     """The name of the launcher a cluster that names none gets (``NBRPC_LAUNCHER``, else local)."""
-    return os.environ.get(LAUNCHER_ENV, "").strip() or "local"
+    return default_launcher() or "local"
 
 
 def default_kind(registry: dict[str, Kind], given: dict) -> Kind:

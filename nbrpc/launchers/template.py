@@ -36,9 +36,9 @@ import sys
 import threading
 import time
 
-from .._util import JsonLines, kill_pids, switched_on
+from .._util import JsonLines, kill_pids
 from ..errors import WorkerStartError
-from ..settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV, WORKER_NAME_ENV
+from ..settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV, in_a_worker, warm_start_wanted
 from ..shared_server import private_network
 
 READY_TIMEOUT = 60.0
@@ -61,7 +61,7 @@ def enabled(warm_start: bool | None = None) -> bool:
     """Whether local workers start from the template (the option, else the environment)."""
     if warm_start is not None:
         return bool(warm_start)
-    return switched_on(WARM_START_ENV)
+    return warm_start_wanted()
 
 
 def start_env(env: dict[str, str]) -> dict[str, str]:
@@ -185,7 +185,7 @@ def prestart_in_kernel() -> None:
     before it runs, a worker and the template itself start nothing here."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
-    if getattr(shell, "kernel", None) is None or WORKER_NAME_ENV in os.environ or not enabled():
+    if getattr(shell, "kernel", None) is None or in_a_worker() or not enabled():
         return
     try:
         prestart()

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from .._util import pid_alive
 from ..calls import output
 from ..group import devices, membership
-from ..settings import WorkerSettings
+from ..recording import clocks
+from ..settings import WorkerSettings, clock_skew
 from ..wire import remote_errors, serialization, shared_tensors
 from . import control, streams
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
     host, port = settings.store.rsplit(":", 1)
     serialization.set_key(settings.key)
     shared_tensors.enable(settings.shared_tensors)
+    clocks.set_skew(clock_skew())  # a test's other machine, on this one
     store = membership.connect_store(host, int(port), settings.timeout)
     options = membership.backend_options(settings.threads, settings.timeout, settings.placement,
                                     settings.transport)

@@ -6,14 +6,13 @@ measures its offset from the driver with round trips (the driver's clock before 
 after, the member's in between), keeps the sample with the lowest delay and bounds
 its error by half of that round trip: ``driver = member + offset``, within ``bound``.
 
-``set_skew`` (or ``NBRPC_CLOCK_SKEW``, seconds, read when the member joins) adds a
-fixed amount to this process's clock and marks it as another machine's, so tests
-can check the estimate against a known offset on one host.
+``set_skew`` adds a fixed amount to this process's clock and marks it as another
+machine's, so tests can check the estimate against a known offset on one host (a
+worker sets the skew its environment asks for as it starts: ``settings.clock_skew``).
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 
@@ -35,10 +34,10 @@ def _skewed() -> float:
     return time.monotonic() + _skew
 
 
-def set_skew(seconds: float | None = None) -> None:
-    """Shift this process's clock by ``seconds`` (default: ``NBRPC_CLOCK_SKEW``, else 0)."""
+def set_skew(seconds: float = 0.0) -> None:
+    """Shift this process's clock by ``seconds`` (0: its own clock again)."""
     global _skew, now
-    _skew = float(os.environ.get("NBRPC_CLOCK_SKEW", "0") or 0) if seconds is None else float(seconds)
+    _skew = float(seconds)
     now = _skewed if _skew else time.monotonic
 
 

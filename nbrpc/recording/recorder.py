@@ -101,7 +101,6 @@ def install(always: bool = False) -> None:
     info = torch_compat.current_agent().get_worker_info()
     # The count goes on from cluster to cluster: an id is never reused in a process.
     _r.me, _r.ids = info.name, itertools.count((info.id << RANK_SHIFT) + (next(_r.ids) & _COUNT_MASK))
-    clocks.set_skew()
     _r.always = bool(always)
     _update()
 

@@ -32,6 +32,7 @@ import tomllib
 from ..errors import LimitError
 from ..settings import LIMITS_ENV as KEYS
 from ..settings import LIMITS_FILE_ENV as FILE_ENV
+from ..settings import limits_asked
 
 FILE = "/etc/nbrpc/limits.toml"
 WORKER_COMMAND = "nbrpc.member.worker"
@@ -101,15 +102,15 @@ class Limits:
 
 def load(environ: Mapping[str, str] | None = None) -> Limits:
     """The limits in force: the file's, then the environment's over them."""
-    environ = os.environ if environ is None else environ
-    path = environ.get(FILE_ENV) or FILE
+    named, texts = limits_asked(environ)
+    path = named or FILE
     values: dict[str, float] = {}
     sources: dict[str, str] = {}
     try:
         with open(path, "rb") as f:
             table = tomllib.load(f)
     except FileNotFoundError:
-        if environ.get(FILE_ENV):
+        if named:
             raise ValueError(f"{FILE_ENV}={path} names no file; the server's administrator sets it") from None
         table = {}
     except (OSError, tomllib.TOMLDecodeError) as e:
@@ -121,8 +122,8 @@ def load(environ: Mapping[str, str] | None = None) -> Limits:
                          f"known: {', '.join(KEYS)}")
     for name, value in table.items():
         values[name], sources[name] = value, f"set in {path}"
-    for name, variable in KEYS.items():
-        text = environ.get(variable, "").strip()
+    for name, text in texts.items():
+        variable = KEYS[name]
         if text:
             try:
                 values[name] = float(text) if name == "max_timeout" else int(text)
