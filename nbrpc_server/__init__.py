@@ -1,20 +1,19 @@
 """The Jupyter server extension behind JupyterLab's nbrpc side panel.
 
-``drivers`` asks the kernels of this server that run a cluster (those with a beacon
-next to their connection file) over their control channel; ``handlers`` serves the
-answers at ``<base_url>/nbrpc/...`` behind the server's authentication and XSRF checks.
+A package beside ``nbrpc``, not inside it: ``import nbrpc`` imports torch, and a Jupyter
+server that loads this extension must not pay for torch whether or not anyone uses nbrpc.
+Parts: ``protocol`` (the names the kernel, the server and the TypeScript share),
+``drivers`` (asking the kernels that run a cluster over their control channel),
+``handlers`` (the endpoints at ``<base_url>/nbrpc/...``) and ``app`` (the extension,
+which closes the channels when the server stops).
 """
 
 from __future__ import annotations
 
-__all__ = ["_jupyter_server_extension_points", "_load_jupyter_server_extension"]
+__all__ = ["_jupyter_server_extension_points"]
 
 
 def _jupyter_server_extension_points() -> list[dict]:
-    return [{"module": "nbrpc.server"}]
+    from .app import PanelServerExtension
 
-
-def _load_jupyter_server_extension(server_app) -> None:
-    from .handlers import setup_handlers
-
-    setup_handlers(server_app)
+    return [{"module": "nbrpc_server", "app": PanelServerExtension}]

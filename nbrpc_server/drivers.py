@@ -1,17 +1,19 @@
-"""The Jupyter server's side of the side panel: asking driver kernels over their control channel.
+"""The Jupyter server's side of the side panel: asking driver kernels over their channels.
 
 Parts:
 
 - ``beacon(kernel)``: the file a driver kernel writes beside its connection file while a
   cluster runs (``kernel_ext.panel.Beacon``); no file, no question, so a server whose
   kernels run no cluster does nothing.
-- ``Channel``: an asyncio DEALER socket on one kernel's control port, signed with that
-  kernel's session key; one question at a time.
-- ``Drivers``: the channels of the kernels this server's kernel manager owns, by kernel id;
-  ``clusters()`` (every cluster, with its notebook) and ``view(kernel_id, name)``.
+- ``Channel``: one kernel's control (or shell) channel as its kernel manager connects it
+  (``connect_control()``, CurveZMQ keys included), signed by its session; replies are
+  matched to questions by their parent's ``msg_id``.
+- ``Drivers``: the control channels of the kernels this server's kernel manager owns, by
+  kernel id; ``clusters()``, ``view()``, ``shutdown()`` (control) and ``start()`` (shell).
 
 The control channel is served by ipykernel on a thread of its own, so a kernel whose
-cell waits on a hang still answers; the shell channel would queue behind that cell.
+cell waits on a hang still answers (and shuts its cluster down); the shell channel would
+queue behind that cell, which is right for a start only: it runs as a cell would.
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import zmq
-import zmq.asyncio
-from jupyter_client.session import Session
+from zmq.eventloop.zmqstream import ZMQStream
 
-REQUEST = "nbrpc_panel_request"  # kernel_ext.panel.REQUEST, not imported: no IPython here
-BEACON_PREFIX = "nbrpc-"
-# Seconds to wait for a summary (the driver's probe of its workers takes up to 0.8 s) and for a view.
+from .protocol import REQUEST, beacon_path, start_code
+
+# Seconds to wait for a summary (the driver's probe of its workers takes up to 0.8 s), a view,
+# a shutdown (a graceful leave, else the workers are stopped) and a start (behind running cells).
 SUMMARY_TIMEOUT = 2.5
 VIEW_TIMEOUT = 15.0
+SHUTDOWN_TIMEOUT = 60.0
+START_TIMEOUT = 600.0
 
 
 def beacon(kernel) -> Path | None:
@@ -35,40 +38,45 @@ def beacon(kernel) -> Path | None:
     connection_file = getattr(kernel, "connection_file", "")
     if not connection_file:
         return None
-    path = Path(connection_file).with_name(BEACON_PREFIX + Path(connection_file).name)
+    path = beacon_path(connection_file)
     return path if path.exists() else None
 
 
 class Channel:
-    """A DEALER socket on one kernel's control port."""
+    """One kernel's control or shell channel, with the questions awaiting a reply."""
 
-    def __init__(self, kernel, context: zmq.asyncio.Context):
-        info = kernel.get_connection_info(session=True)
-        self.session = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        transport, ip, port = info["transport"], info["ip"], info["control_port"]
-        self.socket.connect(f"{transport}://{ip}:{port}" if transport == "tcp" else f"{transport}://{ip}-{port}")
-        self.lock = asyncio.Lock()
+    def __init__(self, kernel, name: str = "control"):
+        socket = getattr(kernel, f"connect_{name}")()
+        # jupyter_server's kernel managers hand out ZMQStreams on its loop; a plain socket is wrapped.
+        self.stream = socket if isinstance(socket, ZMQStream) else ZMQStream(socket)
+        self.session = kernel.session
+        self.waiting: dict[str, asyncio.Future] = {}
+        self.stream.on_recv(self._received)
 
-    async def ask(self, content: dict, timeout: float) -> dict:
-        async with self.lock:
-            msg = self.session.msg(REQUEST, content)
-            self.session.send(self.socket, msg)
-            msg_id = msg["header"]["msg_id"]
-            deadline = asyncio.get_running_loop().time() + timeout
-            while True:
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0 or not await self.socket.poll(int(left * 1000)):
-                    raise TimeoutError(f"the kernel did not answer within {timeout:g} s")
-                parts = await self.socket.recv_multipart()
-                _, parts = self.session.feed_identities(parts)
-                reply = self.session.deserialize(parts)
-                if reply["parent_header"].get("msg_id") == msg_id:
-                    return reply["content"]
+    def _received(self, parts: list) -> None:
+        _, parts = self.session.feed_identities(parts)
+        reply = self.session.deserialize(parts)
+        future = self.waiting.pop(reply["parent_header"].get("msg_id"), None)
+        if future is not None and not future.done():
+            future.set_result(reply["content"])
+
+    async def ask(self, msg_type: str, content: dict, timeout: float) -> dict:
+        """The reply's content; ``TimeoutError`` when none comes within ``timeout`` s."""
+        msg = self.session.msg(msg_type, content)
+        msg_id = msg["header"]["msg_id"]
+        self.waiting[msg_id] = asyncio.get_running_loop().create_future()
+        self.session.send(self.stream, msg)
+        try:
+            return await asyncio.wait_for(self.waiting[msg_id], timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the kernel did not answer within {timeout:g} s") from None
+        finally:
+            self.waiting.pop(msg_id, None)
 
     def close(self) -> None:
-        self.socket.close(linger=0)
+        for future in self.waiting.values():
+            future.cancel()
+        self.stream.close(linger=0)
 
 
 class Drivers:
@@ -76,7 +84,6 @@ class Drivers:
 
     def __init__(self, kernel_manager, session_manager):
         self.kernel_manager, self.session_manager = kernel_manager, session_manager
-        self.context = zmq.asyncio.Context()
         self.channels: dict[str, Channel] = {}
 
     def owned(self, kernel_id: str):
@@ -88,7 +95,7 @@ class Drivers:
     def _channel(self, kernel_id: str, kernel) -> Channel:
         channel = self.channels.get(kernel_id)
         if channel is None:
-            channel = self.channels[kernel_id] = Channel(kernel, self.context)
+            channel = self.channels[kernel_id] = Channel(kernel)
         return channel
 
     def _forget_ended(self) -> None:
@@ -101,10 +108,8 @@ class Drivers:
         if kernel is None or beacon(kernel) is None:
             return None
         try:
-            return await self._channel(kernel_id, kernel).ask(content, timeout)
+            return await self._channel(kernel_id, kernel).ask(REQUEST, content, timeout)
         except TimeoutError as e:
-            # A late answer must not be taken for the next question's: start afresh.
-            self.channels.pop(kernel_id).close()
             return {"error": f"{e}; it may be busy with a thread that holds the GIL, or stopped"}
 
     async def clusters(self, members: bool = True) -> list[dict]:
@@ -129,8 +134,28 @@ class Drivers:
     async def view(self, kernel_id: str, name: str) -> dict | None:
         return await self.ask(kernel_id, {"what": "view", "view": name}, VIEW_TIMEOUT)
 
+    async def shutdown(self, kernel_id: str) -> dict | None:
+        """``%rpc_shutdown``, run on the control channel: it works while a cell is stuck."""
+        return await self.ask(kernel_id, {"what": "shutdown"}, SHUTDOWN_TIMEOUT)
+
+    async def start(self, kernel_id: str, line: str) -> dict:
+        """Run the form's ``%rpc_init`` line in the kernel as a cell (``ValueError`` for any
+        other line): ``{"ran", "status"}``, and ``"error"`` (one line) when it failed."""
+        code = start_code(line)
+        channel = Channel(self.owned(kernel_id), "shell")
+        try:
+            reply = await channel.ask("execute_request", {
+                "code": code, "silent": False, "store_history": True, "user_expressions": {},
+                "allow_stdin": False, "stop_on_error": False}, START_TIMEOUT)
+        finally:
+            channel.close()
+        out = {"ran": code, "status": reply.get("status")}
+        if reply.get("status") == "error":
+            out["error"] = f"{reply.get('ename')}: {reply.get('evalue')}"
+        return out
+
     def close(self) -> None:
+        """Close every channel (at the server's shutdown)."""
         for channel in self.channels.values():
             channel.close()
         self.channels.clear()
-        self.context.term()

@@ -1,5 +1,7 @@
-"""The side panel's server endpoints (``nbrpc.server``) in a real Jupyter server, whose
-real kernels run real clusters: what they list, while a cell is stuck too, and who may ask.
+"""The side panel's server endpoints (``nbrpc_server``) in a real Jupyter server, whose
+real kernels run real clusters started through the endpoint: what they list, while a cell
+is stuck too, shutting down a stuck cell's cluster, and who may ask (a deployment's
+authorizer that denies kernels included). Loading the extension imports no torch.
 
 The server runs on 127.0.0.1 with token auth in its own runtime directory; its kernels
 are started through its REST API and driven with a jupyter-client over their connection
@@ -29,7 +31,17 @@ from nbrpc._util import kill_pids, pid_alive
 
 pytestmark = pytest.mark.slow
 
-SETUP = "%load_ext nbrpc\n%rpc_init -n 1\nimport threading\nimport torch.distributed.rpc as rpc"
+# Seconds a start may take on a loaded machine (the %rpc_init cell's own wait).
+START = 240
+SETUP = "import threading\nimport torch.distributed.rpc as rpc"
+# A deployment's authorizer that lets a user log in but not use kernels (jupyter_server's "kernels" resource).
+DENY_KERNELS = """
+from jupyter_server.auth import Authorizer
+
+class DenyKernels(Authorizer):
+    def is_authorized(self, handler, user, action, resource):
+        return resource != "kernels"
+"""
 
 
 def descendants(pid: int) -> list[int]:
@@ -44,18 +56,18 @@ def descendants(pid: int) -> list[int]:
 class JupyterServer:
     """A jupyter_server of this test: URL, token, runtime folder, process."""
 
-    def __init__(self, root: Path, base_url: str = "/"):
+    def __init__(self, root: Path, base_url: str = "/", args=(), env=None):
         self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}{base_url.rstrip('/')}"
         self.runtime = root / "runtime"
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime),
-               "JUPYTER_CONFIG_DIR": str(root / "config")}
+               "JUPYTER_CONFIG_DIR": str(root / "config"), **(env or {})}
         self.log = open(root / "server.log", "wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_server", "--no-browser", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-             f"--ServerApp.base_url={base_url}", "--ServerApp.terminals_enabled=False",
+             f"--ServerApp.base_url={base_url}", "--ServerApp.terminals_enabled=False", *args,
              *(["--allow-root"] if os.geteuid() == 0 else [])],
             cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         wait_until(lambda: self._up(), timeout=90, interval=0.3)
@@ -68,24 +80,25 @@ class JupyterServer:
         except OSError:
             return False
 
-    def request(self, path: str, method: str = "GET", token: bool = True, headers=None, opener=None):
+    def request(self, path: str, method: str = "GET", token: bool = True, headers=None, opener=None, body=None,
+                timeout: float = 30):
         """(status, JSON body) of a request, with the token unless told not to."""
         headers = {**({"Authorization": f"token {self.token}"} if token else {}), **(headers or {})}
-        data = b"" if method == "POST" else None
+        data = (json.dumps(body).encode() if body is not None else b"") if method == "POST" else None
         request = urllib.request.Request(f"{self.url}{path}", method=method, headers=headers, data=data)
         try:
-            with (opener or urllib.request.build_opener()).open(request, timeout=30) as response:
+            with (opener or urllib.request.build_opener()).open(request, timeout=timeout) as response:
                 body = response.read()
                 return response.status, (json.loads(body) if body else None)
         except urllib.error.HTTPError as e:
             e.close()
             return e.code, None
 
-    def api(self, path: str, method: str = "GET"):
-        status, body = self.request(path, method)
+    def api(self, path: str, method: str = "GET", body=None, timeout: float = 30):
+        status, answer = self.request(path, method, body=body, timeout=timeout)
         if status >= 400:
             raise OSError(f"{method} {path}: {status}")
-        return body
+        return answer
 
     def client(self, kernel_id: str):
         from jupyter_client import BlockingKernelClient
@@ -120,10 +133,13 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def driver(server):
-    """A kernel of the server running a one-worker cluster: (kernel id, client)."""
+    """A kernel of the server running a one-worker cluster started as the panel's form does
+    (the start endpoint): (kernel id, client)."""
     kernel_id = server.api("/api/kernels", "POST")["id"]
     kc = server.client(kernel_id)
     try:
+        started = server.api(f"/nbrpc/clusters/{kernel_id}/start", "POST", {"line": "%rpc_init -n 1"}, START)
+        assert started == {"ran": "%load_ext nbrpc\n%rpc_init -n 1", "status": "ok"}, started
         _, reply = execute(kc, SETUP, timeout=180)
         assert reply["status"] == "ok", reply
         yield kernel_id, kc
@@ -213,13 +229,75 @@ def test_a_stuck_cell_turns_its_cluster_red_while_the_kernel_is_busy(server, dri
     assert reply["content"]["status"] == "error"
 
 
-def test_shutdown_removes_the_cluster(server, driver):
+def test_shutdown_from_the_panel_ends_a_stuck_cell(server, driver):
+    """The shut-down endpoint is %rpc_shutdown on the control channel: it works while a cell
+    is stuck, and the stuck call fails as its worker ends."""
     kernel_id, kc = driver
     wait_until(lambda: not clusters(server)[0]["cluster"]["waiting"], timeout=30, interval=0.3)
+    running = server.api(f"/nbrpc/clusters/{kernel_id}/start", "POST", {"line": "%rpc_init -n 1"}, START)
+    assert running["status"] == "error" and "ClusterRunningError" in running["error"], running
+    msg_id = kc.execute(LOCK_CELL)
+    wait_until(lambda: clusters(server)[0]["cluster"]["findings"], timeout=10, interval=0.2)
+    answer = server.api(f"/nbrpc/clusters/{kernel_id}/shutdown", "POST")
+    assert answer["shut_down"] is True and "shut down" in answer["summary"], answer
+    reply = kc.get_shell_msg(timeout=60)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=60)
+    assert reply["content"]["status"] == "error"
+    assert wait_until(lambda: clusters(server) == [], timeout=3)
+    assert server.request(f"/nbrpc/clusters/{kernel_id}/shutdown", "POST")[0] == 404
+    # Start again for the next test; anything but a %rpc_init line is refused.
+    assert server.request(f"/nbrpc/clusters/{kernel_id}/start", "POST", body={"line": "import os"})[0] == 400
+    assert server.request(f"/nbrpc/clusters/{kernel_id}/start", "POST",
+                          body={"line": "%rpc_init -n 1\nimport os"})[0] == 400
+    again = server.api(f"/nbrpc/clusters/{kernel_id}/start", "POST", {"line": "%rpc_init -n 1"}, START)
+    assert again["status"] == "ok", again
+
+
+def test_shutdown_removes_the_cluster(server, driver):
+    kernel_id, kc = driver
+    wait_until(lambda: clusters(server) and not clusters(server)[0]["cluster"]["waiting"], timeout=30, interval=0.3)
     _, reply = execute(kc, "%rpc_shutdown", timeout=120)
     assert reply["status"] == "ok", reply
     assert wait_until(lambda: clusters(server) == [], timeout=3)
     assert server.api(f"/nbrpc/clusters/{kernel_id}/views/rref")["ended"] is True
+
+
+def test_an_authorizer_that_denies_kernels_is_obeyed(tmp_path):
+    """A deployment's Authorizer that denies a user the kernels denies them nbrpc's endpoints."""
+    (tmp_path / "deny_kernels.py").write_text(DENY_KERNELS)
+    server = JupyterServer(tmp_path, args=["--ServerApp.authorizer_class=deny_kernels.DenyKernels"],
+                           env={"PYTHONPATH": str(tmp_path)})
+    try:
+        assert server.request("/api/kernels")[0] == 403
+        kernel_id = "0" * 8
+        assert server.request("/nbrpc/clusters")[0] == 403
+        assert server.request(f"/nbrpc/clusters/{kernel_id}/views/status")[0] == 403
+        for action in ("start", "shutdown", "interrupt"):
+            assert server.request(f"/nbrpc/clusters/{kernel_id}/{action}", "POST",
+                                  body={"line": "%rpc_init"})[0] == 403, action
+    finally:
+        server.stop()
+
+
+LOAD_EXTENSION = """
+import json, sys
+from jupyter_server.serverapp import ServerApp
+
+app = ServerApp()
+app.initialize(argv=["--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
+                     "--ServerApp.open_browser=False"])
+print(json.dumps({{"loaded": "nbrpc_server" in app.extension_manager.extension_apps,
+                  "heavy": sorted(m for m in ("torch", "nbrpc") if m in sys.modules)}}))
+"""
+
+
+def test_loading_the_server_extension_imports_no_torch(tmp_path):
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", LOAD_EXTENSION.format(port=free_port())], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"loaded": True, "heavy": []}
 
 
 def test_endpoints_live_under_the_base_url(tmp_path):

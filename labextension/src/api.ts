@@ -1,4 +1,5 @@
-// The side panel's requests to nbrpc's server extension (<base_url>/nbrpc/...).
+// The side panel's requests to nbrpc's server extension (<base_url>/nbrpc/...): every action
+// the panel takes goes through these endpoints, each what a magic in the notebook would do.
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
@@ -79,7 +80,27 @@ export function view(kernelId: string, name: string): Promise<IView> {
   return request<IView>(URLExt.join('clusters', kernelId, 'views', name));
 }
 
-/** Stop the stuck call: interrupt the cluster's kernel, as the stop button does. */
+/** What a start ran in the kernel (the %rpc_init line as a cell), and how it ended. */
+export interface IStarted {
+  ran: string;
+  status: string;
+  error?: string;
+}
+
+/** Start a cluster: the kernel runs the form's %rpc_init line as a cell would. */
+export function start(kernelId: string, line: string): Promise<IStarted> {
+  return request<IStarted>(URLExt.join('clusters', kernelId, 'start'), {
+    method: 'POST',
+    body: JSON.stringify({ line })
+  });
+}
+
+/** %rpc_shutdown in the cluster's kernel, on its control channel (it works while a cell is stuck). */
+export function shutdown(kernelId: string): Promise<{ shut_down: boolean; summary: string }> {
+  return request(URLExt.join('clusters', kernelId, 'shutdown'), { method: 'POST' });
+}
+
+/** Stop the stuck call: interrupt the cluster's kernel, as the notebook's stop button does. */
 export function interrupt(kernelId: string): Promise<unknown> {
   return request(URLExt.join('clusters', kernelId, 'interrupt'), { method: 'POST' });
 }

@@ -36,7 +36,6 @@ import itertools
 import operator
 import os
 import threading
-import time
 from collections.abc import Callable
 
 import torch
@@ -55,9 +54,11 @@ NOT_RUNNING = "not running"  # it had ended already, or had not begun (it will n
 UNSET = "future unset"  # its @async_execution function's future was still not complete
 ENDED = "ended with "  # it had ended with this error (the rest of the answer) before the stop came
 # How long ``stop`` waits for a stopped call to end before it answers (seconds): after
-# the stop button, and after a timeout (whose error should not wait much longer).
+# the stop button, and after a timeout (whose caller waits at most ``TIMEOUT_ANSWER``
+# s more for the answer: torch's error comes at its time, the stop goes on meanwhile).
 STOP_GRACE = 2.0
-TIMEOUT_STOP_GRACE = 0.5
+TIMEOUT_STOP_GRACE = 0.02
+TIMEOUT_ANSWER = 0.1
 # Calls stopped before they started here (their stop overtook them): at most this many kept.
 EARLY_LIMIT = 10_000
 
@@ -386,15 +387,21 @@ def send_stop(to, call_id: str, grace: float = STOP_GRACE) -> torch.futures.Futu
 
 def stop_outcome(fut: torch.futures.Future, timeout: float = STOP_GRACE + 1.0) -> str | None:
     """The answer ``send_stop`` got, waiting at most ``timeout`` s; None without one."""
-    deadline = time.monotonic() + timeout
-    while not fut.done() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if not fut.done():
+    if not answered(fut, timeout):
         return None
     try:
         return fut.value()
     except RuntimeError:
         return None
+
+
+def answered(fut: torch.futures.Future, timeout: float) -> bool:
+    """Whether ``fut`` (a stop's answer) is done, waiting at most ``timeout`` s for it."""
+    if fut.done():
+        return True
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    return done.wait(timeout)
 
 
 def _what(func: Callable) -> str:

@@ -2,7 +2,8 @@
 
 - ``stopped``: the error for an interrupted call (the stop button), once its worker
   answered the request to stop it (``interrupts.stop``).
-- ``stop_on_timeout``: after torch gave up on a call, stop it on its worker too.
+- ``stop_on_timeout``: after torch gave up on a call, stop it on its worker too; the
+  caller's error does not wait for the stop to end (torch raises at the timeout).
 - ``wait_served``: a served call's wait on one of its own calls, which a stop of the
   served call ends at once.
 - ``outcome_text``: the worker's answer in words; a message claims a stop only when
@@ -66,13 +67,14 @@ def timed_out(error: Exception) -> bool:
 
 def stop_on_timeout(error: Exception, to, call_id: str | None) -> str | None:
     """After torch gave up on call ``call_id`` (its timeout), stop it on ``to``; what
-    became of it (see ``interrupts.stop``), or None."""
+    became of it (see ``interrupts.stop``) if the answer comes within
+    ``interrupts.TIMEOUT_ANSWER`` s, else ``ASKED`` (the stop goes on); or None."""
     if call_id is None or not timed_out(error):
         return None
     stopping = interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
     if interrupts.served_here() is not None:
         return ASKED  # a nested call: see stopped
-    return interrupts.stop_outcome(stopping, interrupts.TIMEOUT_STOP_GRACE + 1.0) or NO_ANSWER
+    return outcome(stopping)
 
 
 def stop_if_timed_out(error: Exception, to, call_id: str | None):
@@ -84,8 +86,14 @@ def stop_if_timed_out(error: Exception, to, call_id: str | None):
 
 
 def outcome(stop) -> str | None:
-    """The answer to a stop ``send_stop`` sent (None: none sent, or no answer)."""
-    return None if stop is None else interrupts.stop_outcome(stop) or NO_ANSWER
+    """The answer to a stop ``send_stop`` sent after a timeout, if it comes within
+    ``interrupts.TIMEOUT_ANSWER`` s (a timeout's error is not held up for it: ``ASKED``
+    when it has not come); None if no stop was sent."""
+    if stop is None:
+        return None
+    if not interrupts.answered(stop, interrupts.TIMEOUT_ANSWER):
+        return ASKED
+    return interrupts.stop_outcome(stop, 0) or NO_ANSWER
 
 
 def wait_served(served: interrupts.Served | None, done, wait: Callable[[], None]) -> None:

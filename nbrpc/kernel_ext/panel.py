@@ -10,9 +10,13 @@ Parts:
   has waited ``hangs.AFTER`` s; ``view(name)``: one view drawn by ``nbrpc.drawing`` (the
   widgets' own code) as HTML. Both run in any thread and never over RPC while this
   kernel has a call in flight, so a stuck cell does not hold them up.
-- ``serve(kernel, answers)``: a handler for ``nbrpc_panel_request`` on the kernel's
+- ``serve(kernel, answers, beacon)``: a handler for ``nbrpc_panel_request`` on the kernel's
   control channel, which ipykernel serves on a thread of its own: it answers while the
-  kernel's main thread is busy (a cell waiting on a hang), as workers answer probes.
+  kernel's main thread is busy (a cell waiting on a hang), as workers answer probes, and
+  shuts the cluster down there too (``%rpc_shutdown``).
+
+The protocol's names (request type, beacon prefix, views, member columns) come from
+``nbrpc_server.protocol``, which the Jupyter server imports too.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
+
+from nbrpc_server.protocol import MEMBER_COLUMNS, REPLY, REQUEST, VIEWS, beacon_path
 
 from ..cluster import cluster as cluster_mod
 from ..cluster import queries
@@ -36,12 +41,8 @@ from ..errors import AutogradContextError
 from ..recording.pending import PENDING
 from . import hangs
 
-REQUEST = "nbrpc_panel_request"
-REPLY = "nbrpc_panel_reply"
-BEACON_PREFIX = "nbrpc-"
 # Seconds a status row (asked over RPC) serves before it is asked again.
 ROWS_FRESH = 1.0
-VIEWS = ("rref", "timeline", "waits", "autograd", "status", "stacks")
 # Views drawn from every member's answer over RPC: while a call of this kernel waits, their
 # RPCs could queue behind the stuck ones, so they keep their last drawing until it ends.
 OVER_RPC = ("rref", "timeline")
@@ -51,8 +52,7 @@ class Beacon:
     """``nbrpc-kernel-<id>.json`` next to the connection file while a cluster runs."""
 
     def __init__(self, connection_file: str | None):
-        self.path = (Path(connection_file).with_name(BEACON_PREFIX + Path(connection_file).name)
-                     if connection_file else None)
+        self.path = beacon_path(connection_file) if connection_file else None
         atexit.register(self.clear)
 
     def update(self, *_) -> None:
@@ -131,6 +131,15 @@ class Answers:
         drawing, summary = getattr(self, "_" + name)(cluster)
         return {"ended": False, "html": svg.theme_style() + drawing, "summary": summary}
 
+    def shutdown(self) -> dict:
+        """``%rpc_shutdown``, from the control thread: a stuck cell's calls fail as its
+        workers end (what the magic would do once that cell let it run)."""
+        cluster = cluster_mod.current()
+        if cluster is None or cluster.state != "running":
+            return {"shut_down": False, "summary": "nbrpc: no cluster is running"}
+        cluster.shutdown()
+        return {"shut_down": True, "summary": f"nbrpc: {cluster._summary()} shut down"}
+
     def _rref(self, cluster) -> tuple[str, str]:
         snap = rref_snapshot()
         return svg.rref_svg(snap), describe.rref_summary(snap)
@@ -172,11 +181,10 @@ def _recorded() -> bool:
 
 def _plain_rows(cluster) -> list[dict]:
     """Status rows with no RPC: what the driver knows of each member by itself."""
-    rows = [{"name": cluster.driver_name, "rank": 0, "host": os.uname().nodename, "pid": os.getpid(),
-             "state": "driver", "devices": None, "busy": None, "owned_rrefs": None}]
-    rows += [{"name": w.name, "rank": w.rank, "host": w.host, "pid": w.pid, "state": w.state,
-              "devices": None, "busy": None, "owned_rrefs": None} for w in cluster.workers]
-    return rows
+    known = [(cluster.driver_name, 0, os.uname().nodename, os.getpid(), "driver")]
+    known += [(w.name, w.rank, w.host, w.pid, w.state) for w in cluster.workers]
+    # devices, busy threads and owned RRefs are the members' to say: unknown here.
+    return [dict(zip(MEMBER_COLUMNS, row + (None, None, None))) for row in known]
 
 
 def _with_probe(rows: list[dict], members: list[dict]) -> list[dict]:
@@ -191,14 +199,18 @@ def _with_probe(rows: list[dict], members: list[dict]) -> list[dict]:
     return rows
 
 
-def serve(kernel, answers: Answers) -> None:
+def serve(kernel, answers: Answers, beacon: Beacon) -> None:
     """Answer the side panel on this kernel's control channel."""
 
     def handle(stream, ident, parent) -> None:
         content = parent.get("content") or {}
         try:
-            if content.get("what") == "view":
+            what = content.get("what")
+            if what == "view":
                 reply = answers.view(str(content.get("view")))
+            elif what == "shutdown":
+                reply = answers.shutdown()
+                beacon.update()
             else:
                 reply = answers.summary(members=bool(content.get("members", True)))
         except Exception as e:  # the panel must hear back, even that it failed
@@ -220,7 +232,7 @@ class Panel:
         if kernel is None or not hasattr(kernel, "control_handlers"):
             return  # a terminal IPython: no Jupyter server to answer
         self.beacon = Beacon(_connection_file())
-        serve(kernel, self.answers)
+        serve(kernel, self.answers, self.beacon)
         shell.events.register("pre_run_cell", self.beacon.update)
         shell.events.register("post_run_cell", self.beacon.update)
 
