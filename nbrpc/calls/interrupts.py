@@ -43,6 +43,7 @@ import torch
 from .._compat import torch_compat
 from ..errors import RpcTimeoutError, WorkerDiedError
 from ..recording import functions, futures, recorder
+from ..recording.paused import FAILURES
 from ..recording.pending import PENDING
 from ..wire import serialization
 from . import output, serving
@@ -169,6 +170,7 @@ class _Call(tuple):
             finally:
                 recorder.finished(half, trace, error)
         except Exception as e:
+            FAILURES.keep(call_id, e)  # for %debug on the caller
             # torch would print the error to stderr after this returns, when the call's
             # output has gone: its print and reply made here are part of the call.
             return torch_compat.remote_exception(e, show=not passed_on(e))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from ..recording import futures, rref_ledger
 from ..wire import remote_errors, serialization
-from . import agent_devices, backward, wrappers
+from . import agent_devices, backward, breakpoints, wrappers
 
 
 def install(track: bool = True) -> None:
     """nbrpc's pickler, call wrappers, remote errors, the backward that recordings
     watch, what follows the agent's devices, where each Future was made, and the RRef
-    ledger's hooks when ``track``. Before a member's agent starts (torch's C++ side
-    looks some of these up once); idempotent."""
+    ledger's hooks when ``track``, and ``breakpoint()`` prompting in the calling cell.
+    Before a member's agent starts (torch's C++ side looks some of these up once);
+    idempotent."""
     serialization.install()
     wrappers.install()
     remote_errors.install()
@@ -19,3 +20,4 @@ def install(track: bool = True) -> None:
     agent_devices.install()
     rref_ledger.hook(track)
     futures.hook()
+    breakpoints.install()

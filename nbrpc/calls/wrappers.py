@@ -45,7 +45,18 @@ from ..errors import (
 from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import agent_devices, caller_half, destinations, fetch_threads, interrupts, output, serving, stopping
+from . import (
+    agent_devices,
+    breakpoints,
+    caller_half,
+    destinations,
+    fetch_threads,
+    interrupts,
+    output,
+    prompts,
+    serving,
+    stopping,
+)
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_to_here = torch_compat.to_here
@@ -122,6 +133,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
         raise _stopped(to, _label("rpc_sync", to, what), call_id, key) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         record.answered(e)
+        breakpoints.failed_on(e, to, call_id)
         raise
     finally:
         PENDING.answered(key)
@@ -192,6 +204,9 @@ class NamedFuture(torch.futures.Future):
                          stopping.outcome(self._stopping))
         except KeyboardInterrupt:
             raise _stopped(to, _label("rpc_async", to, func), call_id, self._key) from None
+        except Exception as e:  # a remote exception of its own class (see remote_errors)
+            breakpoints.failed_on(e, to, call_id)
+            raise
 
 
 _CFuture = torch._C.Future  # torch's C++ future, under torch.futures.Future's Python methods
@@ -379,7 +394,8 @@ def _await(done, to) -> None:
     """Wait until ``done`` (a held lock) is released, in steps Ctrl-C can interrupt,
     giving up if the worker is gone."""
     name = to if isinstance(to, str) else getattr(to, "name", None)
-    while not done.acquire(timeout=FATE_POLL):
+    while not done.acquire(timeout=prompts.poll_interval(FATE_POLL)):
+        prompts.answer_waiting()  # a member's pdb prompting in this cell
         # A worker whose link went silent never answers, and torch would
         # wait out the whole RPC timeout to say so.
         if name is not None and worker_fate(name):

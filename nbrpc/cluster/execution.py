@@ -14,6 +14,7 @@ from typing import Protocol
 import zmq
 
 from ..calls import output as output_mod
+from ..calls import prompts
 from ..errors import RemoteError
 from ..launchers.base import Worker
 
@@ -34,29 +35,37 @@ class Output(Protocol):
 def run(code: str, workers: list[Worker], output: Output) -> None:
     """Execute ``code`` on every worker at once; raise ``RemoteError`` if any raised.
 
-    A ``KeyboardInterrupt`` while waiting interrupts the workers' kernels too.
+    A ``KeyboardInterrupt`` while waiting interrupts the workers' kernels too. Where
+    the calling cell takes input, so does the code (``input()``, pdb): each worker's
+    input request is asked in the calling cell, naming the worker.
     """
-    pending = {w.client.execute(code, allow_stdin=False): w for w in workers}
+    stdin = prompts.takes_input()
+    pending = {w.client.execute(code, allow_stdin=stdin): w for w in workers}
     taggers = {w.name: output_mod.LineTagger(w.name, output) for w in workers}
     failures: dict[str, tuple[str, str, list[str]]] = {}
+    sockets = [w.client.iopub_channel.socket for w in workers]
+    sockets += [w.client.stdin_channel.socket for w in workers] if stdin else []
     poller = zmq.Poller()
-    for w in workers:
-        poller.register(w.client.iopub_channel.socket, zmq.POLLIN)
+    for socket in sockets:
+        poller.register(socket, zmq.POLLIN)
     try:
         while pending:
             _check_alive(pending, failures)
+            prompts.answer_waiting()  # pdb of a call this cell's code made, prompting here
             if not poller.poll(POLL_MS):
                 continue
             for w in workers:
                 while w.client.iopub_channel.msg_ready():
                     _handle(w.client.get_iopub_msg(), pending, taggers, failures, output)
+                while stdin and w.client.stdin_channel.msg_ready():
+                    _answer_input(w, w.client.get_stdin_msg(), taggers[w.name])
     except KeyboardInterrupt:
         for w in pending.values():
             w.interrupt()
         raise
     finally:
-        for w in workers:
-            poller.unregister(w.client.iopub_channel.socket)
+        for socket in sockets:
+            poller.unregister(socket)
         for tagger in taggers.values():
             tagger.flush()
     if failures:
@@ -82,6 +91,15 @@ def _handle(msg, pending, taggers, failures, output) -> None:
         failures[worker.name] = (content["ename"], content["evalue"], content["traceback"])
     elif kind == "status" and content["execution_state"] == "idle":
         del pending[msg["parent_header"]["msg_id"]]
+
+
+def _answer_input(worker: Worker, msg: dict, tagger: output_mod.LineTagger) -> None:
+    """Ask the worker kernel's input request in the calling cell; send back the answer."""
+    if msg["msg_type"] != "input_request":
+        return
+    tagger.flush()  # what the cell printed before it asked
+    answer = prompts.read_line(f"[{worker.name}] {msg['content'].get('prompt', '')}")
+    worker.client.input("" if answer is None else answer)
 
 
 def _check_alive(pending, failures) -> None:

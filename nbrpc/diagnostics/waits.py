@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 
 from ..calls import serving
+from ..recording.paused import PAUSED
 from ..recording.pending import PENDING
 from . import stacks as stacks_mod
 
@@ -42,6 +43,7 @@ def member_report(name: str, cells: stacks_mod.Cells | None = None, files: bool 
     report["threads"] = stacks_mod.local_threads(cells)
     report["time"] = time.time()
     report["inline"] = serving.pool.inline  # calls whose function runs on one of torch's threads
+    report["paused"] = PAUSED.report()  # threads stopped in a debugger (pdb, JupyterLab's)
     return report
 
 
@@ -56,6 +58,7 @@ class Graph:
         self.served: dict[str, tuple[str, dict]] = {}  # call id -> (member, served entry)
         self.awaited: dict[str, tuple[str, dict]] = {}  # call id -> (member, its future's entry)
         self.frames: dict[tuple[str, int], list] = {}  # (member, thread) -> frames
+        self.paused: dict[tuple[str, int], dict] = {}  # (member, thread) -> where it stopped
         self.cells = stacks_mod.Cells()  # the driver's cells, for sites on no stack
         for m in members:
             report = m.get("report") or {}
@@ -66,6 +69,8 @@ class Graph:
                 self.served[entry["id"]] = (m["name"], entry)
             for entry in report.get("awaited", []):
                 self.awaited[entry["id"]] = (m["name"], entry)
+            for entry in report.get("paused", []):
+                self.paused[(m["name"], entry["thread"])] = entry
         for m in members:
             for entry in (m.get("report") or {}).get("outgoing", []):
                 self.calls[entry["id"]] = self._call(m["name"], entry)
@@ -133,7 +138,11 @@ class Graph:
                 user = stacks_mod.innermost_user(frames)
                 if user is not None:
                     call["at"] = stacks_mod.where(user)
-                if mine:
+                stop = self.paused.get((member, entry["thread"]))
+                if stop is not None:  # a person steps through it: not a hang
+                    call["state"] = "paused"
+                    call["paused_at"] = self.label(member, (stop["file"], stop["line"]))
+                elif mine:
                     call["state"] = "waiting"
                 else:
                     blocked = stacks_mod.blocked_at(frames)
@@ -156,7 +165,7 @@ class Graph:
         state = self.members.get(call["callee"], {}).get("state", "running")
         if state != "running":
             return state
-        if self.now - call["since"] < STUCK:
+        if self.now - call["since"] < STUCK or call["state"] == "paused":
             return None
         if call["state"] == "queued":
             return "queued"
@@ -166,8 +175,9 @@ class Graph:
             return "blocked"
         return None
 
-    def chains(self) -> list[list[dict]]:
-        """Every path from a call nothing waits on to a stuck call."""
+    def chains(self, paused: bool = False) -> list[list[dict]]:
+        """Every path from a call nothing waits on to a stuck call (``paused``: to a
+        call paused in a debugger)."""
         inner = {c for call in self.calls.values() for c in call["waits_on"]}
         out = []
 
@@ -175,7 +185,7 @@ class Graph:
             call = path[-1]
             nexts = [self.calls[c] for c in call["waits_on"] if c in self.calls and self.calls[c] not in path]
             if not nexts:
-                if self.stuck(call):
+                if (call["state"] == "paused") if paused else self.stuck(call):
                     out.append(path)
                 return
             for nxt in nexts:
@@ -238,6 +248,8 @@ def snapshot_of(graph: Graph) -> dict:
             out["at"] = call["at"]
         if call.get("future"):
             out["future"] = call["future"]
+        if call.get("paused_at"):
+            out["paused_at"] = call["paused_at"]
         calls.append(out)
     summary = [{"name": m["name"], "threads": m.get("pool"), "busy": graph.busy(m["name"]),
                 "state": m.get("state", "running")} for m in members]
@@ -390,9 +402,22 @@ def explain(graph: Graph, call_id: str) -> tuple[str | None, bool]:
         ids = [c["id"] for c in path]
         if call_id in ids:
             return describe(graph, path[ids.index(call_id):], head=False), True
+    if call.get("paused_at"):
+        return f"{call['callee']} runs {call['function']}, {paused_text(call)}", False
+    for path in graph.chains(paused=True):
+        ids = [c["id"] for c in path]
+        if call_id in ids and path[-1]["state"] == "paused":
+            leaf = path[-1]
+            return describe(graph, path[ids.index(call_id):], head=False) + f", {paused_text(leaf)}", False
     if call.get("at"):
         return f"{call['callee']} runs {call['function']} ({call['at']})", False
     return None, False
+
+
+def paused_text(call: dict) -> str:
+    """Where a paused call stands, in words."""
+    return f"paused in the debugger at {call['paused_at']}" if call.get("paused_at") else "paused in the debugger"
+
 
 
 def graph(members: list[dict], now: float | None = None) -> Graph:

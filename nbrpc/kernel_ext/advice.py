@@ -15,6 +15,8 @@ own ``_render_traceback_``, or IPython's traceback).
 
 from __future__ import annotations
 
+import sys
+
 from ..errors import RUN_RPC_INIT, not_initialized
 from ..wire import remote_errors
 
@@ -41,6 +43,8 @@ class RpcAdvice:
     @staticmethod
     def handle(shell, etype, value, tb, tb_offset=None):
         """Show ``value`` in one line if it is torch's "not initialized", else as usual."""
+        # What IPython's own display keeps for %debug, which a remote error's display skips.
+        sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb
         if not_initialized(value):
             line = f"\x1b[31mRuntimeError\x1b[0m: {RUN_RPC_INIT}"
             shell._showtraceback(etype, RuntimeError(RUN_RPC_INIT), [line])

@@ -9,11 +9,12 @@ from .advice import RpcAdvice
 from .display import CellOutput
 from .hangs import HangWatch
 from .panel import Panel
+from .worker_pdb import WorkerPdb
 
 
 class Extension:
     """One shell's parts: torch's advice, where workers' output shows, the hang watch, the
-    side panel's answers."""
+    side panel's answers, debugging across workers."""
 
     # The loaded extensions, by the shell's id (one in a kernel).
     loaded: ClassVar[dict[int, Extension]] = {}
@@ -28,6 +29,8 @@ class Extension:
         self.hang_watch = HangWatch()
         # JupyterLab's side panel asks this kernel about its cluster on the control channel.
         self.panel = Panel()
+        # Members' pdb prompts in the calling cell; %debug opens a member's frames.
+        self.worker_pdb = WorkerPdb(shell)
 
     @classmethod
     def load(cls, shell) -> Extension:
@@ -39,6 +42,7 @@ class Extension:
             extension.cell_output.register(shell)
             extension.hang_watch.register(shell)
             extension.panel.register(shell)
+            extension.worker_pdb.register(shell)
         if template.enabled():
             # A notebook that loads nbrpc runs %rpc_init next: the warm template imports
             # torch and ipykernel while the person types, and the first cluster forks from it.
@@ -64,4 +68,5 @@ class Extension:
         self.cell_output.unregister(self.shell)
         self.hang_watch.unregister(self.shell)
         self.panel.unregister(self.shell)
+        self.worker_pdb.unregister(self.shell)
         self.loaded.pop(id(self.shell), None)

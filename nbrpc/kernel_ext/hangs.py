@@ -38,6 +38,7 @@ class HangWatch:
         self._thread: threading.Thread | None = None
         self._handle = None
         self._shown: list[dict] = []
+        self._paused = False  # the display shows a call paused in a debugger
         self._frozen_since: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -80,11 +81,15 @@ class HangWatch:
         mine = {entry[ID] for entry in PENDING.in_flight() if entry[SINCE] >= began}
         findings = self.settled([f for f in snap["findings"] if mine.intersection(f["calls"])],
                                 snap["members"], time.monotonic())
-        if not findings and not (self.always and snap["calls"]):
-            if self._handle is not None and self._shown:
-                self._handle.update(Report([], snap["calls"], resolved=True))
+        paused = [c for c in snap["calls"] if c["state"] == "paused"]
+        if not findings and not (self.always and snap["calls"]) and not paused:
+            if self._handle is not None and (self._shown or self._paused):
+                # A hang that cleared says so; a pause that ended leaves no line.
+                self._handle.update(Report([], [], resolved=bool(self._shown)))
+                self._paused = False
             return
-        report = Report(findings, snap["calls"] if self.always or findings else [])
+        self._paused = bool(paused)
+        report = Report(findings, snap["calls"] if self.always or findings else [], paused=paused)
         with self._lock:
             if self._stop.is_set():
                 return
@@ -115,13 +120,17 @@ class HangWatch:
 class Report:
     """Findings (and pending calls) as text and HTML."""
 
-    def __init__(self, findings: list[dict], calls: list[dict], resolved: bool = False):
+    def __init__(self, findings: list[dict], calls: list[dict], resolved: bool = False,
+                 paused: list[dict] = ()):
         self.findings, self.calls, self.resolved = findings, calls, resolved
+        self.paused = list(paused)  # calls stopped in a debugger: a person steps, no hang
 
     def _lines(self) -> list[str]:
         if self.resolved:
             return ["nbrpc: the hang shown here has cleared"]
         lines = [f"nbrpc: stuck ({f['kind']}): {f['message']}" for f in self.findings]
+        lines += [f"nbrpc: {c['callee']} runs {c['function']}, paused in the debugger"
+                  + (f" at {c['paused_at']}" if c.get("paused_at") else "") + " (not a hang)" for c in self.paused]
         for call in self.calls:
             where = f" at {call['site']}" if call.get("site") else ""
             lines.append(f"  {call['caller']} -> {call['callee']}: {call['function']} "

@@ -1,0 +1,183 @@
+"""pdb on a member, prompting in the cell that made the call.
+
+Parts:
+
+- ``install``: ``sys.breakpointhook`` and ``pdb.set_trace``, on a thread that serves a
+  call, open a ``MemberPdb`` on the caller's frame; anywhere else (a ``%%rpc_on`` cell on
+  the worker's kernel, the driver's own cells) they do what they did before.
+- ``MemberPdb``: torch's and nbrpc's frames left out of its stack and never stepped into;
+  its stdin and stdout a ``prompts.Channel`` to the driver's waiting cell; while it
+  waits for a command the thread is in ``PAUSED``, so that a paused call reads as
+  paused, not as a hang. The driver's cell sources are fetched once for ``list``.
+- ``post_mortem(call_id)``: run over RPC by ``%debug`` on the driver: pdb in the frames
+  of the last failed call of that caller (``paused.FAILURES``), through the same prompts.
+- ``failed_on`` / ``failure_of``: the driver's note on a remote error of which member and
+  call it came from, which ``%debug`` reads.
+"""
+
+from __future__ import annotations
+
+import os
+import pdb
+import sys
+import threading
+
+from .._compat import torch_compat
+from ..recording.paused import FAILURES, PAUSED
+from ..recording.pending import OWN_FOLDERS
+from . import interrupts, prompts
+
+# Modules pdb never stops in: stepping out of a call's function runs nbrpc and torch on.
+SKIP = ("nbrpc.*", "torch.*", "threading", "concurrent.*")
+# The attribute a remote error carries on the driver: (member, call id).
+FAILED_CALL = "_nbrpc_failed_call"
+
+
+class MemberPdb(pdb.Pdb):
+    """pdb for a call served on this member, prompting in the caller's cell."""
+
+    def __init__(self, member: str, call_id: str | None, where: str):
+        self.call_id = call_id
+        channel = prompts.Channel(member, where)
+        super().__init__(stdin=channel, stdout=channel, skip=SKIP, nosigint=True, readrc=False)
+
+    def setup(self, f, tb):
+        done = super().setup(f, tb)
+        first = next((i for i, (frame, _) in enumerate(self.stack) if not _own(frame)), 0)
+        if first:  # the serving thread's frames above the call's function
+            self.stack = self.stack[first:]
+            self.curindex = max(0, self.curindex - first)
+            self.curframe = self.stack[self.curindex][0]
+            self.curframe_locals = self.curframe.f_locals
+        return done
+
+    def set_continue(self):
+        super().set_continue()
+        self.stdout.end_session()
+
+    def set_quit(self):
+        super().set_quit()
+        self.stdout.end_session()
+
+    def interaction(self, frame, traceback):
+        at = frame if frame is not None else _innermost(traceback)
+        line = at.f_lineno if frame is not None else _innermost_line(traceback)
+        prompts.fetch_sources({f.f_code.co_filename for f in _frames(at)})
+        PAUSED.pause(self.call_id, at.f_code.co_filename, line)
+        try:
+            super().interaction(frame, traceback)
+        finally:
+            PAUSED.resume()
+
+
+def _own(frame) -> bool:
+    """Whether ``frame`` is nbrpc's, torch's or the thread machinery's."""
+    return frame.f_code.co_filename.startswith(OWN_FOLDERS) or frame.f_globals.get("__name__") == "threading"
+
+
+def _frames(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def _innermost(tb):
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame
+
+
+def _innermost_line(tb) -> int:
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_lineno
+
+
+def _member() -> str:
+    return torch_compat.current_agent().get_worker_info().name
+
+
+def _where(what: str, frame) -> str:
+    return f"{what} in {frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}, line {frame.f_lineno})"
+
+
+class _Hooks:
+    """What ``breakpoint()`` and ``pdb.set_trace`` did before ``install``."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.breakpointhook = None
+        self.set_trace = None
+
+
+_before = _Hooks()
+
+
+def install() -> None:
+    """Make ``breakpoint()`` and ``pdb.set_trace()`` prompt in the caller's cell on a
+    thread that serves a call (idempotent)."""
+    with _before.lock:
+        if _before.breakpointhook is None:
+            _before.breakpointhook, sys.breakpointhook = sys.breakpointhook, breakpointhook
+            _before.set_trace, pdb.set_trace = pdb.set_trace, set_trace
+
+
+def breakpointhook(*args, **kwargs):
+    """``sys.breakpointhook``: pdb in the caller's cell on a thread serving a call."""
+    served = interrupts.served_here()
+    if served is None or os.environ.get("PYTHONBREAKPOINT") == "0":
+        return _before.breakpointhook(*args, **kwargs)
+    _trace(served, sys._getframe(1), "breakpoint()")
+    return None
+
+
+def set_trace(*, header=None):
+    """``pdb.set_trace``: the same as ``breakpoint()`` on a thread serving a call."""
+    served = interrupts.served_here()
+    if served is None:
+        return _before.set_trace(header=header) if header is not None else _before.set_trace()
+    frame = sys._getframe(1)
+    _trace(served, frame, "pdb.set_trace()")
+    return None
+
+
+def _trace(served: interrupts.Served, frame, what: str) -> None:
+    debugger = MemberPdb(_member(), served.call_id, _where(what, frame))
+    debugger.set_trace(frame)
+
+
+def post_mortem(call_id: str) -> None:
+    """Run over RPC by ``%debug``: pdb in the frames of failed call ``call_id``."""
+    error = FAILURES.find(call_id)
+    member = _member()
+    if error is None:
+        raise LookupError(f"{member} no longer keeps that failure: it keeps only the last failed call of "
+                          "each caller. Run the failing call again, then %debug")
+    tb = error.__traceback__
+    while tb is not None and _own(tb.tb_frame) and tb.tb_next is not None:
+        tb = tb.tb_next  # the serving thread's frames above the call's function
+    served = interrupts.served_here()
+    frame = _innermost(tb)
+    debugger = MemberPdb(member, served.call_id if served else None,
+                         f"%debug of {type(error).__name__} in {frame.f_code.co_name}")
+    debugger.reset()
+    try:
+        debugger.interaction(None, tb)
+    finally:
+        debugger.stdout.end_session()
+
+
+def failed_on(error: BaseException, to, call_id: str | None) -> None:
+    """On the caller: ``error`` came from call ``call_id`` to ``to`` (for ``%debug``)."""
+    if call_id is None:
+        return
+    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    try:
+        setattr(error, FAILED_CALL, (name, call_id))
+    except (AttributeError, TypeError):  # an exception class that takes no attributes
+        pass
+
+
+def failure_of(error: BaseException | None) -> tuple[str, str] | None:
+    """(member, call id) of the call a remote ``error`` came from, if known."""
+    return getattr(error, FAILED_CALL, None)
