@@ -13,15 +13,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import free_port, run, wait_gone
+from conftest import free_port, run
 from differential.compare import report
 from differential.notebook import Notebook
 from differential.raw import RawTorch
 from differential.scenarios import CASES, EXAMPLES
 from differential.strategies import scenarios
 from hypothesis import HealthCheck, given, settings
-
-from nbrpc._util import kill_pids
 
 EXAMPLE_COUNT = int(os.environ.get("NBRPC_DIFFERENTIAL_EXAMPLES", "60"))
 ERROR_FORMS = ("rpc_sync", "rpc_async", "remote")
@@ -33,9 +31,7 @@ def raw():
     """master, worker1, worker2 under raw torch, started once for the module."""
     group = RawTorch(free_port())
     yield group
-    survivors = group.close()
-    kill_pids(survivors)
-    assert not survivors and not wait_gone(group.pids), "the raw torch processes did not end"
+    assert not group.close(), "the raw torch processes did not end"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,10 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+
+from nbrpc._util import kill_pids
 
 TESTS = Path(__file__).resolve().parent.parent
 NAMES = ["master", "worker1", "worker2"]
@@ -35,7 +38,7 @@ def member(rank: int, port: int) -> None:
     if rank == 0:
         answers.write(json.dumps({"ready": True}) + "\n")
         for line in sys.stdin:
-            answers.write(json.dumps(scenarios.run(json.loads(line))) + "\n")
+            answers.write(json.dumps(scenarios.answer(json.loads(line))) + "\n")
     rpc.shutdown()
 
 
@@ -58,14 +61,18 @@ class RawTorch:
         return [p.pid for p in self.procs]
 
     def read(self, timeout: float) -> dict:
-        """master's next answer (a thread reads, so that a stuck master fails the test)."""
+        """master's next answer (a thread reads, so that a stuck or ended master fails the test)."""
         found: list[str] = []
         reader = threading.Thread(target=lambda: found.append(self.procs[0].stdout.readline()), daemon=True)
         reader.start()
-        reader.join(timeout)
+        deadline = time.monotonic() + timeout
+        while reader.is_alive() and time.monotonic() < deadline and self.procs[0].poll() is None:
+            reader.join(0.05)
+        reader.join(0.5)
         if not found or not found[0]:
             codes = [p.poll() for p in self.procs]
-            raise RuntimeError(f"the raw torch master gave no answer within {timeout} s (exit codes {codes})")
+            raise RuntimeError(f"the raw torch master gave no answer within {timeout} s "
+                               f"(exit codes {codes}; its stderr is the test's)")
         return json.loads(found[0])
 
     def ask(self, request: dict, timeout: float = 60.0) -> dict:
@@ -74,16 +81,23 @@ class RawTorch:
         return self.read(timeout)
 
     def close(self, timeout: float = 60.0) -> list[int]:
-        """End the group gracefully (master's stdin closes); the pids still alive after."""
-        if self.procs[0].stdin and not self.procs[0].stdin.closed:
+        """End the group gracefully (master's stdin closes), then by signal what still runs;
+        the pids alive after that."""
+        if not self.procs[0].stdin.closed:
             self.procs[0].stdin.close()
+        deadline = time.monotonic() + timeout
         for proc in self.procs:
             try:
-                proc.wait(timeout)
+                proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        if self.procs[0].stdout:
-            self.procs[0].stdout.close()
+        kill_pids([p.pid for p in self.procs if p.poll() is None])
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs[0].stdout.close()
         return [p.pid for p in self.procs if p.poll() is None]
 
 
