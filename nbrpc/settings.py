@@ -12,7 +12,7 @@ Parts:
 
 - The readers of the variables people set (``join_token``, ``warm_start_wanted``,
   ``default_launcher``, ``limits_asked``, ``clock_skew``, ``shared_tensors_wanted``,
-  ``in_a_worker``).
+  ``shared_tensors_min_bytes``, ``in_a_worker``).
 
 Every ``NBRPC_*`` variable is named here, and only this module reads one from an
 environment (a layout test checks): ``TOKEN_ENV`` and ``WARM_START_ENV`` are the ones a
@@ -73,7 +73,11 @@ _IMPORT_PATH = "NBRPC_IMPORT_PATH"
 # Set by people (0: off) in the driver's environment; the driver sets it for its local
 # workers (1: on). Big tensors between local members through shared memory.
 SHARED_TENSORS_ENV = "NBRPC_SHARED_TENSORS"
-_LOCAL_ONLY = (_STORE, _DRIVER_PID, _INTERFACE, _IMPORT_PATH, SHARED_TENSORS_ENV)
+# Set by people in the driver's environment (bytes): the smallest storage that goes through
+# shared memory, e.g. 1 to force every tensor that way (a test run of the whole path);
+# the driver passes it on to its local workers.
+SHARED_TENSORS_MIN_BYTES_ENV = "NBRPC_SHARED_TENSORS_MIN_BYTES"
+_LOCAL_ONLY = (_STORE, _DRIVER_PID, _INTERFACE, _IMPORT_PATH, SHARED_TENSORS_ENV, SHARED_TENSORS_MIN_BYTES_ENV)
 
 _VALID_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 
@@ -109,6 +113,7 @@ class WorkerSettings:
     # script's sibling modules, a notebook's folder.
     import_path: tuple[str, ...] = ()
     shared_tensors: bool = False  # big tensors through shared memory (``wire.shared_tensors``)
+    shared_tensors_min_bytes: int | None = None  # the smallest storage sent that way (None: its default)
 
     def to_env(self) -> dict[str, str]:
         """The environment variables a worker process starts with."""
@@ -120,7 +125,8 @@ class WorkerSettings:
         for variable, value in ((_DEVICES, devices), (_STORE, self.store or None),
                                 (_DRIVER_PID, self.driver_pid),
                                 (_IMPORT_PATH, os.pathsep.join(self.import_path) or None),
-                                (SHARED_TENSORS_ENV, "1" if self.shared_tensors else "0")):
+                                (SHARED_TENSORS_ENV, "1" if self.shared_tensors else "0"),
+                                (SHARED_TENSORS_MIN_BYTES_ENV, self.shared_tensors_min_bytes)):
             if value is not None:
                 env[variable] = str(value)
         return env
@@ -138,6 +144,7 @@ class WorkerSettings:
             interface=env.get(_INTERFACE) or None,
             import_path=tuple(p for p in env.get(_IMPORT_PATH, "").split(os.pathsep) if p),
             shared_tensors=env.get(SHARED_TENSORS_ENV) == "1",
+            shared_tensors_min_bytes=shared_tensors_min_bytes(env),
         )
 
     def to_wire(self) -> dict[str, str]:
@@ -209,3 +216,20 @@ def limits_asked(environ: Mapping[str, str] | None = None) -> tuple[str, dict[st
     environ = os.environ if environ is None else environ
     texts = {name: environ.get(variable, "").strip() for name, variable in LIMITS_ENV.items()}
     return environ.get(LIMITS_FILE_ENV, ""), {name: text for name, text in texts.items() if text}
+
+
+def shared_tensors_min_bytes(env: Mapping[str, str] = os.environ) -> int | None:
+    """The smallest storage ``env`` sends through shared memory (None: the default);
+    ``ValueError`` naming the variable unless it is a positive number of bytes."""
+    value = env.get(SHARED_TENSORS_MIN_BYTES_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        nbytes = int(value)
+    except ValueError:
+        nbytes = 0
+    if nbytes < 1:
+        raise ValueError(f"{SHARED_TENSORS_MIN_BYTES_ENV}={value!r} is not a positive number of bytes: set it "
+                         "to the smallest storage to send through shared memory (1 sends every tensor that "
+                         "way), or unset it for the default (1 MiB)")
+    return nbytes

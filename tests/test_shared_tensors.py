@@ -50,6 +50,11 @@ def add_to_kept(name: str, value: float) -> None:
     KEPT[name] += value
 
 
+def kept_layout(name: str) -> tuple:
+    t = KEPT[name]
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.untyped_storage().nbytes()
+
+
 def drop(name: str) -> None:
     del KEPT[name]
 
@@ -109,9 +114,13 @@ def test_a_freed_tensor_gives_its_segment_back(cluster):
 def test_the_rest_keeps_torchs_path(cluster):
     small = torch.ones(16)
     assert not rpc.rpc_sync("worker1", keep, args=("small", small))
-    strided = torch.ones(BIG, 2)[:, 0]  # not contiguous
-    assert not rpc.rpc_sync("worker1", keep, args=("strided", strided))
+    strided = torch.ones(BIG, 2)[:, 0]  # half its storage: torch sends a contiguous clone, and so does nbrpc
+    assert rpc.rpc_sync("worker1", keep, args=("strided", strided))
     assert rpc.rpc_sync("worker1", kept_sum, args=("strided",)) == BIG
+    assert rpc.rpc_sync("worker1", kept_layout, args=("strided",)) == ((BIG,), (1,), 0, 4 * BIG)
+    conjugate = torch.ones(BIG // 2, dtype=torch.complex64).conj()  # torch's path keeps the bit
+    assert not rpc.rpc_sync("worker1", keep, args=("conjugate", conjugate))
+    assert rpc.rpc_sync("worker1", kept, args=("conjugate",)).is_conj()
     # a tensor that requires grad keeps torch's path, and its gradient comes back
     weight = torch.full((BIG,), 2.0, requires_grad=True)
     with dist_autograd.context() as context:
@@ -119,7 +128,7 @@ def test_the_rest_keeps_torchs_path(cluster):
         dist_autograd.backward(context, [loss])
         grads = dist_autograd.get_gradients(context)
     assert torch.equal(grads[weight], torch.full((BIG,), 3.0))
-    for name in ("small", "strided"):
+    for name in ("small", "strided", "conjugate"):
         rpc.rpc_sync("worker1", drop, args=(name,))
 
 
@@ -313,7 +322,7 @@ def test_a_message_dropped_unread_gives_its_segment_back_after_the_lease(monkeyp
     try:
         nbytes = shared_tensors.MIN_BYTES
         first = pool.take(nbytes)
-        old = (os.getpid(), first.fd, first.token, first.size, torch.uint8, (nbytes,), first.message)
+        old = (os.getpid(), first.fd, first.token, first.size, nbytes, first.message)
         assert pool.take(nbytes) is not first  # within the lease it stays the dropped message's
         monkeypatch.setattr(shared_tensors, "SENT_LEASE", 0.0)
         pool.segments[1].mm[0] = shared_tensors.ADOPTED  # the second one's receiver holds it
@@ -324,8 +333,189 @@ def test_a_message_dropped_unread_gives_its_segment_back_after_the_lease(monkeyp
         with pytest.raises(RuntimeError, match="arrived more than 0 s after it was sent"):
             shared_tensors.adopt(*old)
         current = shared_tensors.adopt(*old[:-1], again.message)
-        assert current[:4].tolist() == [1, 2, 3, 4]
+        assert current.nbytes() == nbytes and list(current[:4]) == [1, 2, 3, 4]
         del current
     finally:
         pool.close()
         shared_tensors.SHARED.mapped.clear()
+
+
+# -- one message's tensors keep what torch keeps: storages shared among them, offsets, strides
+
+
+MiB = 1 << 20
+
+
+def fill_a_sum_b(a, b):
+    a.fill_(1.0)
+    return b.sum().item()
+
+
+def zeros_and_its_first_rows():
+    z = torch.zeros(1024, 1024)  # 4 MiB
+    return z, z[:600]
+
+
+class Filler:
+    def fill_a_sum_b(self, a, b):
+        return fill_a_sum_b(a, b)
+
+
+def test_a_write_through_one_argument_shows_in_another_that_views_its_storage(cluster):
+    """The issue's example: raw torch gives 614400.0 through every call form."""
+    z = torch.zeros(1024, 1024)
+    assert rpc.rpc_sync("worker1", fill_a_sum_b, args=(z, z[:600])) == 614400.0
+    assert rpc.rpc_async("worker1", fill_a_sum_b, args=(z, z[:600])).wait() == 614400.0
+    assert rpc.remote("worker1", fill_a_sum_b, args=(z, z[:600])).to_here() == 614400.0
+    filler = rpc.remote("worker1", Filler)
+    assert filler.rpc_sync().fill_a_sum_b(z, z[:600]) == 614400.0
+    assert filler.rpc_async().fill_a_sum_b(z, z[:600]).wait() == 614400.0
+    assert filler.remote().fill_a_sum_b(z, z[:600]).to_here() == 614400.0
+    assert z.sum().item() == 0.0  # the caller's tensor is its own
+
+
+def test_a_result_of_views_of_one_storage_arrives_as_views_of_one_storage(cluster):
+    for arrived in (rpc.rpc_sync("worker1", zeros_and_its_first_rows),
+                    rpc.rpc_async("worker1", zeros_and_its_first_rows).wait(),
+                    rpc.remote("worker1", zeros_and_its_first_rows).to_here()):
+        z, rows = arrived
+        assert in_segment(z) and z.untyped_storage().data_ptr() == rows.untyped_storage().data_ptr()
+        z.fill_(1.0)
+        assert rows.sum().item() == 614400.0
+
+
+def one_storage():
+    base = torch.arange(1 << 21, dtype=torch.float32)  # 8 MiB
+    grid = base.view(2048, 1024)
+    return [base, grid, grid.t(), base[1000:], grid[:, 1:], grid[:, ::2], base[:100], base[5], base[0:0]]
+
+
+def memory_formats():
+    x = torch.arange(8 * 16 * 64 * 64, dtype=torch.float32).view(8, 16, 64, 64)
+    channels_last = x.contiguous(memory_format=torch.channels_last)  # 2 MiB
+    return [channels_last, channels_last[:, :, 1:], channels_last[:, ::2], torch.ones(300_000).expand(4, -1)]
+
+
+def dtypes():
+    raw = (torch.arange(4 * MiB) % 251).to(torch.uint8)
+    c = torch.complex(torch.arange(MiB, dtype=torch.float32), -torch.arange(MiB, dtype=torch.float32))
+    b = torch.arange(MiB).to(torch.bfloat16)
+    return [raw, raw.view(torch.bool), raw.view(torch.int32), raw.view(torch.int32)[::3], c, c.real, c[1:],
+            b, b[7:], torch.zeros(0), torch.tensor(3.0), (torch.arange(MiB) % 2).bool()]
+
+
+CASES = {"one storage": one_storage, "memory formats": memory_formats, "dtypes": dtypes}
+
+
+def made(case: str) -> list:
+    return CASES[case]()
+
+
+def described(tensors: list) -> list:
+    """What torch keeps of a message's tensors: dtype, shape, strides, offset, the storage's
+    size, which storage (numbered by first use), the values; and whether it lies in a segment."""
+    storages: dict[int, int] = {}
+    rows = []
+    for t in tensors:
+        storage = t.untyped_storage()
+        which = storages.setdefault(storage.data_ptr(), len(storages))
+        values = torch.view_as_real(t) if t.is_complex() else t
+        flat = values.reshape(-1).double()
+        checksum = (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum().item()
+        rows.append({"layout": (str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset(), storage.nbytes(),
+                                which, checksum), "in_segment": in_segment(t) if t.numel() else False})
+    return rows
+
+
+def _restarted(members, min_bytes):
+    for member in members:
+        if member == "driver":
+            shared_tensors.enable(True, min_bytes)
+        else:
+            rpc.rpc_sync(member, shared_tensors.enable, args=(True, min_bytes))
+
+
+def through_torchs_path(members, send):
+    """``send()`` with the shared memory path off in ``members`` ("driver" or a worker's name)."""
+    min_bytes = shared_tensors.SHARED.min_bytes
+    for member in members:
+        if member == "driver":
+            shared_tensors.enable(False)
+        else:
+            rpc.rpc_sync(member, shared_tensors.enable, args=(False,))
+    try:
+        return send()
+    finally:
+        _restarted(members, min_bytes)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_arguments_arrive_as_torchs_path_makes_them(cluster, case):
+    tensors = made(case)
+    ours = rpc.rpc_sync("worker1", described, args=(tensors,))
+    torchs = through_torchs_path(["driver"], lambda: rpc.rpc_sync("worker1", described, args=(tensors,)))
+    assert [row["layout"] for row in ours] == [row["layout"] for row in torchs]
+    assert any(row["in_segment"] for row in ours) and not any(row["in_segment"] for row in torchs)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_results_arrive_as_torchs_path_makes_them(cluster, case):
+    ours = described(rpc.rpc_sync("worker2", made, args=(case,)))
+    torchs = through_torchs_path(["worker2"], lambda: described(rpc.rpc_sync("worker2", made, args=(case,))))
+    assert [row["layout"] for row in ours] == [row["layout"] for row in torchs]
+    assert any(row["in_segment"] for row in ours) and not any(row["in_segment"] for row in torchs)
+
+
+def test_what_torch_clones_arrives_on_a_storage_of_its_own(cluster):
+    """torch sends a tensor using under half of a big storage as a clone (``cloneSparseTensors``):
+    a write through the whole does not show in it, as under raw torch."""
+    z = torch.zeros(1024, 1024)
+    assert rpc.rpc_sync("worker1", fill_a_sum_b, args=(z, z[:100])) == 0.0
+    rows = rpc.rpc_sync("worker1", described, args=([z, z[:, :100], z[:, ::2]],))
+    assert [row["layout"][2:6] for row in rows] == [((1024, 1), 0, 4 * MiB, 0), ((100, 1), 0, 400 * 1024, 1),
+                                                     ((512, 1), 0, 2 * MiB, 2)]
+    assert [row["in_segment"] for row in rows] == [True, False, True]  # 400 KiB: under the threshold
+
+
+def test_the_threshold_can_force_every_tensor_through_shared_memory(cluster):
+    """``NBRPC_SHARED_TENSORS_MIN_BYTES`` as a cluster's members take it (``enable``)."""
+    min_bytes = shared_tensors.SHARED.min_bytes
+    shared_tensors.enable(True, 1)
+    try:
+        small = torch.arange(10.0)
+        rows = rpc.rpc_sync("worker1", described, args=([small, small[2:], torch.tensor(True), torch.zeros(0)],))
+        assert [row["in_segment"] for row in rows] == [True, True, True, False]
+        assert [row["layout"][3:6] for row in rows] == [(0, 40, 0), (2, 40, 0), (0, 1, 1), (0, 0, 2)]
+    finally:
+        shared_tensors.enable(True, min_bytes)
+
+
+def test_the_threshold_setting_travels_to_local_workers_and_is_checked(monkeypatch):
+    from nbrpc.settings import SHARED_TENSORS_MIN_BYTES_ENV, WorkerSettings, shared_tensors_min_bytes
+
+    settings = WorkerSettings("w", 1, "p", b"k", 4, 10.0, shared_tensors=True, shared_tensors_min_bytes=1)
+    assert WorkerSettings.from_env(settings.to_env()).shared_tensors_min_bytes == 1
+    assert SHARED_TENSORS_MIN_BYTES_ENV not in settings.to_wire()
+    assert WorkerSettings.from_env(replace_min_bytes(settings, None).to_env()).shared_tensors_min_bytes is None
+    monkeypatch.setenv(SHARED_TENSORS_MIN_BYTES_ENV, "4096")
+    assert shared_tensors_min_bytes() == 4096
+    for bad in ("0", "-3", "1MiB"):
+        monkeypatch.setenv(SHARED_TENSORS_MIN_BYTES_ENV, bad)
+        with pytest.raises(ValueError, match="NBRPC_SHARED_TENSORS_MIN_BYTES=.*positive number of bytes"):
+            shared_tensors_min_bytes()
+
+
+def replace_min_bytes(settings, value):
+    import dataclasses
+
+    return dataclasses.replace(settings, shared_tensors_min_bytes=value)
+
+
+def test_a_storage_that_a_tensor_requiring_grad_views_stays_on_torchs_path(cluster):
+    """Sent first, a tensor that requires grad takes torch's path, and so do the later views
+    of its storage in the message: torch sends the storage once, and they stay views of it."""
+    weight = torch.zeros(BIG, requires_grad=True)
+    with dist_autograd.context():
+        rows = rpc.rpc_sync("worker1", described, args=([weight, weight.detach(), weight.detach()[1:]],))
+    assert [row["layout"][3:6] for row in rows] == [(0, 4 * BIG, 0), (0, 4 * BIG, 0), (1, 4 * BIG, 0)]
+    assert not any(row["in_segment"] for row in rows)

@@ -29,7 +29,7 @@ from ..group import DEFAULT_TRANSPORT, devices, membership
 from ..launchers import registry, template
 from ..launchers.base import Progress, Started, Worker
 from ..recording.pending import PENDING
-from ..settings import WorkerSettings, shared_tensors_wanted
+from ..settings import WorkerSettings, shared_tensors_min_bytes, shared_tensors_wanted
 from ..shared_server import limits, private_network
 from ..wire import shared_tensors
 from . import counts, execution
@@ -149,6 +149,7 @@ class Cluster:
         if isinstance(self.launcher, registry.LocalLauncher):
             self.limits.check_workers(len(self.launcher.planned()), limits.local_workers())
         self.shared_tensors = isinstance(self.launcher, registry.LocalLauncher) and shared_tensors_wanted()
+        self.shared_tensors_min_bytes = shared_tensors_min_bytes()
         self.transport = own.transport or membership.driver_transport() or DEFAULT_TRANSPORT
         self.driver_name = driver_name
         self.threads, self.timeout, self.startup_timeout = int(threads), float(timeout), float(startup_timeout)
@@ -196,7 +197,7 @@ class Cluster:
             self._abort()
             raise
         self.state = "running"
-        shared_tensors.enable(self.shared_tensors)
+        shared_tensors.enable(self.shared_tensors, self.shared_tensors_min_bytes)
         if self.torch_threads_only:
             self.serve_on_torch_threads(True, with_driver=True)
         kept = f" ({self.driver_name!r} kept from an earlier cluster)" if self._kept_name else ""
@@ -399,6 +400,7 @@ class Cluster:
         return WorkerSettings(
             name=w.name, rank=w.rank, prefix=self._driver.prefix, key=self._driver.key, threads=self.threads,
             timeout=self.timeout, track=self.track, trace=self.trace, shared_tensors=self.shared_tensors,
+            shared_tensors_min_bytes=self.shared_tensors_min_bytes,
             transport=self.transport, placement=self.placements.get(w.name), env=dict(self.env),
         )
 

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
         on_kernel(app)
     host, port = settings.store.rsplit(":", 1)
     serialization.set_key(settings.key)
-    shared_tensors.enable(settings.shared_tensors)
+    shared_tensors.enable(settings.shared_tensors, settings.shared_tensors_min_bytes)
     clocks.set_skew(clock_skew())  # a test's other machine, on this one
     store = membership.connect_store(host, int(port), settings.timeout)
     options = membership.backend_options(settings.threads, settings.timeout, settings.placement,

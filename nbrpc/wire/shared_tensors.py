@@ -13,13 +13,21 @@ message) and its tensor is that memory: no copy. When the receiver's tensor is f
 trip is two memcpys.
 
 Copy semantics stay: the sender copied (it may change its tensor at once), and a
-segment is the receiver's alone until its tensor is freed. Only what torch would send
-as a plain tensor and nbrpc can map goes this way: a dense, contiguous CPU tensor of
-at least ``MIN_BYTES`` that does not require grad (distributed autograd attaches its
-functions to those), in a cluster whose every member runs on this host (the driver
-turns it on for local clusters and tells their workers, ``enable``;
-``NBRPC_SHARED_TENSORS=0`` in the driver's environment turns it off). Everything
-else takes torch's path.
+segment is the receiver's alone until its tensor is freed. What arrives is what torch's
+TensorPipe agent makes of the message's tensors: it sends each *storage* once per
+message, whole, and the tensors as views of it (``storage_offset``, sizes, strides, so
+memory format too; any dtype), except that a tensor using less than half of a storage of
+8 KiB or more is cloned first and sent on a storage of its own (``cloneSparseTensors`` in
+torch's ``rpc/utils.cpp``). Here likewise: one segment per storage per message
+(``_Message``; pickle's memo makes every view of it one storage on arrival), and a tensor
+torch would clone copied alone, with the strides torch's ``clone`` gives it. Only a
+storage of at least ``SHARED.min_bytes`` (``MIN_BYTES`` unless the cluster's
+``NBRPC_SHARED_TENSORS_MIN_BYTES`` says otherwise) goes this way, from a dense CPU tensor
+that does not require grad (distributed autograd attaches its functions to those) and
+carries no conjugate or negative bit, in a cluster whose every member runs on this host
+(the driver turns it on for local clusters and tells their workers, ``enable``;
+``NBRPC_SHARED_TENSORS=0`` in the driver's environment turns it off). Everything else
+takes torch's path.
 
 Headers: byte 0 is the segment's state (free, sent, adopted, closed), bytes 8-16 the
 adopting process's pid, bytes 16-24 the segment's token (a receiver checks it, so a
@@ -36,7 +44,6 @@ receivers' tensors valid (they map the memory).
 from __future__ import annotations
 
 import ctypes
-import math
 import mmap
 import os
 import secrets
@@ -56,9 +63,9 @@ POOL_LIMIT = 4 << 30  # bytes of segments a member keeps at most; past it, torch
 UNUSED_FOR = 60.0  # seconds a free segment stays after its last use (checked at the next send)
 SENT_LEASE = 600.0  # seconds after which a segment sent and never adopted is taken back
 FREE, SENT, ADOPTED, CLOSED = 0, 1, 2, 3
-_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-                     torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                     torch.bool})
+# torch clones a tensor that uses less than 1/CLONE_MULTIPLE of a storage of CLONE_MIN bytes
+# or more before sending it (``cloneSparseTensors``, torch/csrc/distributed/rpc/utils.cpp)
+CLONE_MIN, CLONE_MULTIPLE = 8 << 10, 2
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14; Python's mmap module names it from 3.13
@@ -162,6 +169,7 @@ class SharedTensors:
 
     def __init__(self):
         self.enabled = False
+        self.min_bytes = MIN_BYTES  # the smallest storage sent this way
         self.pool = Pool()
         self.lock = threading.Lock()
         self.mapped: dict[tuple[int, int, int], mmap.mmap] = {}
@@ -193,7 +201,28 @@ class SharedTensors:
 
 
 SHARED = SharedTensors()
-_message = threading.local()  # the segments taken for the message this thread pickles
+
+
+class _Message:
+    """The segments taken for one message, and its storages sent through them (by address
+    and size), each one ``_SentStorage`` however many of the message's tensors view it."""
+
+    __slots__ = ("taken", "storages")
+
+    def __init__(self):
+        self.taken: list[_Segment] = []
+        self.storages: dict[tuple[int, int], _SentStorage | object] = {}
+
+
+class _Messages(threading.local):
+    """The messages this thread is pickling, innermost last (a message may be pickled
+    while another is)."""
+
+    def __init__(self):
+        self.stack: list[_Message] = []
+
+
+_messages = _Messages()
 
 
 class _Pickling:
@@ -201,23 +230,24 @@ class _Pickling:
     again (the message never leaves). A class, not a generator: it runs for every message."""
 
     def __enter__(self) -> None:
-        _message.taken = []
+        _messages.stack.append(_Message())
 
     def __exit__(self, kind, error, traceback) -> None:
-        taken, _message.taken = _message.taken, None
+        message = _messages.stack.pop()
         if kind is not None:
-            for seg in taken:
+            for seg in message.taken:
                 seg.mm[0] = FREE
 
 
 PICKLING = _Pickling()  # ``with PICKLING:`` around each message's pickling
 
 
-def enable(on: bool) -> None:
-    """Send big tensors through shared memory (only where every member runs on this host),
-    or stop, giving every segment back."""
+def enable(on: bool, min_bytes: int | None = None) -> None:
+    """Send storages of ``min_bytes`` or more (``MIN_BYTES`` if None) through shared memory
+    (only where every member runs on this host), or stop, giving every segment back."""
     if not on and SHARED.enabled:
         SHARED.forget()
+    SHARED.min_bytes = MIN_BYTES if min_bytes is None else max(1, int(min_bytes))
     SHARED.enabled = on
 
 
@@ -226,32 +256,109 @@ def is_enabled() -> bool:
 
 
 def eligible(tensor: torch.Tensor) -> bool:
-    return (tensor.element_size() * tensor.nelement() >= MIN_BYTES and tensor.device.type == "cpu"
-            and tensor.layout is torch.strided and not tensor.requires_grad and tensor.dtype in _DTYPES
-            and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg())
+    """Whether ``tensor`` is one whose storage can go through a segment: dense, on the CPU,
+    plain bits (torch's path keeps what autograd, quantization and the conjugate and
+    negative bits add)."""
+    return (tensor.layout is torch.strided and tensor.device.type == "cpu" and not tensor.requires_grad
+            and not tensor.is_quantized and not tensor.is_conj() and not tensor.is_neg())
+
+
+def cloned_by_torch(tensor: torch.Tensor, storage_bytes: int) -> bool:
+    """Whether torch sends ``tensor`` as a clone on a storage of its own (it uses so little
+    of its storage that sending the whole would waste the wire)."""
+    return storage_bytes >= CLONE_MIN and storage_bytes >= CLONE_MULTIPLE * tensor.element_size() * tensor.numel()
+
+
+class _SentStorage:
+    """A storage of the message being pickled, copied into a segment: pickled once, as the
+    receiver's ``adopt``, then by pickle's memo wherever another tensor views it. Its dtype
+    is the first such tensor's: torch's pickler keeps one per storage, so a view in another
+    dtype arrives in that one, its sizes, strides and offset read in it."""
+
+    __slots__ = ("handle", "dtype")
+
+    def __init__(self, handle: tuple, dtype: torch.dtype):
+        self.handle, self.dtype = handle, dtype
+
+    def __reduce__(self):
+        return adopt, self.handle
 
 
 def reducer(fallback):
-    """The pickler's reducer for ``torch.Tensor``: big ones through a segment, the rest
-    through ``fallback`` (torch's own)."""
+    """The pickler's reducer for ``torch.Tensor``: tensors whose storage torch would send
+    with at least ``SHARED.min_bytes`` as views of a segment, the rest through ``fallback``
+    (torch's own)."""
 
     def reduce(tensor):
-        if not (SHARED.enabled and eligible(tensor)):
+        if not SHARED.enabled:
             return fallback(tensor)
-        nbytes = tensor.element_size() * tensor.nelement()
-        try:
-            seg = SHARED.pool.take(nbytes)
-        except OSError:  # no memfd here, or out of memory: torch's path
-            seg = None
-        if seg is None:
+        if not eligible(tensor):
+            _leave_to_torch(tensor)
             return fallback(tensor)
-        taken = getattr(_message, "taken", None)
-        if taken is not None:
-            taken.append(seg)
-        COPIER.copy(seg.data.data_ptr(), tensor.data_ptr(), nbytes)
-        return adopt, (os.getpid(), seg.fd, seg.token, seg.size, tensor.dtype, tuple(tensor.shape), seg.message)
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        if cloned_by_torch(tensor, nbytes):
+            return _reduce_clone(tensor, fallback)
+        if nbytes < SHARED.min_bytes:
+            return fallback(tensor)
+        message = _messages.stack[-1] if _messages.stack else _Message()
+        key = (storage.data_ptr(), nbytes)
+        sent = message.storages.get(key)
+        if sent is TORCHS:  # a view of it that requires grad went first: torch sends the storage
+            return fallback(tensor)
+        if sent is None:
+            seg = _take(nbytes, message)
+            if seg is None:
+                return fallback(tensor)
+            COPIER.copy(seg.data.data_ptr(), storage.data_ptr(), nbytes)
+            sent = message.storages[key] = _SentStorage(_handle(seg, nbytes), tensor.dtype)
+        return rebuild, (sent, sent.dtype, tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
 
     return reduce
+
+
+TORCHS = object()  # in ``_Message.storages``: a storage torch's path sends
+
+
+def _leave_to_torch(tensor: torch.Tensor) -> None:
+    """A dense CPU tensor taking torch's path (it requires grad, say): its storage goes that
+    way for the rest of the message too, so that the views of it there stay views of it."""
+    if tensor.layout is torch.strided and tensor.device.type == "cpu" and _messages.stack:
+        storage = tensor.untyped_storage()
+        nbytes = storage.nbytes()
+        if nbytes >= SHARED.min_bytes and not cloned_by_torch(tensor, nbytes):
+            _messages.stack[-1].storages.setdefault((storage.data_ptr(), nbytes), TORCHS)
+
+
+def _reduce_clone(tensor: torch.Tensor, fallback):
+    """A tensor torch clones before sending: copied alone into a segment, laid out as
+    torch's ``clone`` lays it out (its strides where they are dense, else contiguous)."""
+    nbytes = tensor.element_size() * tensor.numel()
+    if nbytes < SHARED.min_bytes:
+        return fallback(tensor)
+    message = _messages.stack[-1] if _messages.stack else _Message()
+    seg = _take(nbytes, message)
+    if seg is None:
+        return fallback(tensor)
+    stride = torch.empty_like(tensor, device="meta").stride()  # what clone's preserve_format gives
+    rebuild(seg.data.untyped_storage(), tensor.dtype, 0, tuple(tensor.shape), stride).copy_(tensor)
+    return rebuild, (_SentStorage(_handle(seg, nbytes), tensor.dtype), tensor.dtype, 0, tuple(tensor.shape), stride)
+
+
+def _take(nbytes: int, message: _Message) -> _Segment | None:
+    """A segment for ``nbytes`` of ``message``; None where torch's path must do (no memfd
+    here, out of memory, the pool full)."""
+    try:
+        seg = SHARED.pool.take(nbytes)
+    except OSError:
+        return None
+    if seg is not None:
+        message.taken.append(seg)
+    return seg
+
+
+def _handle(seg: _Segment, nbytes: int) -> tuple:
+    return os.getpid(), seg.fd, seg.token, seg.size, nbytes, seg.message
 
 
 class Copier:
@@ -303,18 +410,23 @@ COPIER = Copier()
 os.register_at_fork(after_in_child=COPIER.reset)
 
 
-def adopt(pid: int, fd: int, token: int, size: int, dtype: torch.dtype, shape: tuple,
-          message: int) -> torch.Tensor:
-    """On the receiver: the sent tensor, in the sender's segment, this process's until freed."""
+def adopt(pid: int, fd: int, token: int, size: int, nbytes: int, message: int) -> torch.UntypedStorage:
+    """On the receiver: the sent storage, in the sender's segment, this process's until
+    freed (the last tensor over it)."""
     mm = SHARED.mapping(pid, fd, token, size)
     _check_message(mm, pid, message)
     struct.pack_into("q", mm, 8, os.getpid())
     mm[0] = ADOPTED
     _check_message(mm, pid, message)  # not taken back as it was adopted
-    count = math.prod(shape)
-    view = memoryview(mm)[HEADER:HEADER + count * dtype.itemsize]
-    weakref.finalize(view, _release, mm)
-    return torch.frombuffer(view, dtype=dtype, count=count).view(shape)
+    memory = memoryview(mm)[HEADER:HEADER + nbytes]
+    weakref.finalize(memory, _release, mm)
+    return torch.frombuffer(memory, dtype=torch.uint8).untyped_storage()
+
+
+def rebuild(storage: torch.UntypedStorage, dtype: torch.dtype, offset: int, shape: tuple,
+         stride: tuple) -> torch.Tensor:
+    """On the receiver: a tensor of the message, viewing one of its storages as the sender's did."""
+    return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
 
 
 def _check_message(mm: mmap.mmap, pid: int, message: int) -> None:
