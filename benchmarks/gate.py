@@ -1,7 +1,13 @@
-"""The regression gate: a run against a stored baseline, failing only where a row got worse
-by more than the runs' own spread (``make bench-gate``).
+"""The regression gate: a run against the last accepted run, failing only where a row got
+worse by more than the runs' own spread (``make bench-gate``).
 
     python benchmarks/gate.py [RESULTS] [--baseline benchmarks/baseline.json]
+    python benchmarks/gate.py [RESULTS] --accept "why the new level is right"
+
+The baseline is the last run someone accepted, with the reason (its ``accepted``: date and
+why), not a copy of each new run: ``make bench`` rewrites ``results.json`` only, and the
+gate judges it against ``baseline.json``. ``--accept`` makes a run the new baseline, in
+the change that explains it (a gate that failed for a reason, a deliberate trade).
 
 How it decides, row by row (rows are matched by ``id``):
 
@@ -20,12 +26,14 @@ How it decides, row by row (rows are matched by ``id``):
 - Rows in only one of the files are listed, not judged.
 
 Exit status: 1 when a row got worse, 0 otherwise (targets missed in both are the
-table's business, not the gate's).
+table's business, not the gate's); a run that is the baseline itself (the same ``date``)
+is said to be, as it proves nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from pathlib import Path
 
@@ -98,12 +106,34 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def accept(run: dict, why: str, path: Path) -> dict:
+    """Write ``run`` as the baseline at ``path``, with the date and the reason it was accepted."""
+    if not why.strip():
+        raise SystemExit("--accept needs the reason the new level is right (it is kept in the baseline)")
+    if not run.get("complete") or run.get("quick"):
+        raise SystemExit("only a complete, full run (make bench, not --quick or --only) can be the baseline")
+    baseline = {**run, "accepted": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"), "why": why.strip()}}
+    results_file.write(baseline, Path(path))
+    return baseline
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", default=str(results_file.FILE))
     parser.add_argument("--baseline", default=str(BASELINE))
+    parser.add_argument("--accept", metavar="WHY", help="make the run the baseline, for this reason")
     args = parser.parse_args(argv)
-    verdicts, unmatched = compare(results_file.read(args.results), results_file.read(args.baseline))
+    run = results_file.read(args.results)
+    if args.accept is not None:
+        accept(run, args.accept, args.baseline)
+        print(f"gate: {args.results} ({run.get('date')}) is the baseline now")
+        return 0
+    baseline = results_file.read(args.baseline)
+    if run.get("date") == baseline.get("date"):
+        print(f"gate: the run is the baseline itself ({run.get('date')}), accepted "
+              f"{baseline.get('accepted', {}).get('date', 'at some time')}: nothing to judge; run make bench first")
+    verdicts, unmatched = compare(run, baseline)
     print(render(verdicts, unmatched))
     worse = [v["id"] for v in verdicts if v["verdict"] == "worse"]
     print(f"\ngate: {len(worse)} row{'s' * (len(worse) != 1)} worse than the baseline beyond the spread"

@@ -12,6 +12,8 @@ reference/nbrpc for rates and speed-ups); ``target`` is its text (``ratio <= 1.0
 "" without one; ``met`` is None without a target; ``better`` is "lower" or "higher" (the gate's
 direction); ``note`` says how the row was measured in this run; ``spread``, where
 present, is the row's own spread (whole runs taking turns), which the gate also allows.
+The baseline (``baseline.json``) is such a file with one more key, ``accepted``: ``{"date",
+"why"}``, written by ``gate.py --accept``.
 """
 
 from __future__ import annotations

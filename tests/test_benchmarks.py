@@ -1,5 +1,6 @@
 """The benchmarks' results file, its report and the regression gate, on real result files
-(``benchmarks/results.json`` and ``benchmarks/baseline.json`` come from real runs)."""
+(``benchmarks/results.json``, the last run, and ``benchmarks/baseline.json``, the last
+accepted one, come from real runs)."""
 
 from __future__ import annotations
 
@@ -74,24 +75,61 @@ def _write(tmp_path: Path, name: str, results: dict) -> str:
     return str(path)
 
 
-def test_the_gate_passes_the_run_against_the_stored_baseline(bench, capsys):
-    assert bench["gate"].main([str(BENCHMARKS / "results.json"), "--baseline", str(BENCHMARKS / "baseline.json")]) == 0
-    assert "0 rows worse" in capsys.readouterr().out
+STORED_BASELINE = str(BENCHMARKS / "baseline.json")
 
 
-def test_the_gate_passes_an_unchanged_run_and_fails_one_row_made_worse(run, bench, tmp_path, capsys):
+def test_the_stored_baseline_is_an_accepted_full_run_the_run_is_it_or_newer(run, bench):
+    baseline = bench["results"].read(STORED_BASELINE)
+    assert baseline["complete"] and not baseline["quick"], "the baseline is a full run"
+    assert baseline["accepted"]["why"].strip() and baseline["accepted"]["date"] >= baseline["date"]
+    assert run["date"] >= baseline["date"], "results.json is the last run: the accepted one or a newer one"
+
+
+def test_the_gate_judges_the_stored_run_against_the_stored_baseline(run, bench, capsys):
+    """A newer run that got worse fails here until a change accepts it (``gate.py --accept``)."""
+    assert bench["gate"].main([str(BENCHMARKS / "results.json"), "--baseline", STORED_BASELINE]) == 0
+    out = capsys.readouterr().out
+    assert "0 rows worse" in out
+    itself = run["date"] == bench["results"].read(STORED_BASELINE)["date"]
+    assert ("the run is the baseline itself" in out) == itself
+
+
+def test_the_gate_fails_a_run_made_worse_than_the_stored_baseline_beyond_the_spread(bench, tmp_path, capsys):
     gate = bench["gate"]
-    baseline = _write(tmp_path, "baseline.json", run)
-    assert gate.main([baseline, "--baseline", baseline]) == 0
-    allowed = gate.tolerance(run["spread"])
+    baseline = bench["results"].read(STORED_BASELINE)
+    allowed = gate.tolerance(baseline["spread"])
+    assert 0 < allowed < 0.5, "the stored run measured its spread"
     for row_id, factor, status in (("rpc_sync", 1 + allowed / 2, 0), ("rpc_sync", 1 + allowed + 0.02, 1),
-                                   ("throughput", 1 + allowed + 0.02, 1)):
-        worse = copy.deepcopy(run)
+                                   ("throughput", 1 + allowed / 2, 0), ("throughput", 1 + allowed + 0.02, 1)):
+        worse = copy.deepcopy(baseline)
+        worse["date"] = "2099-01-01T00:00:00+00:00"  # a later run, not the baseline itself
         row = next(r for r in worse["rows"] if r["id"] == row_id)
+        assert "spread" not in row, row_id  # judged by the run's spread alone
         row["ratio"] *= factor  # both ratios read lower-is-better
         capsys.readouterr()
-        assert gate.main([_write(tmp_path, "run.json", worse), "--baseline", baseline]) == status, (row_id, factor)
-        assert (f"worse than the baseline beyond the spread: {row_id}" in capsys.readouterr().out) == bool(status)
+        assert gate.main([_write(tmp_path, "run.json", worse), "--baseline", STORED_BASELINE]) == status, \
+            (row_id, factor)
+        out = capsys.readouterr().out
+        assert (f"worse than the baseline beyond the spread: {row_id}" in out) == bool(status)
+        assert "the run is the baseline itself" not in out
+
+
+def test_accepting_a_run_makes_it_the_baseline_with_its_reason(run, bench, tmp_path, capsys):
+    gate, path = bench["gate"], tmp_path / "baseline.json"
+    newer = copy.deepcopy(run)
+    newer["date"] = "2099-01-01T00:00:00+00:00"
+    next(r for r in newer["rows"] if r["id"] == "rpc_sync")["ratio"] *= 1.5
+    newer_file = _write(tmp_path, "run.json", newer)
+    assert gate.main([newer_file, "--baseline", STORED_BASELINE]) == 1
+    with pytest.raises(SystemExit, match="needs the reason"):
+        gate.main([newer_file, "--baseline", str(path), "--accept", " "])
+    with pytest.raises(SystemExit, match="complete, full run"):
+        gate.main([_write(tmp_path, "quick.json", {**newer, "quick": True}), "--baseline", str(path), "--accept", "x"])
+    assert not path.exists()
+    assert gate.main([newer_file, "--baseline", str(path), "--accept", "a slower pickler, for fidelity"]) == 0
+    accepted = bench["results"].read(path)
+    assert accepted["accepted"]["why"] == "a slower pickler, for fidelity" and accepted["rows"] == newer["rows"]
+    assert gate.main([newer_file, "--baseline", str(path)]) == 0  # the new level, no longer worse
 
 
 def test_the_gate_reads_a_speed_up_the_other_way(run, bench, tmp_path):
