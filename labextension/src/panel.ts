@@ -1,21 +1,30 @@
-// The side panel: every nbrpc cluster of this server's kernels, refreshed every second.
+// The side panel: every nbrpc cluster of this server's kernels, asked by one Poll.
 import { Notification } from '@jupyterlab/apputils';
+import { TranslationBundle } from '@jupyterlab/translation';
+import { CommandRegistry } from '@lumino/commands';
 import { Message } from '@lumino/messaging';
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import * as api from './api';
+import { CommandIDs } from './commands';
 import { startForm } from './form';
-import { VIEWS } from './view';
+import { memberTable } from './members';
+import { VIEWS } from './protocol';
 
-const REFRESH_MS = 1000;
-// Hidden, the panel still looks for stuck cells (the notification), without members' rows.
-const HIDDEN_MS = 1000;
-const IDLE_MS = 3000;
+// After a failed request the poll backs off up to this, then asks at its interval again.
+const MAX_MS = 30_000;
+// With the panel hidden and no cluster, the poll asks this many times less often.
+const IDLE_FACTOR = 3;
 
-export interface IPanelActions {
-  open(kernelId: string, view: string): void;
-  shutdown(kernelId: string): void;
-  start(line: string): void;
+export interface IPanelOptions {
+  commands: CommandRegistry;
+  trans: TranslationBundle;
+  /** Milliseconds between two requests while the page is visible. */
+  interval: number;
+  /** Whether a stuck cell raises a notification. */
+  notifications: boolean;
 }
 
 function el(tag: string, cls = '', text = ''): HTMLElement {
@@ -35,56 +44,119 @@ export function whereOf(c: api.ICluster): string {
 }
 
 export class ClustersPanel extends Widget {
-  constructor(private actions: IPanelActions) {
+  constructor(options: IPanelOptions) {
     super();
+    this.commands = options.commands;
+    this.trans = options.trans;
+    this.notifications = options.notifications;
     this.id = 'nbrpc-panel';
     this.addClass('nbrpc-panel');
     this.title.caption = 'nbrpc';
     this.title.label = 'nbrpc';
-    const head = el('h2', 'nbrpc-panel-title', 'nbrpc');
     this.list = el('div', 'nbrpc-clusters');
+    this.message = el('div', 'nbrpc-message');
     this.node.append(
-      head,
+      el('h2', 'nbrpc-panel-title', 'nbrpc'),
       this.list,
-      startForm(line => this.actions.start(line))
+      this.message,
+      startForm(this.trans, line => void this.commands.execute(CommandIDs.start, { line }))
     );
-    this.schedule(0);
+    this.interval = options.interval;
+    // One poll for the cluster list: it backs off while the server fails and stands by
+    // while the page is hidden; visible again, it asks at once.
+    this.poll = new Poll({
+      name: 'nbrpc:clusters',
+      factory: () => this.ask(),
+      frequency: { interval: this.interval, backoff: true, max: MAX_MS },
+      standby: 'when-hidden',
+      linger: 0
+    });
+    document.addEventListener('visibilitychange', this.onVisibility);
+  }
+
+  /** Emitted with every answer: the clusters of this server's kernels. */
+  get changed(): ISignal<this, api.ICluster[]> {
+    return this._changed;
+  }
+
+  /** The clusters of the last answer. */
+  get clusters(): readonly api.ICluster[] {
+    return this.found;
+  }
+
+  /** Milliseconds between two requests while the page is visible (the setting). */
+  set interval(ms: number) {
+    this._interval = Math.max(200, ms);
+    if (this.poll) {
+      this.poll.frequency = { interval: this._interval, backoff: true, max: MAX_MS };
+      void this.poll.refresh();
+    }
+  }
+
+  get interval(): number {
+    return this._interval;
+  }
+
+  /** Whether a stuck cell raises a notification (the setting). */
+  notifications: boolean;
+
+  /** Ask now. */
+  refresh(): Promise<void> {
+    return this.poll.refresh();
+  }
+
+  /** Say what an action answered, under the list. */
+  say(text: string, error = false): void {
+    this.message.textContent = text;
+    this.message.classList.toggle('nbrpc-error', error);
   }
 
   dispose(): void {
-    window.clearTimeout(this.timer);
+    if (this.isDisposed) {
+      return;
+    }
+    document.removeEventListener('visibilitychange', this.onVisibility);
+    this.poll.dispose();
+    this.clearNotices();
+    Signal.clearData(this);
     super.dispose();
   }
 
   protected onAfterShow(msg: Message): void {
-    this.schedule(0);
+    void this.refresh();
   }
 
-  private schedule(ms: number): void {
-    window.clearTimeout(this.timer);
-    this.timer = window.setTimeout(() => this.refresh(), ms);
-  }
+  private onVisibility = (): void => {
+    if (document.visibilityState === 'visible') {
+      void this.refresh();
+    }
+  };
 
-  /** Ask the server; redraw; raise or clear notifications; ask again. */
-  async refresh(): Promise<void> {
+  /** One tick: ask the server; redraw; raise or clear notifications. Rejects on failure,
+   * so that the poll backs off. */
+  private async ask(): Promise<void> {
     const visible = this.isVisible;
-    let found: api.ICluster[] | null = null;
+    let found: api.ICluster[];
     try {
       found = await api.clusters(visible);
     } catch (e) {
       this.list.replaceChildren(
-        el('div', 'nbrpc-error', `nbrpc: the server did not answer (${e})`)
+        el('div', 'nbrpc-error', this.trans.__('nbrpc: the server did not answer (%1)', String(e)))
       );
+      throw e;
     }
-    if (found !== null) {
-      if (visible) {
-        this.draw(found);
-      }
-      this.notify(found);
+    this.found = found;
+    if (visible) {
+      this.draw(found);
     }
-    if (!this.isDisposed) {
-      this.schedule(visible ? REFRESH_MS : found && found.length ? HIDDEN_MS : IDLE_MS);
-    }
+    this.notify(found);
+    this._changed.emit(found);
+    const idle = !visible && !found.length;
+    this.poll.frequency = {
+      interval: idle ? this.interval * IDLE_FACTOR : this.interval,
+      backoff: true,
+      max: MAX_MS
+    };
   }
 
   private draw(found: api.ICluster[]): void {
@@ -93,7 +165,9 @@ export class ClustersPanel extends Widget {
         el(
           'div',
           'nbrpc-empty',
-          "No nbrpc cluster runs in this server's kernels. Start one below, or with %rpc_init in a notebook."
+          this.trans.__(
+            "No nbrpc cluster runs in this server's kernels. Start one below, or with %rpc_init in a notebook."
+          )
         )
       );
       return;
@@ -101,79 +175,72 @@ export class ClustersPanel extends Widget {
     this.list.replaceChildren(...found.map(c => this.entry(c)));
   }
 
-  /** Told each cluster's notebook, so that its views' titles name it. */
-  onWhere: (kernelId: string, where: string) => void = () => undefined;
-
   private entry(c: api.ICluster): HTMLElement {
-    this.onWhere(c.kernel_id, whereOf(c));
     const box = el('div', 'nbrpc-cluster');
     box.dataset.kernelId = c.kernel_id;
-    const where = whereOf(c);
-    box.append(el('div', 'nbrpc-cluster-where', where));
+    box.append(el('div', 'nbrpc-cluster-where', whereOf(c)));
     const info = c.cluster;
     if (!info) {
-      box.append(el('div', 'nbrpc-error', c.error || 'no answer'));
+      box.append(el('div', 'nbrpc-error', c.error || this.trans.__('no answer')));
       return box;
     }
-    const stuck = info.findings.length > 0;
-    box.classList.toggle('nbrpc-stuck', stuck);
+    box.classList.toggle('nbrpc-stuck', info.findings.length > 0);
     for (const f of info.findings) {
-      box.append(el('div', 'nbrpc-finding', `stuck (${f.kind}): ${f.message}`));
+      box.append(el('div', 'nbrpc-finding', this.trans.__('stuck (%1): %2', f.kind, f.message)));
     }
     box.append(this.members(info.members));
+    box.append(this.actions(c));
+    return box;
+  }
+
+  private actions(c: api.ICluster): HTMLElement {
+    const info = c.cluster!;
+    const kernelId = c.kernel_id;
     const bar = el('div', 'nbrpc-actions');
     for (const v of VIEWS) {
       if ((v.name === 'timeline' && !info.trace) || (v.name === 'autograd' && !info.autograd)) {
         continue;
       }
       bar.append(
-        this.button(v.label, `nbrpc-open-${v.id}`, () => this.actions.open(c.kernel_id, v.id))
+        this.button(this.trans.__(v.label), `nbrpc-open-${v.id}`, CommandIDs.openView, {
+          kernelId,
+          view: v.name
+        })
       );
     }
     if (info.waiting) {
       bar.append(
-        this.button('Stop call', 'nbrpc-stop', () => {
-          void api.interrupt(c.kernel_id);
-        })
+        this.button(this.trans.__('Stop call'), 'nbrpc-stop', CommandIDs.stop, { kernelId })
       );
     }
     bar.append(
-      this.button('Shut down', 'nbrpc-shutdown', () => this.actions.shutdown(c.kernel_id))
+      this.button(this.trans.__('Shut down'), 'nbrpc-shutdown', CommandIDs.shutdown, { kernelId })
     );
-    box.append(bar);
-    return box;
+    return bar;
   }
 
   private members(rows: api.IMember[]): HTMLElement {
     const table = el('table', 'nbrpc-members');
-    const columns: (keyof api.IMember)[] = [
-      'name',
-      'host',
-      'pid',
-      'state',
-      'devices',
-      'busy',
-      'owned_rrefs'
-    ];
+    const text = memberTable(rows);
     const head = el('tr');
-    for (const name of columns) {
-      head.append(el('th', '', name === 'owned_rrefs' ? 'RRefs' : name));
-    }
+    head.append(...text.headings.map(h => el('th', '', this.trans.__(h))));
     table.append(head);
-    for (const row of rows) {
+    for (const row of text.rows) {
       const tr = el('tr');
-      for (const name of columns) {
-        const value = row[name];
-        tr.append(el('td', '', value === null || value === undefined ? '-' : String(value)));
-      }
+      tr.append(...row.map(cell => el('td', '', cell)));
       table.append(tr);
     }
     return table;
   }
 
-  private button(label: string, cls: string, act: () => void): HTMLElement {
+  private button(
+    label: string,
+    cls: string,
+    command: string,
+    args: Record<string, string>
+  ): HTMLElement {
     const b = el('button', `jp-Button jp-mod-styled jp-mod-reject nbrpc-button ${cls}`, label);
-    b.addEventListener('click', act);
+    b.addEventListener('click', () => void this.commands.execute(command, args));
     return b;
   }
 
@@ -181,7 +248,7 @@ export class ClustersPanel extends Widget {
   private notify(found: api.ICluster[]): void {
     const stuck = new Map<string, api.ICluster>();
     for (const c of found) {
-      if (c.cluster && c.cluster.findings.length) {
+      if (this.notifications && c.cluster && c.cluster.findings.length) {
         stuck.set(c.kernel_id, c);
       }
     }
@@ -192,22 +259,43 @@ export class ClustersPanel extends Widget {
       }
     }
     for (const [kernelId, c] of stuck) {
-      if (this.notices.has(kernelId)) {
-        continue;
+      if (!this.notices.has(kernelId)) {
+        this.notices.set(kernelId, this.stuckNotice(c));
       }
-      const message = c.cluster!.findings[0].message;
-      const id = Notification.error(`nbrpc: a cell of ${whereOf(c)} is stuck: ${message}`, {
-        autoClose: false,
-        actions: [
-          { label: 'Wait-for graph', callback: () => this.actions.open(kernelId, 'waits-graph') },
-          { label: 'Stacks', callback: () => this.actions.open(kernelId, 'stacks') }
-        ]
-      });
-      this.notices.set(kernelId, id);
     }
   }
 
+  private stuckNotice(c: api.ICluster): string {
+    const kernelId = c.kernel_id;
+    const open = (view: string) => () =>
+      void this.commands.execute(CommandIDs.openView, { kernelId, view });
+    const message = c.cluster!.findings[0].message;
+    return Notification.error(
+      this.trans.__('nbrpc: a cell of %1 is stuck: %2', whereOf(c), message),
+      {
+        autoClose: false,
+        actions: [
+          { label: this.trans.__('Wait-for graph'), callback: open('waits') },
+          { label: this.trans.__('Stacks'), callback: open('stacks') }
+        ]
+      }
+    );
+  }
+
+  private clearNotices(): void {
+    for (const id of this.notices.values()) {
+      Notification.dismiss(id);
+    }
+    this.notices.clear();
+  }
+
+  private commands: CommandRegistry;
+  private trans: TranslationBundle;
   private list: HTMLElement;
-  private timer = 0;
+  private message: HTMLElement;
+  private poll: Poll;
+  private found: api.ICluster[] = [];
+  private _interval = 1000;
+  private _changed = new Signal<this, api.ICluster[]>(this);
   private notices = new Map<string, string>();
 }

@@ -1,27 +1,23 @@
 // A view of a cluster as a main-area panel: the kernel draws it (nbrpc.drawing, the
-// widgets' own code); this puts it in the page and refreshes it while it is visible.
+// widgets' own code); a Poll of its own asks again while it is visible and the cluster runs.
 import { MainAreaWidget } from '@jupyterlab/apputils';
+import { ServerConnection } from '@jupyterlab/services';
+import { TranslationBundle } from '@jupyterlab/translation';
 import { Message } from '@lumino/messaging';
+import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import * as api from './api';
+import { IViewKind } from './protocol';
 
-/** The views: command id suffix, label (what the command opens), request name. */
-export const VIEWS: { id: string; label: string; name: string }[] = [
-  { id: 'rref-graph', label: 'RRef graph', name: 'rref' },
-  { id: 'timeline', label: 'Timeline', name: 'timeline' },
-  { id: 'waits-graph', label: 'Wait-for graph', name: 'waits' },
-  { id: 'autograd-graph', label: 'Autograd graph', name: 'autograd' },
-  { id: 'status', label: 'Status', name: 'status' },
-  { id: 'stacks', label: 'Stacks', name: 'stacks' }
-];
+const MAX_MS = 30_000;
 
-const REFRESH_MS = 1000;
-
-class ViewContent extends Widget {
+export class ViewContent extends Widget {
   constructor(
     readonly kernelId: string,
-    readonly name: string
+    readonly kind: IViewKind,
+    private trans: TranslationBundle,
+    interval: number
   ) {
     super();
     this.addClass('nbrpc-view');
@@ -30,9 +26,33 @@ class ViewContent extends Widget {
     this.host = document.createElement('div');
     this.host.className = 'nbrpc-view-host nbrpc-fit';
     this.node.append(this.summary, this.host);
+    // Hidden (another tab in front, or the page), the view stands by.
+    this.poll = new Poll({
+      name: `nbrpc:view-${kind.name}`,
+      factory: () => this.ask(),
+      frequency: { interval, backoff: true, max: MAX_MS },
+      standby: () => !this.isVisible || document.visibilityState === 'hidden',
+      auto: false
+    });
+  }
+
+  /** Whether the cluster ended (the view no longer asks). */
+  get ended(): boolean {
+    return this.node.classList.contains('nbrpc-ended');
+  }
+
+  /** Ask now. */
+  refresh(): Promise<void> {
+    return this.poll.refresh();
+  }
+
+  dispose(): void {
+    this.poll.dispose();
+    super.dispose();
   }
 
   protected onAfterAttach(msg: Message): void {
+    void this.poll.start();
     void this.refresh();
   }
 
@@ -40,52 +60,38 @@ class ViewContent extends Widget {
     void this.refresh();
   }
 
-  protected onBeforeHide(msg: Message): void {
-    this.stopTimer();
-  }
-
-  dispose(): void {
-    this.stopTimer();
-    super.dispose();
-  }
-
-  private stopTimer(): void {
-    if (this.timer !== null) {
-      window.clearTimeout(this.timer);
-      this.timer = null;
-    }
-  }
-
-  /** Ask for the view; again REFRESH_MS after each answer while visible and the cluster runs. */
-  async refresh(): Promise<void> {
-    this.stopTimer();
-    let ended = false;
+  /** One tick: the kernel's drawing, or the news that the cluster ended. */
+  private async ask(): Promise<void> {
+    let answer: api.IView;
     try {
-      const answer = await api.view(this.kernelId, this.name);
-      if (answer.error) {
-        this.summary.textContent = `nbrpc: ${answer.error}`;
-      } else {
-        ended = !!answer.ended;
-        this.summary.textContent = answer.summary || '';
-        // No html: the kernel keeps the last drawing (a call of its cell waits).
-        if (!ended && answer.html !== undefined) {
-          this.swap(answer.html);
-        }
-      }
+      answer = await api.view(this.kernelId, this.kind.name);
     } catch (e) {
-      ended = true;
-      this.summary.textContent =
-        'the cluster has ended (its kernel runs no nbrpc cluster now); this view no longer refreshes';
+      if (e instanceof ServerConnection.ResponseError && e.response.status === 404) {
+        return this.end();
+      }
+      this.summary.textContent = this.trans.__('nbrpc: the server did not answer (%1)', String(e));
+      throw e;
     }
-    this.node.classList.toggle('nbrpc-ended', ended);
-    if (ended) {
-      this.summary.textContent =
-        'the cluster has ended (its kernel runs no nbrpc cluster now); this view no longer refreshes';
+    if (answer.ended) {
+      return this.end();
+    }
+    if (answer.error) {
+      this.summary.textContent = `nbrpc: ${answer.error}`;
       return;
     }
-    if (this.isVisible && !this.isDisposed) {
-      this.timer = window.setTimeout(() => this.refresh(), REFRESH_MS);
+    this.summary.textContent = answer.summary || '';
+    // No html: the kernel keeps the last drawing (a call of its cell waits).
+    if (answer.html !== undefined) {
+      this.swap(answer.html);
     }
+  }
+
+  private end(): void {
+    this.node.classList.add('nbrpc-ended');
+    this.summary.textContent = this.trans.__(
+      'the cluster has ended (its kernel runs no nbrpc cluster now); this view no longer refreshes'
+    );
+    this.poll.dispose();
   }
 
   private swap(html: string): void {
@@ -101,20 +107,21 @@ class ViewContent extends Widget {
   private summary: HTMLElement;
   private host: HTMLElement;
   private shown = '';
-  private timer: number | null = null;
+  private poll: Poll;
 }
 
-/** A main-area panel showing ``name`` of the cluster in ``kernelId``. */
-export function openView(
+/** A main-area panel showing ``kind`` of the cluster in ``kernelId``. */
+export function viewPanel(
   kernelId: string,
-  name: string,
-  label: string,
-  where: string
+  kind: IViewKind,
+  where: string,
+  trans: TranslationBundle,
+  interval: number
 ): MainAreaWidget<ViewContent> {
-  const content = new ViewContent(kernelId, name);
+  const content = new ViewContent(kernelId, kind, trans, interval);
   const widget = new MainAreaWidget({ content });
-  widget.id = `nbrpc-${name}-${kernelId}`;
-  widget.title.label = `${label}: ${where}`;
+  widget.id = `nbrpc-${kind.name}-${kernelId}`;
+  widget.title.label = `${trans.__(kind.label)}: ${where}`;
   widget.title.closable = true;
   widget.addClass('nbrpc-view-panel');
   return widget;
