@@ -45,7 +45,7 @@ from ..errors import RpcTimeoutError, WorkerDiedError
 from ..recording import functions, futures, recorder
 from ..recording.paused import FAILURES
 from ..recording.pending import PENDING
-from ..wire import serialization
+from ..wire import remote_errors, serialization
 from . import output, serving
 
 # What ``stop`` answers.
@@ -173,7 +173,7 @@ class _Call(tuple):
             FAILURES.keep(call_id, e)  # for %debug on the caller
             # torch would print the error to stderr after this returns, when the call's
             # output has gone: its print and reply made here are part of the call.
-            return torch_compat.remote_exception(e, show=not passed_on(e))
+            return remote_errors.reply(e, show=not passed_on(e))
         finally:
             PENDING.done(call_id)
             output.end()

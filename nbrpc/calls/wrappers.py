@@ -132,6 +132,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
         record.failed(e)
         raise _stopped(to, _label("rpc_sync", to, what), call_id, key) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
+        remote_errors.tidy(e)
         record.answered(e)
         breakpoints.failed_on(e, to, call_id)
         raise
@@ -189,7 +190,7 @@ class NamedFuture(torch.futures.Future):
             self._stopping = stopping.stop_if_timed_out(e, self._call[0], self._call[3])
             # Only a look: ``wait`` raises the remote exception itself.
             self._record.answered(remote_errors.original(e, take=False) or e)
-            self.set_exception(e)
+            self.set_exception(remote_errors.tidy(e))
         else:
             self._record.answered()
             _CFuture.set_result(self, value)
@@ -266,6 +267,9 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
             value = _fetch(rref, timeout, record)
     except RuntimeError as e:
         _raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered, key)
+    except Exception as e:  # a remote exception of its own class (see remote_errors)
+        remote_errors.tidy(e)
+        raise
     except KeyboardInterrupt:
         record.failed(KeyboardInterrupt("interrupted"))
         raise KeyboardInterrupt(
@@ -353,12 +357,13 @@ def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Call
                  stop: str | None = None) -> NoReturn:
     """Raise ``error`` as nbrpc names it (``_named``; itself when nothing more is known),
     chained to torch's; ``note(named)`` tells the call's record first."""
-    named = _named(error, to, label, timeout, key, stop)
+    named = remote_errors.tidy(_named(error, to, label, timeout, key, stop))
     if note is not None:
         note(named)
     if named is error:
         raise error
-    raise named from error
+    # Chained to torch's error as it came from torch's C++ (its frame here is nbrpc's).
+    raise named from error.with_traceback(None)
 
 
 def _label(how: str, to, func) -> str:

@@ -13,13 +13,22 @@ in a kernel's cell: the remote traceback's frames of that kernel's cells read ``
 In[N], line L``, as IPython names local frames, and nbrpc's call wrappers are left out.
 Both take the kernel's shell as it is (they import no IPython): the notebook's
 extension calls them, and a worker's kernel calls ``show_in_cell`` for its own cells.
+
+``reply`` makes the member's answer for a call that raised: torch's text (``On
+WorkerInfo(...)``, the error, its traceback) with the user's frames and none of
+nbrpc's; an error that passes on a nested call's remote error folds into it, so that
+a chain across members reads as one traceback, root cause first. ``tidy`` leaves out
+what nbrpc and torch's callbacks add on the caller's side (their frames, C++ stacks).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import re
+import sys
 import threading
+import traceback
 
 from .._compat import torch_compat
 from ..errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError
@@ -40,6 +49,7 @@ def _handle_exception(result):
         _torch_handle_exception(result)
     except BaseException as e:
         if isinstance(result, torch_compat.RemoteException) and type(e).__module__ != "builtins":
+            tidy(e)
             with _lock:
                 _kept[str(e)] = e
                 while len(_kept) > _KEPT:
@@ -51,8 +61,13 @@ def _handle_exception(result):
 _REMOTE_FRAME = re.compile(r'File "([^"\n]+)", line (\d+)')
 # torch's text of a remote error (``torch_compat.remote_exception``), after the class name.
 _REMOTE_TEXT = re.compile(r"On WorkerInfo\(id=\d+, name=[^)\n]*\):\n")
+# nbrpc's own source files (a frame there is nbrpc's, not the user's).
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# A frame of nbrpc's in a text from another member (its install may be elsewhere).
+_NBRPC_FRAME = re.compile(r"[/\\]nbrpc[/\\](?:calls|wire|_compat|recording|group|member)[/\\]\w+\.py$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# nbrpc's call wrappers and torch's RPC API around them: between a cell's call and the error.
+# nbrpc's call wrappers and torch's RPC API around them: between a cell's call and the
+# error (any other frame of nbrpc's too: ``_OURS``).
 _CALL_LAYERS = re.compile(r"[/\\](?:nbrpc[/\\]calls|torch[/\\]distributed[/\\]rpc)[/\\]\w+\.py")
 # The C++ stack pybind adds to an error that passed through torch's callbacks ("At:" and
 # a line per frame): torch's and nbrpc's handlers, nothing of the user's code.
@@ -95,7 +110,7 @@ def _wrapper_frame(entry: str) -> bool:
     """Whether ``entry`` (of IPython's structured traceback) is a frame of nbrpc's call
     wrappers or torch's RPC API."""
     first = _ANSI.sub("", entry).lstrip().split("\n", 1)[0]
-    return first.startswith("File ") and _CALL_LAYERS.search(first) is not None
+    return first.startswith("File ") and (_OURS in first or _CALL_LAYERS.search(first) is not None)
 
 
 def cell_frames(cell_name, text: str) -> str:
@@ -109,7 +124,7 @@ def cell_frames(cell_name, text: str) -> str:
         if skipping is not None and indent > skipping:
             continue
         frame = _REMOTE_FRAME.search(line)
-        skipping = indent if frame and _CALL_LAYERS.search(frame.group(1)) else None
+        skipping = indent if frame and _call_layer(frame.group(1)) else None
         if skipping is None:
             kept.append(line)
     text = "\n".join(kept)
@@ -124,12 +139,23 @@ def cell_frames(cell_name, text: str) -> str:
     return _REMOTE_FRAME.sub(named, text)
 
 
+def _call_layer(filename: str) -> bool:
+    """Whether ``filename`` is nbrpc's or torch's RPC API's (not the user's)."""
+    return _ours(filename) or _CALL_LAYERS.search(filename) is not None
+
+
+def _ours(filename: str) -> bool:
+    """Whether ``filename`` is one of nbrpc's (here, or on a member installed elsewhere)."""
+    return filename.startswith(_OURS) or _NBRPC_FRAME.search(filename) is not None
+
+
 def original(error: BaseException, take: bool = True) -> BaseException | None:
     """The remote exception that ``error`` (torch's ``RuntimeError``) stands for, if kept
     (and no longer kept, unless ``take`` is false: a look that leaves it for the raise)."""
     if type(error) is not RuntimeError:
         return None
     name, _, message = str(error).split("\n\nAt:", 1)[0].partition(": ")
+    message = tidy_text(message)
     with _lock:
         found = _kept.get(message)
         if found is None or type(found).__name__ != name:
@@ -137,3 +163,105 @@ def original(error: BaseException, take: bool = True) -> BaseException | None:
         if take:
             del _kept[message]
     return found
+
+
+# -- the texts of remote errors -------------------------------------------------------
+
+_TRACEBACK = "Traceback (most recent call last):"
+# A member's name over its frames in a folded chain: ``  On WorkerInfo(...):``.
+_MEMBER_LINE = re.compile(r"  On WorkerInfo\(id=\d+, name=[^)\n]*\):$")
+
+
+def reply(error: BaseException, show: bool = True):
+    """What torch's ``_run_function`` makes of an error a served call raised (see
+    ``torch_compat.remote_exception``): the text (``remote_text``) printed to stderr
+    unless not ``show``, and the ``RemoteException`` torch sends as the reply."""
+    text = remote_text(error, str(torch_compat.current_agent().get_worker_info()))
+    if show:
+        print(text, file=sys.stderr)
+    return torch_compat.RemoteException(text, type(error))
+
+
+def remote_text(error: BaseException, where: str) -> str:
+    """torch's text of ``error`` raised on member ``where`` (``WorkerInfo(...)``): ``On
+    where:``, its repr, its traceback; without nbrpc's frames, and without the cause of
+    an error of nbrpc's call wrappers (its message quotes torch's). An error that passes
+    on a nested call's remote error is that error's text, with ``where``'s frames
+    above the root cause's in one traceback (each member's frames under its name)."""
+    inner = _remote_text_in(error)
+    if inner is None:
+        body = "".join(_without_our_frames(error).format())
+        return f"On {where}:\n{error!r}\n{body}"
+    head, frames, tail = _split(inner)
+    here = "".join(traceback.format_list(_user_frames(error.__traceback__)))
+    return f"{head}{_TRACEBACK}\n  On {where}:\n{here}{frames}{tail}"
+
+
+def _remote_text_in(error: BaseException) -> str | None:
+    """The remote error's text, if ``error`` is a remote error (a nested call's, passed on
+    as it came: an error raised while handling one is told with it as its context)."""
+    text = str(error)
+    found = _REMOTE_TEXT.search(text)
+    return None if found is None else tidy_text(text[found.start():])
+
+
+def _split(text: str) -> tuple[str, str, str]:
+    """A remote error's text as its head (``On ...:`` and the error), the frames of its
+    last traceback (each member's under its name) and the rest (the error's last lines)."""
+    lines = text.split("\n")
+    at = max((i for i, line in enumerate(lines) if line == _TRACEBACK), default=None)
+    if at is None:
+        return text.rstrip("\n") + "\n", "", ""
+    end = at + 1
+    while end < len(lines) and lines[end].startswith("  "):
+        end += 1
+    frames = lines[at + 1:end]
+    if not frames or not _MEMBER_LINE.match(frames[0]):
+        frames.insert(0, "  " + lines[0])  # the root cause's member (the head's first line)
+    head, rest = "\n".join(lines[:at]), "\n".join(lines[end:])
+    return head + "\n", "\n".join(frames) + "\n", rest
+
+
+def _user_frames(tb) -> traceback.StackSummary:
+    return traceback.StackSummary.from_list(
+        [frame for frame in traceback.extract_tb(tb) if not _ours(frame.filename)])
+
+
+def _without_our_frames(error: BaseException) -> traceback.TracebackException:
+    """``error`` to format, its chain included, without nbrpc's frames; an error of
+    nbrpc's call wrappers without its cause (its message quotes it)."""
+    shown = traceback.TracebackException(type(error), error, error.__traceback__)
+    seen, part = set(), shown
+    while part is not None and id(part) not in seen:
+        seen.add(id(part))
+        part.stack = traceback.StackSummary.from_list([f for f in part.stack if not _ours(f.filename)])
+        if issubclass(part.exc_type, CALL_ERRORS):
+            part.__cause__, part.__context__ = None, None
+        part = part.__cause__ or (None if part.__suppress_context__ else part.__context__)
+    return shown
+
+
+def tidy_text(text: str) -> str:
+    """A remote error's text without the C++ stacks torch's callbacks add and without
+    frames of nbrpc's (a ``File`` line and the lines indented under it)."""
+    kept, skipping = [], None
+    for line in _CPP_STACK.sub("\n", text).split("\n"):
+        indent = len(line) - len(line.lstrip())
+        if skipping is not None and indent > skipping:
+            continue
+        frame = _REMOTE_FRAME.search(line)
+        skipping = indent if frame and _ours(frame.group(1)) else None
+        if skipping is None:
+            kept.append(line)
+    return "\n".join(kept).rstrip("\n")
+
+
+def tidy(error: BaseException) -> BaseException:
+    """``error`` (a remote error, as torch re-created it here) with its text tidied
+    (``tidy_text``) in place; any other error as it is."""
+    args = error.args
+    if len(args) == 1 and isinstance(args[0], str) and _REMOTE_TEXT.search(args[0]):
+        tidied = tidy_text(args[0])
+        if tidied != args[0]:
+            error.args = (tidied,)
+    return error
