@@ -19,7 +19,7 @@ from differential.notebook import Notebook
 from differential.raw import RawTorch
 from differential.scenarios import CASES, EXAMPLES
 from differential.strategies import scenarios
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 EXAMPLE_COUNT = int(os.environ.get("NBRPC_DIFFERENTIAL_EXAMPLES", "60"))
 ERROR_FORMS = ("rpc_sync", "rpc_async", "remote")
@@ -44,9 +44,26 @@ def agree(raw, notebook, request: dict, timed: bool = False) -> None:
     assert difference is None, difference
 
 
+def two_views(n: int, first: list, second: list, write: int = 0, kind: str = "function") -> dict:
+    """A message of two views of one float32 base of ``n`` elements; the callee writes the
+    ``write``-th and sends both back."""
+    return {"kind": kind, "form": "rpc_sync", "to": "worker1", "next": "worker2", "write": write,
+            "bases": [{"dtype": "float32", "n": n, "seed": 0, "grad": False}],
+            "leaves": [{"base": 0, "view": first}, {"base": 0, "view": second}],
+            "items": [["leaf", 0], ["leaf", 1]]}
+
+
+BIG = 1 << 20  # float32 elements: 4 MiB, past the shared-memory path's threshold
+
+
 @settings(max_examples=EXAMPLE_COUNT, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(spec=scenarios())
+# issue 55, item 1: a 4 MiB tensor and a view of most of it (torch keeps them one storage)
+@example(spec=two_views(BIG, ["whole"], ["slice", 0, 600 * 1024, 1]))
+@example(spec=two_views(BIG, ["slice", 0, 600 * 1024, 1], ["whole"], write=1, kind="async"))
+# a small view of a big storage, which torch sends as a copy of its own
+@example(spec=two_views(BIG, ["whole"], ["slice", 10, 1000, 1], write=1))
 def test_generated_messages_arrive_as_under_raw_torch(raw, notebook, spec):
     agree(raw, notebook, {"scenario": spec})
 

@@ -8,11 +8,15 @@ import re
 
 TIME_TOLERANCE = 0.15  # seconds: a timeout fires at its time on both sides
 # Words of torch's messages that name this run, not the failure (ids, addresses, times).
-_RUN_WORDS = re.compile(r"WorkerInfo\(.*?\)|name:\w+,rank:\d+|#\d+|0x[0-9a-f]+|line \d+|\"[^\"]*\"|'/[^']*'")
+_RUN_WORDS = re.compile(r"\b\w+(?:Error|Exception): |WorkerInfo\(.*?\)|name:\w+,rank:\d+|#\d+|0x[0-9a-f]+|line \d+|\"[^\"]*\"|'/[^']*'")
+
+# A frame of nbrpc's own code in a text the user reads (torch's "At:" lists, tracebacks).
+_OWN_FRAME = re.compile(r"[\w/.-]*/nbrpc/[\w/]+\.py\b")
 
 
 def key_words(message: str) -> list[str]:
-    """The words that say what failed in the first line of torch's message that has any."""
+    """The words that say what failed in the first line of torch's message that has any
+    (the class names torch puts before an inner error's text left out)."""
     for line in message.splitlines():
         words = re.findall(r"[A-Za-z_]{3,}", _RUN_WORDS.sub(" ", line))
         if len(words) >= 2:
@@ -28,6 +32,9 @@ def error_differences(raw: dict, nb: dict, timed: bool) -> list[str]:
     missing = [w for w in key_words(raw["message"]) if w not in nb["message"]]
     if missing:
         found.append(f"error text: nbrpc's lacks torch's words {missing}")
+    own = sorted(set(_OWN_FRAME.findall(nb["message"])))
+    if own:
+        found.append(f"error text: nbrpc's holds nbrpc's own frames {own}")
     if timed and abs(raw["seconds"] - nb["seconds"]) > TIME_TOLERANCE:
         found.append(f"time: raw torch raised after {raw['seconds']} s, nbrpc after {nb['seconds']} s")
     return found

@@ -43,7 +43,8 @@ def member(rank: int, port: int) -> None:
 
 
 class RawTorch:
-    """The three raw torch processes; ``ask(request)`` gives master's answer."""
+    """The three raw torch processes; ``ask(request)`` gives master's answer. They start
+    in the background (the nbrpc cluster starts meanwhile); the first ``ask`` waits."""
 
     def __init__(self, port: int, start_timeout: float = 120.0):
         self.procs = []
@@ -53,8 +54,8 @@ class RawTorch:
                 stdin=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
                 stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
                 start_new_session=True))
-        self.timeout = start_timeout
-        self.read(start_timeout)
+        self.start_timeout = start_timeout
+        self.ready = False  # master says so once the group is up (asked at the first request)
 
     @property
     def pids(self) -> list[int]:
@@ -76,6 +77,8 @@ class RawTorch:
         return json.loads(found[0])
 
     def ask(self, request: dict, timeout: float = 60.0) -> dict:
+        if not self.ready:
+            self.ready = self.read(self.start_timeout)["ready"]
         self.procs[0].stdin.write(json.dumps(request) + "\n")
         self.procs[0].stdin.flush()
         return self.read(timeout)
