@@ -34,9 +34,10 @@ test: $(READY)
 	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials/labs/source
 
 lint: $(READY)
-	$(VENV)/bin/ruff check nbrpc tests benchmarks conformance docs
-	# The extension's TypeScript and CSS, in the template's prettier style (node_modules: made by the build).
-	cd labextension && ../$(VENV)/bin/jlpm install --silent && ../$(VENV)/bin/jlpm prettier:check
+	$(VENV)/bin/ruff check nbrpc nbrpc_server tests benchmarks conformance docs
+	# The extension's TypeScript, CSS and settings schema: prettier and ESLint as JupyterLab's
+	# extension template sets them, then its Jest unit tests (the start form's line, the member table).
+	cd labextension && export PATH="$(abspath $(VENV))/bin:$$PATH" && jlpm install --silent && jlpm lint:check && jlpm test --silent
 
 # The fast tier: no notebooks, browser, network namespaces, GPU or slow tests (minutes, not an hour).
 test-fast: $(READY)
