@@ -13,8 +13,8 @@ default) and ends with its table (``report.py``). The parts, in order:
 - ``user``: the user's comparison, a Jupyter kernel and a plain script driving nbrpc
   against ``init_rpc`` between two plain processes, whole runs in turns and side by side
   (``user.py``).
-- ``startup``, ``definitions``, ``output``, ``pending``, ``scale``, ``cycles``: each a script of
-  this folder that prints its own table and hands its rows over (``--json``).
+- ``startup``, ``server_start``, ``definitions``, ``output``, ``pending``, ``scale``, ``cycles``:
+  each a script of this folder that prints its own table and hands its rows over (``--json``).
 - ``tutorials``: the wall time of tutorials 01, 02 and 04 run headless.
 - ``recording``, ``handoff``, ``cells``: one row group of ``calls`` alone, for a quick look
   (not in the default run, which has them).
@@ -53,9 +53,11 @@ SCRIPTS = {
     "output": (["--calls", "2000"], ["--calls", "200"]),
     "pending": (["--calls", "2000"], ["--calls", "200"]),
     "scale": ([], ["--sizes", "1,2"]),
+    "server_start": ([], ["--runs", "1"]),
     "user": ([], ["--runs", "1", "--calls", "100", "--trips", "1", "--turns", "2"]),
 }
-DEFAULT = ("calls", "cuda", "user", "startup", "definitions", "output", "pending", "scale", "tutorials", "cycles")
+DEFAULT = ("calls", "cuda", "user", "startup", "server_start", "definitions", "output", "pending", "scale",
+           "tutorials", "cycles")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +152,8 @@ def _nbrpc_command() -> str:
 
 PARTS = {"calls": calls_part, "cuda": cuda_part, "user": script_part("user"), "tutorials": tutorials_part,
          "recording": one_cluster_part("recording"), "handoff": one_cluster_part("handoff"), "cells": cells_part,
-         **{name: script_part(name) for name in ("startup", "definitions", "output", "pending", "scale", "cycles")}}
+         **{name: script_part(name) for name in ("startup", "server_start", "definitions", "output", "pending", "scale",
+                                                 "cycles")}}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
