@@ -101,7 +101,8 @@ def _to_worker_info(to):
             ) from e
         known = sorted(info.name for info in torch_compat.current_agent().get_worker_infos())
         which = f"named {to!r}" if isinstance(to, str) else f"with id {to!r}"
-        msg = f"no worker {which} in this RPC group; the workers are: {', '.join(known)}"
+        # torch's own words kept: code and logs that look for them still find them
+        msg = f"no worker {which} in this RPC group (torch said: {e}); the workers are: {', '.join(known)}"
         raise UnknownWorkerError(msg) from e
 
 
