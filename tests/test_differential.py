@@ -21,6 +21,8 @@ from differential.scenarios import CASES, EXAMPLES
 from differential.strategies import scenarios
 from hypothesis import HealthCheck, example, given, settings
 
+pytestmark = pytest.mark.slow  # two groups start (about 20 s on 2 idle cores); the module takes about a minute
+
 EXAMPLE_COUNT = int(os.environ.get("NBRPC_DIFFERENTIAL_EXAMPLES", "60"))
 ERROR_FORMS = ("rpc_sync", "rpc_async", "remote")
 TIMEOUT_FORMS = (*ERROR_FORMS, "then")

@@ -8,7 +8,8 @@ import re
 
 TIME_TOLERANCE = 0.15  # seconds: a timeout fires at its time on both sides
 # Words of torch's messages that name this run, not the failure (ids, addresses, times).
-_RUN_WORDS = re.compile(r"\b\w+(?:Error|Exception): |WorkerInfo\(.*?\)|name:\w+,rank:\d+|#\d+|0x[0-9a-f]+|line \d+|\"[^\"]*\"|'/[^']*'")
+_RUN_WORDS = re.compile(r"\b\w+(?:Error|Exception): |WorkerInfo\(.*?\)|name:\w+,rank:\d+|#\d+|0x[0-9a-f]+"
+                        r"|line \d+|\"[^\"]*\"|'/[^']*'")
 
 # A frame of nbrpc's own code in a text the user reads (torch's "At:" lists, tracebacks).
 _OWN_FRAME = re.compile(r"[\w/.-]*/nbrpc/[\w/]+\.py\b")

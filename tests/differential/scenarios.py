@@ -23,9 +23,7 @@ from torch.distributed.nn.api.remote_module import RemoteModule
 from torch.distributed.optim import DistributedOptimizer
 
 from differential.messages import describe, make_message, tensors_in, write_through
-from differential.scripted import (async_add, async_script_receive, my_script_add, script_add,
-                                   script_receive)
-
+from differential.scripted import async_add, async_script_receive, my_script_add, script_receive
 
 # --- what the callees run ---------------------------------------------------------------
 
@@ -288,7 +286,7 @@ def example_async_execution():
              attempt(lambda: rpc.rpc_sync("worker1", async_add, args=("worker2", ones, 1))),
              attempt(lambda: rpc.rpc_sync("worker1", async_add, args=("worker2", ones, ones)))]
     for method in (AsyncExecutionClass.static_async_add, AsyncExecutionClass.class_async_add):
-        found.append(attempt(lambda: rpc.rpc_sync("worker1", method, args=("worker2", ones, 1, 2))))
+        found.append(attempt(lambda method=method: rpc.rpc_sync("worker1", method, args=("worker2", ones, 1, 2))))
     rref = rpc.remote("worker1", AsyncExecutionClass)
     found.append(attempt(lambda: rref.rpc_sync().static_async_add("worker2", ones, 1, 2)))
     found.append(attempt(lambda: rref.rpc_async().static_async_add("worker2", ones, 1, 2).wait()))

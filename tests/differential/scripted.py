@@ -3,8 +3,6 @@ by its qualified name in the callee's compilation unit, so, as torch's docstring
 ("On both workers"), this runs on every member: imported by each raw torch process, run
 as a cell on every member of the nbrpc cluster."""
 
-from typing import List
-
 import torch
 import torch.distributed.rpc as rpc
 from torch import Tensor
@@ -12,7 +10,7 @@ from torch.futures import Future
 
 
 @torch.jit.script
-def script_receive(write: int, xs: List[Tensor]) -> List[Tensor]:
+def script_receive(write: int, xs: list[Tensor]) -> list[Tensor]:
     if write >= 0 and write < len(xs):
         xs[write].fill_(7)
     return xs
@@ -20,7 +18,7 @@ def script_receive(write: int, xs: List[Tensor]) -> List[Tensor]:
 
 @rpc.functions.async_execution
 @torch.jit.script
-def async_script_receive(to: str, write: int, xs: List[Tensor]) -> Future[List[Tensor]]:
+def async_script_receive(to: str, write: int, xs: list[Tensor]) -> Future[list[Tensor]]:
     return rpc.rpc_async(to, script_receive, (write, xs))
 
 
