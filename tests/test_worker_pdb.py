@@ -8,6 +8,7 @@ is answered as a person would type (``p y``, ``n``, ``c``). One cluster for the 
 from __future__ import annotations
 
 import queue
+import re
 import time
 
 import pytest
@@ -59,7 +60,7 @@ def notebook(tmp_path_factory):
         assert not wait_gone([pid], timeout=5)
 
 
-def typed(kc, code: str, answers: list[str], timeout: float = 120) -> tuple[list[dict], dict, list[str]]:
+def typed(kc, code: str, answers: list, timeout: float = 120) -> tuple[list[dict], dict, list[str]]:
     """Run ``code`` with stdin; answer its input requests with ``answers`` in turn.
     Returns the IOPub messages, the reply and the prompts asked."""
     msg_id = kc.execute(code, allow_stdin=True)
@@ -75,7 +76,11 @@ def typed(kc, code: str, answers: list[str], timeout: float = 120) -> tuple[list
         if request is not None and request["msg_type"] == "input_request":
             prompts.append(request["content"]["prompt"])
             assert answers, f"an input request nobody expected: {prompts[-1]!r}\n{streamed(messages)}"
-            kc.input(answers.pop(0))
+            answer = answers.pop(0)
+            if isinstance(answer, tuple):  # (seconds the person thinks, what they type)
+                time.sleep(answer[0])
+                answer = answer[1]
+            kc.input(answer)
         while kc.iopub_channel.msg_ready():
             msg = kc.get_iopub_msg(timeout=1)
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -164,3 +169,45 @@ def test_rpc_on_cells_take_input(notebook):
     assert reply["status"] == "ok", reply
     assert prompts == ["[worker1] who? "], prompts
     assert "[worker1] hello ada" in streamed(messages)
+
+
+def test_a_call_paused_past_its_timeout_returns_its_value(notebook):
+    code = ('a = rpc.rpc_sync("worker1", stepped, args=(3,), timeout=1)\n'
+            'b = rpc.rpc_async("worker2", stepped, args=(4,), timeout=1).wait()\n'
+            '(a, b)')
+    messages, reply, prompts = typed(notebook, code, [(2.5, "p y"), "c", (2.5, "p y"), "c"])
+    assert reply["status"] == "ok", (reply, streamed(messages, "stderr"))
+    assert prompts == ["(Pdb) [worker1] "] * 2 + ["(Pdb) [worker2] "] * 2, prompts
+    assert result(messages) == "(8, 10)"
+    out = streamed(messages)
+    assert "\n4\n" in out and "\n5\n" in out, out
+
+
+def test_a_paused_call_reads_as_paused_not_as_a_hang(notebook):
+    code = """
+import threading, time, nbrpc
+from nbrpc.calls import prompts
+box = {}
+t = threading.Thread(target=lambda: box.update(v=rpc.rpc_sync("worker1", stepped, args=(3,))))
+t.start()
+paused = []
+for _ in range(300):
+    snap = nbrpc.waits()
+    paused = [c for c in snap["calls"] if c["state"] == "paused"]
+    if paused:
+        break
+    time.sleep(0.1)
+print("PAUSED", paused[0]["paused_at"], paused[0]["function"], snap["findings"])
+time.sleep(2)  # longer than a finding takes to show
+print("FINDINGS", nbrpc.waits()["findings"])
+while t.is_alive():
+    prompts.answer_waiting()
+    time.sleep(0.05)
+box["v"]
+"""
+    messages, reply, prompts = typed(notebook, code, ["c"])
+    assert reply["status"] == "ok", reply
+    out = streamed(messages)
+    assert re.search(r"PAUSED cell 2, line 6 stepped \[\]", out), out
+    assert "FINDINGS []" in out, out
+    assert result(messages) == "8"

@@ -22,13 +22,17 @@ import pdb
 import sys
 import threading
 
+import torch
+
 from .._compat import torch_compat
 from ..recording.paused import FAILURES, PAUSED
 from ..recording.pending import OWN_FOLDERS
-from . import interrupts, prompts
+from . import interrupts, prompts, stopping
 
 # Modules pdb never stops in: stepping out of a call's function runs nbrpc and torch on.
 SKIP = ("nbrpc.*", "torch.*", "threading", "concurrent.*")
+# How long a caller waits for its callee to say whether a timed-out call paused (seconds).
+ASK_TIMEOUT = 10.0
 # The attribute a remote error carries on the driver: (member, call id).
 FAILED_CALL = "_nbrpc_failed_call"
 
@@ -38,7 +42,7 @@ class MemberPdb(pdb.Pdb):
 
     def __init__(self, member: str, call_id: str | None, where: str):
         self.call_id = call_id
-        channel = prompts.Channel(member, where)
+        channel = prompts.Channel(member, call_id, where)
         super().__init__(stdin=channel, stdout=channel, skip=SKIP, nosigint=True, readrc=False)
 
     def setup(self, f, tb):
@@ -165,6 +169,37 @@ def post_mortem(call_id: str) -> None:
         debugger.interaction(None, tb)
     finally:
         debugger.stdout.end_session()
+
+
+def stepped_through(error: BaseException, to, call_id: str | None) -> bool:
+    """Whether ``error`` is the timeout of call ``call_id`` to ``to`` whose callee paused
+    in a debugger: a person stepped through it, and its caller waits on for its reply
+    (``outcome``), with no timeout."""
+    if call_id is None or not stopping.timed_out(error):
+        return False
+    if prompts.asked_for(call_id):
+        return True
+    try:  # a call of a call: its debugger asked the driver, not this member
+        return bool(torch_compat.invoke_rpc(to, was_paused, torch_compat.RPCExecMode.SYNC, (call_id,),
+                                            None, ASK_TIMEOUT).wait())
+    except RuntimeError:  # gone, or not answering: the timeout stands
+        return False
+
+
+def was_paused(call_id: str) -> bool:
+    """Run on a callee: whether call ``call_id`` paused in a debugger here."""
+    torch_compat.keep_thread_state()
+    return PAUSED.was_paused(call_id)
+
+
+def outcome(call_id: str) -> torch.futures.Future:
+    """Run on a callee: a Future of the reply of call ``call_id``, which paused here and
+    whose caller's wait timed out meanwhile (an ``@async_execution`` function)."""
+    torch_compat.keep_thread_state()
+    return PAUSED.outcome(call_id)
+
+
+outcome._wrapped_async_rpc_function = outcome  # what @rpc.functions.async_execution marks
 
 
 def failed_on(error: BaseException, to, call_id: str | None) -> None:

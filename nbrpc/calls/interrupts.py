@@ -43,7 +43,7 @@ import torch
 from .._compat import torch_compat
 from ..errors import RpcTimeoutError, WorkerDiedError
 from ..recording import functions, futures, recorder
-from ..recording.paused import FAILURES
+from ..recording.paused import FAILURES, PAUSED
 from ..recording.pending import PENDING
 from ..wire import remote_errors, serialization
 from . import output, serving
@@ -241,7 +241,10 @@ def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):
             outer = _served.by_thread.get(served.thread)
             _served.by_thread[served.thread] = served
         try:
-            return func(*args, **kwargs)
+            value = func(*args, **kwargs)
+            if PAUSED.paused_any:  # its caller may have stopped waiting while a person stepped
+                PAUSED.ended(call_id, value)
+            return value
         except Exception as e:
             _served.ended_with(call_id, e)
             raise

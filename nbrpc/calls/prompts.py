@@ -37,6 +37,8 @@ from . import output
 # (seconds), and for how long after the last answer it keeps looking that often.
 QUICK_POLL = 0.02
 QUICK_FOR = 30.0
+# Calls whose debugger asked here, remembered for their timeouts: at most this many.
+CALLS_LIMIT = 10_000
 # What ``read_line`` gets where nothing can be read.
 NO_INPUT = None
 # What a member's pdb reads when the person interrupted the cell at its prompt.
@@ -76,6 +78,7 @@ class Questions:
         self.waiting: collections.deque = collections.deque()  # (session, member, text, prompt, where, fut)
         self.last_answer = 0.0  # time.monotonic() of the last answer
         self.session: str | None = None  # the debugger the person is answering
+        self.calls: set[str] = set()  # this member's calls whose callee's debugger asked here
 
     def put(self, question: tuple) -> None:
         self.waiting.append(question)
@@ -99,12 +102,16 @@ class Questions:
 QUESTIONS = Questions()
 
 
-def ask(session: str, member: str, text: str, prompt: str, where: str) -> torch.futures.Future:
+def ask(session: str, member: str, call_id: str | None, text: str, prompt: str,
+        where: str) -> torch.futures.Future:
     """Run on the driver: a Future of the line the person types after ``text`` at
     ``prompt`` (None where nothing can be read); ``where`` names the stop for the one
-    line said then. An ``@async_execution`` function: the main thread sets it."""
+    line said then, ``call_id`` the call paused. An ``@async_execution`` function: the
+    main thread sets it."""
     torch_compat.keep_thread_state()
     fut = torch.futures.Future()
+    if call_id is not None and len(QUESTIONS.calls) < CALLS_LIMIT:
+        QUESTIONS.calls.add(call_id)
     QUESTIONS.put((session, member, text, prompt, where, fut))
     return fut
 
@@ -116,6 +123,11 @@ def ended(session: str) -> None:
     """Run on the driver: debugger ``session`` let its thread go on; others may ask."""
     torch_compat.keep_thread_state()
     QUESTIONS.ended(session)
+
+
+def asked_for(call_id: str | None) -> bool:
+    """Whether the debugger of call ``call_id`` (made here) asked here: its callee paused it."""
+    return call_id in QUESTIONS.calls if QUESTIONS.calls else False
 
 
 def poll_interval(usual: float) -> float:
@@ -166,8 +178,8 @@ def sources(files: list[str]) -> dict[str, list[str]]:
 class Channel:
     """pdb's stdin and stdout on a member: each line read is a question to the driver."""
 
-    def __init__(self, member: str, where: str):
-        self.member, self.where = member, where
+    def __init__(self, member: str, call_id: str | None, where: str):
+        self.member, self.call_id, self.where = member, call_id, where
         self.session = f"{member}:{os.getpid()}:{id(self)}"
         self._written: list[str] = []
         self.answered = False  # the person answered at least once (else: no input)
@@ -187,7 +199,8 @@ class Channel:
         output.before_call()  # what the call printed shows before pdb's prompt
         self.open = True
         fut = torch_compat.invoke_rpc(0, ask, torch_compat.RPCExecMode.ASYNC,
-                                      (self.session, self.member, body + newline, prompt, self.where), None, 0)
+                                      (self.session, self.member, self.call_id, body + newline, prompt, self.where),
+                                      None, 0)
         answer = fut.wait()
         if answer is NO_INPUT:
             return "c\n" if not self.answered else "q\n"

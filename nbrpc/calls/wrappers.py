@@ -110,6 +110,7 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
+    _require_callable(func)
     record = caller_half.record("rpc_sync", to, func)
 
     def send(f):
@@ -127,8 +128,11 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
             _wait(fut, to, served)
             value = fut.wait()
     except RuntimeError as e:
-        stop = stopping.stop_on_timeout(e, to, call_id)
-        _raise_named(e, to, _label("rpc_sync", to, what), timeout, record.answered, key, stop)
+        if breakpoints.stepped_through(e, to, call_id):  # a person stepped through it: no timeout
+            value = _after_pause(to, call_id)
+        else:
+            stop = stopping.stop_on_timeout(e, to, call_id)
+            _raise_named(e, to, _label("rpc_sync", to, what), timeout, record.answered, key, stop)
     except KeyboardInterrupt as e:
         record.failed(e)
         raise _stopped(to, _label("rpc_sync", to, what), call_id, key) from None
@@ -147,6 +151,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
+    _require_callable(func)
     record = caller_half.record("rpc_async", to, func)
     fut, sent = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                       func, args, record, replies=True)
@@ -188,7 +193,8 @@ class NamedFuture(torch.futures.Future):
         try:
             value = fut.value()
         except Exception as e:
-            self._stopping = stopping.stop_if_timed_out(e, self._call[0], self._call[3])
+            if not prompts.asked_for(self._call[3]):  # a paused call is not stopped: see ``wait``
+                self._stopping = stopping.stop_if_timed_out(e, self._call[0], self._call[3])
             # Only a look: ``wait`` raises the remote exception itself.
             self._record.answered(remote_errors.original(e, take=False) or e)
             self.set_exception(remote_errors.tidy(e))
@@ -202,6 +208,8 @@ class NamedFuture(torch.futures.Future):
             _wait(self, to, interrupts.served_here())
             return _CFuture.wait(self)
         except RuntimeError as e:
+            if breakpoints.stepped_through(e, to, call_id):  # a person stepped through it: no timeout
+                return _after_pause(to, call_id)
             _raise_named(e, to, _label("rpc_async", to, func), timeout, None, self._key,
                          stopping.outcome(self._stopping))
         except KeyboardInterrupt:
@@ -354,6 +362,17 @@ def _send(send: Callable, func, args, record: caller_half.Record | caller_half.U
         record.sent(func, args)
 
 
+def _after_pause(to, call_id: str):
+    """The reply of call ``call_id``, whose wait timed out while its callee was paused in
+    a debugger: waited for with no timeout (the person steps), interruptibly, the
+    debugger's prompts answered meanwhile."""
+    try:
+        return rpc_sync(to, breakpoints.outcome, args=(call_id,), timeout=0)
+    except Exception as e:  # the call's own error, of its own class
+        breakpoints.failed_on(e, to, call_id)
+        raise e from None
+
+
 def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None, key=None,
                  stop: str | None = None) -> NoReturn:
     """Raise ``error`` as nbrpc names it (``_named``; itself when nothing more is known),
@@ -365,6 +384,14 @@ def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Call
         raise error
     # Chained to torch's error as it came from torch's C++ (its frame here is nbrpc's).
     raise named from error.with_traceback(None)
+
+
+def _require_callable(func) -> None:
+    """torch's first check in ``rpc_sync`` and ``rpc_async`` (its ``_invoke_rpc``), made
+    here: the carrier that goes in ``func``'s place is callable whatever ``func`` is."""
+    if not callable(func):
+        raise TypeError(f"function should be callable; got {type(func).__name__} {func!r:.80}: pass the "
+                        "function itself, as in rpc.rpc_sync(to, f, args=(x,)), not what it returned")
 
 
 def _label(how: str, to, func) -> str:
