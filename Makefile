@@ -71,7 +71,6 @@ bench-gate: $(READY)
 
 # torch's own RPC test suites, raw and with nbrpc's patches, side by side; 1 to 3 hours on 2 cores, more on a busy machine.
 conformance: $(READY)
-	# the differential check with many more generated messages than make test draws
 	NBRPC_DIFFERENTIAL_EXAMPLES=2000 $(PY) -m pytest -p no:cacheprovider tests/test_differential.py
 	$(PY) conformance/run.py
 
