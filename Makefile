@@ -70,6 +70,7 @@ bench-gate: $(READY)
 	$(PY) benchmarks/gate.py
 
 # torch's own RPC test suites, raw and with nbrpc's patches, side by side; 1 to 3 hours on 2 cores, more on a busy machine.
+# First the differential check (tests/test_differential.py) with many more generated messages than make test draws.
 conformance: $(READY)
 	NBRPC_DIFFERENTIAL_EXAMPLES=2000 $(PY) -m pytest -p no:cacheprovider tests/test_differential.py
 	$(PY) conformance/run.py
