@@ -27,11 +27,24 @@ $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 demo: $(READY)
 	$(VENV)/bin/nbrpc run tutorials/00_quickstart.ipynb --output build/00_quickstart.ipynb
 
+# Two test files at once (pytest-xdist; a file's tests stay in one process), then the
+# ``serial`` ones alone (tests/conftest.py says which and why); PARALLEL=0 runs all serially.
+PARALLEL ?= 2
+XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadfile)
+# The notebooks under nbval, two at once (--dist loadscope keeps a notebook's cells in
+# order in one kernel, as nbval asks), but those about hangs, whose findings come within
+# seconds, alone.
+NBVAL := $(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg
+NOTEBOOKS := tutorials/*.ipynb tutorials/labs/source
+HANG_NOTEBOOKS := tutorials/07_when_rpc_hangs.ipynb tutorials/labs/source/09_hangs
+NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadscope)
+
 test: $(READY)
 	bash .ci/system-packages.sh
-	$(PY) -m pytest tests
-	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg --ignore=tutorials/labs tutorials
-	$(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg tutorials/labs/source
+	$(PY) -m pytest tests -m "not serial" $(XDIST)
+	$(PY) -m pytest tests -m serial
+	$(NBVAL) $(NBVAL_XDIST) $(addprefix --ignore=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
+	$(NBVAL) $(HANG_NOTEBOOKS)
 
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc nbrpc_server tests benchmarks conformance docs
@@ -40,19 +53,23 @@ lint: $(READY)
 	cd labextension && export PATH="$(abspath $(VENV))/bin:$$PATH" && jlpm install --silent && jlpm lint:check && jlpm test --silent
 
 # The fast tier: no notebooks, browser, network namespaces, GPU or slow tests (minutes, not an hour).
+FAST := not slow and not browser and not netns and not gpu
 test-fast: $(READY)
-	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu"
+	$(PY) -m pytest tests -m "$(FAST) and not serial" $(XDIST)
+	$(PY) -m pytest tests -m "$(FAST) and serial"
 
-# The runtime's tier under the newest supported torch, in .venv-newest: the fast tests, the
-# upstream corpus, membership and a sample of torch's own RPC tests through nbrpc (the compat checks,
-# every private name read on this torch, are among the fast tests).
+# What can differ under the newest supported torch, in .venv-newest: the tests marked
+# ``torch_version`` (tests/conftest.py: the compat checks, every private name read on this
+# torch, the call path, the upstream corpus, membership, a sample of torch's own RPC tests
+# through nbrpc, the differential check), not the whole suite again.
 test-newest:
 	$(MAKE) test-runtime VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
 
+RUNTIME := torch_version and not gpu and not browser and not netns and not hub
 test-runtime: $(READY)
 	$(PY) -c "import torch; print('torch', torch.__version__)"
-	$(PY) -m pytest tests -m "not slow and not browser and not netns and not gpu and not hub"
-	$(PY) -m pytest tests/test_upstream.py tests/test_membership.py tests/test_conformance.py -m "not gpu"
+	$(PY) -m pytest tests -m "$(RUNTIME) and not serial" $(XDIST)
+	$(PY) -m pytest tests -m "$(RUNTIME) and serial"
 
 # Writes benchmarks/results.json and prints its table (missed targets show there); exits
 # non-zero only when a part failed to run. Then the CUDA recipe (it says "skipped" without a GPU).
@@ -64,8 +81,8 @@ bench: $(READY)
 bench-parts: $(READY)
 	$(PY) benchmarks/parts.py
 
-# Fails where a row of benchmarks/results.json got worse than benchmarks/baseline.json by
-# more than the runs' own spread (see benchmarks/gate.py).
+# Fails where a row of benchmarks/results.json got worse than benchmarks/baseline.json, the
+# last accepted run, by more than the runs' own spread (see benchmarks/gate.py).
 bench-gate: $(READY)
 	$(PY) benchmarks/gate.py
 

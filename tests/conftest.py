@@ -153,8 +153,57 @@ def as_main(shell):
         sys.modules["__main__"] = saved
 
 
+# Where a test runs in CI (make test): the files below are marked here, in one place, by
+# the node id's start (a file, or a file's class). ``serial`` tests run in a pytest call
+# of their own, one at a time; the rest run two files at once (pytest-xdist, --dist
+# loadfile: a module's tests, and its shared cluster, stay in one process). A file that
+# starts its own processes, leaves a listening port to the kernel (port 0) and keeps to
+# its tmp_path can run beside another: each xdist process marks the processes it starts
+# (RUN_MARK), so the leak check never counts another's.
+SERIAL = {
+    # How soon something happens: a finding within 3 s, a timeout at its time, a stop
+    # that ends the call at once, a worker noticing its driver's death, a fork's speed.
+    "test_attach.py", "test_calls.py", "test_errors.py", "test_lifecycle.py", "test_serving.py",
+    "test_timeouts.py", "test_tracing.py", "test_template.py", "test_panel_server.py",
+    "test_waits.py", "test_waits_attach.py", "test_waits_futures.py", "test_waits_kernel.py",
+    "test_waits_view.py", "test_labs.py::TestHangsMistakes", "test_benchmarks.py",
+    # Debuggers stopping and resuming threads on cue, waited for with deadlines.
+    "test_worker_pdb.py", "test_lab_debugger.py",
+    # The machine as a whole: every worker kernel of this user counted, stale scratch
+    # folders swept, real local users with fixed names and a hub, a Slurm cluster,
+    # network namespaces.
+    "test_limits.py", "test_scratch.py", "test_hub.py", "test_exchange.py", "test_batchspawner.py",
+    "test_slurm.py", "test_netns.py", "test_private_network.py",
+    # A browser and a Jupyter server per test, with timings of their own.
+    "test_browser.py", "test_panel_browser.py", "test_views.py",
+}
+# What can differ under another torch release (make test-newest runs these under the
+# newest one): the compat layer and every private name it reads, the call path (kinds of
+# callables, pickling, shared tensors, error classes, timeouts), torch's own examples
+# and tests through nbrpc, joining a group as init_rpc does, and the differential check.
+TORCH_VERSION = {
+    "test_compat.py", "test_call_kinds.py", "test_calls.py", "test_serialization.py",
+    "test_shared_tensors.py", "test_fidelity.py", "test_errors.py", "test_timeouts.py",
+    "test_upstream.py", "test_membership.py", "test_conformance.py", "test_differential.py",
+    # Snapshots built from torch's private structures (RRef forks, autograd graphs).
+    "test_rrefs.py", "test_autograd.py",
+}
+
+
+def _listed(item, names: set[str]) -> bool:
+    """Whether ``item``'s node id (below tests/) starts with one of ``names``."""
+    nodeid = item.nodeid.removeprefix("tests/")
+    return any(nodeid == name or nodeid.startswith(name + "::") or nodeid.startswith(name + "/")
+               for name in names)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip where torch sees no CUDA (``-ra`` prints why)."""
+    """Mark the ``serial`` and ``torch_version`` tests (the lists above); tests marked
+    ``gpu`` skip where torch sees no CUDA (``-ra`` prints why)."""
+    for item in items:
+        for marker, names in (("serial", SERIAL), ("torch_version", TORCH_VERSION)):
+            if _listed(item, names):
+                item.add_marker(marker)
     marked = [item for item in items if item.get_closest_marker("gpu")]
     if not marked:
         return
