@@ -55,6 +55,9 @@ TESTS = Path(__file__).resolve().parent
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 FIRST_PAINT_TARGET, SNAPSHOT_TARGET = 1.0, 0.5
+# The timed tests run alone (the serial tier): twice a target allows a shared CI machine's
+# noise, not an order of magnitude.
+SLACK = 2
 
 CELLS = [
     "%load_ext nbrpc",
@@ -450,7 +453,7 @@ def test_first_paint_of_1000_rrefs_over_8_workers(page):
     report(f"first paint, 1,000 RRefs over 8 workers: median {median:.3f} s of "
            f"{', '.join(f'{t:.3f}' for t in times)} (target {FIRST_PAINT_TARGET:g} s: {verdict})")
     record("first_paint_1000_rrefs_s", {"median": round(median, 3), "runs": [round(t, 3) for t in times]})
-    assert median < 10 * FIRST_PAINT_TARGET
+    assert median < SLACK * FIRST_PAINT_TARGET, f"first paint took {median:.3f} s (median of {times})"
 
 
 def test_autograd_graph_in_jupyterlab(page):
@@ -578,10 +581,6 @@ def test_timeline_in_jupyterlab(page):
 
 def test_snapshot_time_1000_rrefs_over_8_workers():
     """``nbrpc.rref_snapshot()`` of 1,000 live RRefs owned by 8 worker kernels."""
-    if not hasattr(nbrpc, "rref_snapshot"):
-        reason = "nbrpc.rref_snapshot does not exist yet: no snapshot time to measure"
-        report(f"SKIPPED: {reason}")
-        pytest.skip(reason)
     cluster = nbrpc.start(8, progress=None, timeout=60, startup_timeout=120)
     try:
         workers = [w.name for w in cluster.workers]
@@ -599,7 +598,7 @@ def test_snapshot_time_1000_rrefs_over_8_workers():
         report(f"rref_snapshot, 1,000 RRefs over 8 workers: median {median:.3f} s, best {best:.3f} s "
                f"(target {SNAPSHOT_TARGET:g} s: {verdict})")
         record("rref_snapshot_1000_rrefs_s", {"median": round(median, 3), "best": round(best, 3)})
-        assert median < 10 * SNAPSHOT_TARGET
+        assert median < SLACK * SNAPSHOT_TARGET, f"rref_snapshot took {median:.3f} s (median of {times})"
         del held, snapshot  # and let the owners hear of it before they leave
         deadline = time.monotonic() + 30
         while nbrpc.rref_snapshot()["rrefs"] and time.monotonic() < deadline:

@@ -361,6 +361,27 @@ def factorial(n):
     assert call["request"]["pickle"] > 0 and call["reply"]["pickle"] > 0
 
 
+def test_plain_arguments_pickled_all_in_c_arrive_as_they_were_sent(shell, monkeypatch):
+    """The C path changes how a call is pickled, never what arrives: every plain argument
+    reaches the function with its own type and value (a bool stays a bool, -0.0 keeps its
+    sign, a big int its digits), the same object twice arrives equal twice, and a second
+    message pickles afresh (no memo left over from the first)."""
+    run(shell, "def arrived(*args):\n    return [(type(a).__name__, repr(a)) for a in args]")
+    text = "ünïcode " * 2000
+    sent = (3, -0.0, float("inf"), 2**70, -(2**63), True, False, None, "", text, text, b"", b"\x00\xff" * 100, 1e-308)
+    asked = []
+    reducer = RpcPickler.reducer_override
+    monkeypatch.setattr(RpcPickler, "reducer_override", lambda self, obj: asked.append(obj) or reducer(self, obj))
+    shell.user_ns["sent"] = sent
+    run(shell, 'rpc.rpc_sync("worker1", arrived, args=(1,))')  # sends the code: held from now on
+    for _ in range(2):
+        asked.clear()
+        got = run(shell, 'rpc.rpc_sync("worker1", arrived, args=sent)')
+        assert not asked, f"the call took the kept pickler for {asked}"
+        assert got == [(type(a).__name__, repr(a)) for a in sent]
+    assert run(shell, 'rpc.rpc_sync("worker1", arrived, args=(float("nan"),))') == [("float", "nan")]
+
+
 def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
     run(shell, "def triple(x):\n    return 3 * x")
     assert run(shell, 'rpc.rpc_sync("worker1", triple, args=(2,))') == 6

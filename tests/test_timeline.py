@@ -318,9 +318,9 @@ def test_timeline_refuses_what_it_cannot_show():
         nbrpc.Timeline(42)
     with pytest.raises(ValueError, match="positive"):
         nbrpc.Timeline(TRACE, last=-1)
-    if nbrpc.current() is None:
-        with pytest.raises(nbrpc.NoClusterError, match="%rpc_init --trace"):
-            nbrpc.Timeline()
+    assert nbrpc.current() is None, "no cluster runs yet (this module's traced cluster starts later)"
+    with pytest.raises(nbrpc.NoClusterError, match="%rpc_init --trace"):
+        nbrpc.Timeline()
 
 
 def test_timeline_of_a_trace_object():
@@ -352,9 +352,9 @@ def test_rpc_timeline_magic_usage():
         shell.run_line_magic("rpc_timeline", "--last 0")
     with pytest.raises(UsageError, match="unrecognized arguments"):
         shell.run_line_magic("rpc_timeline", "--bogus")
-    if nbrpc.current() is None:
-        with pytest.raises(nbrpc.NoClusterError):
-            shell.run_line_magic("rpc_timeline", "")
+    assert nbrpc.current() is None, "no cluster runs yet (this module's traced cluster starts later)"
+    with pytest.raises(nbrpc.NoClusterError, match="start one with %rpc_init"):
+        shell.run_line_magic("rpc_timeline", "")
 
 
 def test_time_waiting_on_own_calls_is_marked_and_left_out_of_work():
