@@ -369,6 +369,7 @@ rpc.rpc_sync("worker1", kept_definitions)
     assert kept < 50  # the top-level ones of this module, not one per lambda
 
 
+@pytest.mark.slow  # a notebook kernel of its own, and a cluster in it
 def test_the_issues_three_cases_in_a_kernel(tmp_path):
     sources = [
         "%load_ext nbrpc",

@@ -283,6 +283,7 @@ def test_rrefs_work_in_a_later_cluster(ip):
 # -- a real kernel -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a notebook kernel of its own, and a cluster in it
 def test_real_kernel_shows_worker_output_rich_output_and_errors(kernel):
     _, kernel = kernel
     for code in ("%load_ext nbrpc", "%rpc_init -n 1"):
@@ -319,6 +320,7 @@ def test_real_kernel_shows_worker_output_rich_output_and_errors(kernel):
     assert not wait_gone([pid])
 
 
+@pytest.mark.slow  # a notebook kernel of its own, and a cluster in it
 def test_load_ext_warms_the_template_for_the_first_cluster(kernel):
     _, kernel = kernel
     def value(expression: str):
@@ -343,6 +345,7 @@ def test_load_ext_warms_the_template_for_the_first_cluster(kernel):
 # -- a real notebook ---------------------------------------------------------------
 
 
+@pytest.mark.slow  # a notebook kernel of its own, and a cluster in it
 def test_notebook_with_magics_runs_through_nbclient(tmp_path):
     sources = [
         "%load_ext nbrpc",

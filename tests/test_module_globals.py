@@ -41,6 +41,7 @@ def who(box):
 '''
 
 
+@pytest.mark.slow  # a notebook kernel of its own, and a cluster in it
 def test_module_objects_land_as_the_receivers_own_both_ways(tmp_path):
     sources = [
         "%load_ext nbrpc",

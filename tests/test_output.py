@@ -186,6 +186,7 @@ def test_update_display_in_a_call_updates_in_place(notebook):
     assert cell.outputs[0].data["text/plain"] == "'step 2'"
 
 
+@pytest.mark.slow  # a notebook kernel of its own, and a cluster in it
 def test_background_output_with_no_cell_running_goes_to_the_next_cell(kernel):
     _, client = kernel
     for code in ("%load_ext nbrpc", "%rpc_init -n 1", SETUP):
