@@ -34,7 +34,7 @@ for cycle in range(int(sys.argv[1])):
 
 
 def measure(cycles: int = CYCLES) -> list[dict]:
-    """One row per cycle: descriptors, rss_mb, threads of the driver after shutdown."""
+    """One row per cycle: descriptors, rss_mib, threads of the driver after shutdown."""
     proc = subprocess.run([sys.executable, "-c", DRIVER, str(cycles)], capture_output=True, cwd=HERE,
                           text=True, timeout=60 * cycles)
     if proc.returncode != 0:
@@ -45,20 +45,20 @@ def measure(cycles: int = CYCLES) -> list[dict]:
 def report(rows: list[dict]) -> dict:
     """Print the rows and the growth; return the growth."""
     print(f"\nDriver across {len(rows)} cluster cycles (after each shutdown)")
-    print(f"{'cycle':>5} {'descriptors':>11} {'RSS MB':>8} {'threads':>7}")
+    print(f"{'cycle':>5} {'descriptors':>11} {'RSS MiB':>8} {'threads':>7}")
     for r in rows:
-        print(f"{r['cycle']:>5} {r['descriptors']:>11} {r['rss_mb']:>8.1f} {r['threads']:>7}")
+        print(f"{r['cycle']:>5} {r['descriptors']:>11} {r['rss_mib']:>8.1f} {r['threads']:>7}")
     first, last = rows[0], rows[-1]
-    growth = {k: last[k] - first[k] for k in ("descriptors", "rss_mb", "threads")}
+    growth = {k: last[k] - first[k] for k in ("descriptors", "rss_mib", "threads")}
     print(f"growth from cycle 1 to {last['cycle']}: {growth['descriptors']:+d} descriptors, "
-          f"{growth['rss_mb']:+.1f} MB, {growth['threads']:+d} threads")
+          f"{growth['rss_mib']:+.1f} MiB, {growth['threads']:+d} threads")
     return growth
 
 
 def cycle_rows(growth: dict, cycles: int = CYCLES) -> list[dict]:
     note = f"from the first shutdown to the last of {cycles}; threads {growth['threads']:+d}"
     return [row("cycles_descriptors", growth["descriptors"], note=note),
-            row("cycles_memory", growth["rss_mb"], note=note)]
+            row("cycles_memory", growth["rss_mib"], note=note)]
 
 
 def main() -> int:

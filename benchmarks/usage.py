@@ -4,7 +4,8 @@
 - ``cpu_seconds(pids)``: user and system CPU time used so far, summed.
 - ``cpu_ns(pid, thread)``: CPU time of a process's threads, or of one, in nanoseconds
   (the scheduler's own count: fine enough to split a call of a few hundred microseconds).
-- ``process_usage(pid)``: open descriptors, resident MB and threads.
+- ``process_usage(pid)``: open descriptors, resident MiB and threads (nbrpc's own, which its
+  tests read too).
 - ``start_time(pid)``, ``kill_pids(pids)``: a pid's process by its start, and ending them.
 - ``load()``: the machine's load averages, rounded.
 """
@@ -15,6 +16,8 @@ import os
 from pathlib import Path
 
 import psutil
+
+from nbrpc._util import process_usage  # noqa: F401 (one definition, one unit)
 
 
 def pss_mib(pid: int) -> float:
@@ -51,14 +54,6 @@ def cpu_ns(pid: int, thread: int | None = None) -> int:
         except (OSError, ValueError):
             pass
     return total
-
-
-def process_usage(pid: int | None = None) -> dict:
-    """Open descriptors, resident memory (MB) and threads of a process (this one by default)."""
-    process = psutil.Process(pid)
-    with process.oneshot():
-        return {"descriptors": process.num_fds(), "rss_mb": process.memory_info().rss / 1e6,
-                "threads": process.num_threads()}
 
 
 def start_time(pid: int) -> float | None:

@@ -262,10 +262,10 @@ def _child_of_mine(pid: int) -> bool:
 
 
 def process_usage(pid: int | None = None) -> dict:
-    """Open descriptors, resident memory (MB) and threads of a process (this one by default)."""
+    """Open descriptors, resident memory (MiB) and threads of a process (this one by default)."""
     process = psutil.Process(pid)
     with process.oneshot():
-        return {"descriptors": process.num_fds(), "rss_mb": process.memory_info().rss / 2**20,
+        return {"descriptors": process.num_fds(), "rss_mib": process.memory_info().rss / 2**20,
                 "threads": process.num_threads()}
 
 

@@ -623,7 +623,7 @@ def test_repeated_clusters_keep_the_driver_bounded(clusters, pids):
         usage.append(process_usage())
     first, last = usage[0], usage[-1]
     assert last["descriptors"] - first["descriptors"] <= 3
-    assert last["rss_mb"] - first["rss_mb"] <= 3 * 30
+    assert last["rss_mib"] - first["rss_mib"] <= 3 * 30
     assert last["threads"] - first["threads"] <= 2
 
 
