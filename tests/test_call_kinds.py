@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import subprocess
-import sys
+import json
 
 import pytest
 import torch.distributed.rpc as rpc
-from conftest import DRIVER_START, free_port, run
+from conftest import run
+from plain_torch import JOIN, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -131,40 +131,24 @@ def driver_parts() -> list[str]:
 
 # The plain script: every process defines everything at the top of its __main__ (what
 # "on all workers" means in a script), master runs the driver's parts.
-SCRIPT = '''
-import json, sys
-# definitions
-rank, port = int(sys.argv[1]), sys.argv[2]
-opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=60)
-rpc.init_rpc(["master", "worker1", "worker2"][rank], rank=rank, world_size=3, rpc_backend_options=opts)
-if rank == 0:
-    for part in json.loads(sys.argv[3]):
+SCRIPT = "# definitions\n" + JOIN + """
+import json
+if RANK == 0:
+    for part in json.loads(sys.argv[4]):
         print("--- part", flush=True)
         try:
             exec(part)
         except Exception as e:
             print(f"{type(e).__name__}: {str(e).splitlines()[0]}")
 rpc.shutdown()
-'''
+"""
 
 
 def raw_torch(tmp_path, pids) -> list[str]:
     """What the plain script's master printed, part by part."""
-    import json
-
-    path = tmp_path / "script.py"
-    path.write_text(SCRIPT.replace("# definitions\n", definitions()))
-    port, parts = str(free_port()), json.dumps(driver_parts())
-    procs = [subprocess.Popen([sys.executable, str(path), str(rank), port, parts], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(3)]
-    pids.add(*(p.pid for p in procs))
-    outs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=DRIVER_START)
-        assert proc.returncode == 0, err[-3000:]
-        outs.append(out)
-    return outs[0].split("--- part\n")[1:]
+    source = SCRIPT.replace("# definitions\n", definitions())
+    master = run_ranks(tmp_path, pids, source, args=(json.dumps(driver_parts()),))[0]
+    return master.split("--- part\n")[1:]
 
 
 def in_notebook(ip, cluster) -> list[str]:

@@ -35,6 +35,8 @@ from torch.distributed.rpc import api, internal, rref_proxy
 from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT  # noqa: F401 (re-exported)
 from torch.distributed.rpc.internal import PythonUDF, RemoteException, RPCExecMode  # noqa: F401
 
+from ..errors import remote_class
+
 # -- joining and leaving ---------------------------------------------------------
 
 # Starts this process's agent with nbrpc's store, prefix and rank, and no world size
@@ -235,7 +237,9 @@ def remote_exception(error: Exception, show: bool = True) -> RemoteException:
     text = f"On {current_agent().get_worker_info()}:\n{error!r}\n{traceback.format_exc()}"
     if show:
         print(text, file=sys.stderr)
-    return RemoteException(text, type(error))
+    # A remote error passed on keeps the class it was raised in (not the one nbrpc
+    # derived from it and RuntimeError on arrival, which only this process has).
+    return RemoteException(text, remote_class(error))
 
 
 # The pickler class torch's RPC pickles with, and the method that pickles each message

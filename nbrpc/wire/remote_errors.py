@@ -31,7 +31,7 @@ import threading
 import traceback
 
 from .._compat import torch_compat
-from ..errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError
+from ..errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError, with_torch_class
 
 _torch_handle_exception = torch_compat.handle_exception
 _KEPT = 256  # exceptions re-created but not yet claimed by a waiting call
@@ -162,7 +162,7 @@ def original(error: BaseException, take: bool = True) -> BaseException | None:
             return None
         if take:
             del _kept[message]
-    return found
+    return with_torch_class(found)  # also the RuntimeError torch raised in its place
 
 
 # -- the texts of remote errors -------------------------------------------------------
