@@ -105,7 +105,7 @@ def test_breakpoint_in_rpc_sync_prompts_in_the_cell_and_the_call_returns(noteboo
     assert reply["status"] == "ok", reply
     assert prompts and all(p == "(Pdb) [worker1] " for p in prompts), prompts
     out = streamed(messages)
-    assert "-> z = y * 2" in out, out  # where breakpoint() stopped
+    assert "> Cell In[2], line 6: stepped()\n-> z = y * 2" in out, out  # where breakpoint() stopped
     assert "\n4\n" in out and "\n8\n" in out, out  # p y, then p z after two steps
     assert "    y = x + 1" in out, out  # l lists the driver's cell, which the worker lacks
     assert "nbrpc/" not in out and "torch/" not in out, out  # w: the function's frames only

@@ -44,7 +44,8 @@ NO_INPUT = None
 # What a member's pdb reads when the person interrupted the cell at its prompt.
 QUIT = "q"
 # ``reader(prompt) -> str | None``: reads a line on the driver's main thread, None if the
-# front end takes no input; ``reader.takes_input()``, if defined, says so beforehand.
+# front end takes no input; ``reader.takes_input()``, if defined, says so beforehand, and
+# ``reader.named(text)`` writes pdb's text with the driver's cells named.
 READERS = Hooks()
 
 
@@ -155,6 +156,9 @@ def answer_waiting() -> None:
 
 def _answer(member: str, text: str, prompt: str, where: str) -> str | None:
     if text:
+        for reader in READERS:  # the notebook names its cells as IPython does
+            text = getattr(reader, "named", lambda t: t)(text)
+            break
         sys.stdout.write(text)
         sys.stdout.flush()
     answer = read_line(prompt)

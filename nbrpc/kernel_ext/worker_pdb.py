@@ -13,12 +13,16 @@ Parts:
 
 from __future__ import annotations
 
+import re
 import sys
 
 import torch.distributed.rpc as rpc
 from IPython.core.error import StdinNotImplementedError
 
 from ..calls import breakpoints, prompts
+
+# A frame as pdb writes it: "> /tmp/ipykernel_1/123.py(6)stepped()" (``w``: "  " for others).
+_PDB_FRAME = re.compile(r"(?m)^([> ] )(\S+?\.py)\((\d+)\)")
 
 
 class CellInput:
@@ -32,6 +36,16 @@ class CellInput:
             return input(prompt)
         except (StdinNotImplementedError, EOFError):
             return None
+
+    def named(self, text: str) -> str:
+        """pdb's ``> file(line)function()`` of this kernel's cells as ``Cell In[N], line L``."""
+        def name(match: re.Match) -> str:
+            found = self.shell.compile.format_code_name(match.group(2))
+            if found is None:
+                return match.group(0)
+            return f"{match.group(1)}{found[0]} {found[1]}, line {match.group(3)}: "
+
+        return _PDB_FRAME.sub(name, text)
 
     def takes_input(self) -> bool:
         kernel = getattr(self.shell, "kernel", None)
