@@ -119,7 +119,7 @@ def test_without_stdin_one_line_says_so_and_the_call_goes_on(notebook):
     err = streamed(messages, "stderr")
     lines = [line for line in err.splitlines() if "no debugger prompt" in line]
     assert len(lines) == 1, err
-    assert lines[0].startswith("[worker1] breakpoint() in stepped ("), lines
+    assert lines[0].startswith("[worker1] breakpoint() in stepped (Cell In[2], line 5): "), lines
 
 
 def test_breakpoint_in_remote_and_rpc_async_prompts_too(notebook):

@@ -40,7 +40,7 @@ FAILED_CALL = "_nbrpc_failed_call"
 class MemberPdb(pdb.Pdb):
     """pdb for a call served on this member, prompting in the caller's cell."""
 
-    def __init__(self, member: str, call_id: str | None, where: str):
+    def __init__(self, member: str, call_id: str | None, where: tuple):
         self.call_id = call_id
         channel = prompts.Channel(member, call_id, where)
         super().__init__(stdin=channel, stdout=channel, skip=SKIP, nosigint=True, readrc=False)
@@ -101,8 +101,9 @@ def _member() -> str:
     return torch_compat.current_agent().get_worker_info().name
 
 
-def _where(what: str, frame) -> str:
-    return f"{what} in {frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}, line {frame.f_lineno})"
+def _where(what: str, frame) -> tuple:
+    """What stopped where, for the line the driver says if it cannot prompt."""
+    return what, frame.f_code.co_name, frame.f_code.co_filename, frame.f_lineno
 
 
 class _Hooks:
@@ -163,7 +164,7 @@ def post_mortem(call_id: str) -> None:
     served = interrupts.served_here()
     frame = _innermost(tb)
     debugger = MemberPdb(member, served.call_id if served else None,
-                         f"%debug of {type(error).__name__} in {frame.f_code.co_name}")
+                         _where(f"%debug of {type(error).__name__}", frame))
     debugger.reset()
     try:
         debugger.interaction(None, tb)

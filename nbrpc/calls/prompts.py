@@ -45,7 +45,8 @@ NO_INPUT = None
 QUIT = "q"
 # ``reader(prompt) -> str | None``: reads a line on the driver's main thread, None if the
 # front end takes no input; ``reader.takes_input()``, if defined, says so beforehand, and
-# ``reader.named(text)`` writes pdb's text with the driver's cells named.
+# ``reader.named(text)`` writes pdb's text with the driver's cells named, and
+# ``reader.place(file, line)`` names one place so (None: not a cell).
 READERS = Hooks()
 
 
@@ -104,11 +105,11 @@ QUESTIONS = Questions()
 
 
 def ask(session: str, member: str, call_id: str | None, text: str, prompt: str,
-        where: str) -> torch.futures.Future:
+        where: tuple) -> torch.futures.Future:
     """Run on the driver: a Future of the line the person types after ``text`` at
     ``prompt`` (None where nothing can be read); ``where`` names the stop for the one
-    line said then, ``call_id`` the call paused. An ``@async_execution`` function: the
-    main thread sets it."""
+    line said then (what stopped, in which function, file, line), ``call_id`` the call
+    paused. An ``@async_execution`` function: the main thread sets it."""
     torch_compat.keep_thread_state()
     fut = torch.futures.Future()
     if call_id is not None and len(QUESTIONS.calls) < CALLS_LIMIT:
@@ -154,7 +155,7 @@ def answer_waiting() -> None:
         fut.set_result(answer)
 
 
-def _answer(member: str, text: str, prompt: str, where: str) -> str | None:
+def _answer(member: str, text: str, prompt: str, where: tuple) -> str | None:
     if text:
         for reader in READERS:  # the notebook names its cells as IPython does
             text = getattr(reader, "named", lambda t: t)(text)
@@ -163,9 +164,22 @@ def _answer(member: str, text: str, prompt: str, where: str) -> str | None:
         sys.stdout.flush()
     answer = read_line(prompt)
     if answer is NO_INPUT:
-        print(f"[{member}] {where}: no debugger prompt, since this front end takes no input; the call "
-              "goes on (run the cell in JupyterLab or Notebook to step through it)", file=sys.stderr)
+        what, function, file, line = where
+        print(f"[{member}] {what} in {function} ({place(file, line)}): no debugger prompt, since this "
+              "front end takes no input; the call goes on (run the cell in JupyterLab or Notebook to "
+              "step through it)", file=sys.stderr)
     return answer
+
+
+def place(file: str, line: int) -> str:
+    """``file``, ``line`` in words: a notebook cell as IPython names it (``Cell In[N], line
+    L``), else the file's name."""
+    for reader in READERS:
+        found = getattr(reader, "place", lambda f, n: None)(file, line)
+        if found:
+            return found
+        break
+    return f"{os.path.basename(file)}, line {line}"
 
 
 def sources(files: list[str]) -> dict[str, list[str]]:
@@ -182,7 +196,7 @@ def sources(files: list[str]) -> dict[str, list[str]]:
 class Channel:
     """pdb's stdin and stdout on a member: each line read is a question to the driver."""
 
-    def __init__(self, member: str, call_id: str | None, where: str):
+    def __init__(self, member: str, call_id: str | None, where: tuple):
         self.member, self.call_id, self.where = member, call_id, where
         self.session = f"{member}:{os.getpid()}:{id(self)}"
         self._written: list[str] = []

@@ -40,12 +40,15 @@ class CellInput:
     def named(self, text: str) -> str:
         """pdb's ``> file(line)function()`` of this kernel's cells as ``Cell In[N], line L``."""
         def name(match: re.Match) -> str:
-            found = self.shell.compile.format_code_name(match.group(2))
-            if found is None:
-                return match.group(0)
-            return f"{match.group(1)}{found[0]} {found[1]}, line {match.group(3)}: "
+            found = self.place(match.group(2), match.group(3))
+            return match.group(0) if found is None else f"{match.group(1)}{found}: "
 
         return _PDB_FRAME.sub(name, text)
+
+    def place(self, file: str, line) -> str | None:
+        """``Cell In[N], line L`` for a line of this kernel's cells, else None."""
+        found = self.shell.compile.format_code_name(file)
+        return None if found is None else f"{found[0]} {found[1]}, line {line}"
 
     def takes_input(self) -> bool:
         kernel = getattr(self.shell, "kernel", None)
