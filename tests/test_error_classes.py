@@ -248,3 +248,14 @@ def test_a_remote_exception_in_its_class_and_runtime_error_pickles_as_its_own_cl
     assert type(errors.with_torch_class(KeyboardInterrupt())) is KeyboardInterrupt
     slotted = type("Slotted", (Exception,), {"__slots__": ("why",)})
     assert type(errors.with_torch_class(slotted("no"))) is slotted
+
+
+def test_the_docs_table_is_the_tested_one():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "errors.md").read_text()
+    rows = [line.split(" | ") for line in page.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    table = {when.removeprefix("| "): torch_class.strip("`") for when, torch_class, _ in rows}
+    assert table == {when: torch_class.__name__ for when, (torch_class, _) in errors.TORCH_RAISES.items()}
+    for when, (_, ours) in errors.TORCH_RAISES.items():
+        assert ours is errors.RemoteClassError or f"`{ours.__name__}`" in page, when
