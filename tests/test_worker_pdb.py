@@ -31,6 +31,15 @@ def boom(x):
 
 def via(other, x):
     return rpc.rpc_sync(other, stepped, args=(x,))
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, k):
+        self.n += k
+        breakpoint()
+        return self.n
 '''
 
 
@@ -132,6 +141,16 @@ def test_breakpoint_in_remote_and_rpc_async_prompts_too(notebook):
     out = streamed(messages)
     assert "\n11\n" in out and "\n21\n" in out, out
     assert result(messages) == "(22, 42)"
+
+
+def test_breakpoint_in_a_method_called_through_an_rref_proxy(notebook):
+    code = 'counter = rpc.remote("worker2", Counter)\ncounter.rpc_sync().add(5)'
+    messages, reply, prompts = typed(notebook, code, ["p self.n", "w", "c"])
+    assert reply["status"] == "ok", reply
+    assert prompts == ["(Pdb) [worker2] "] * 3, prompts
+    out = streamed(messages)
+    assert "\n5\n" in out and "torch/" not in out, out
+    assert result(messages) == "5"
 
 
 def test_a_worker_calling_a_worker_prompts_in_the_root_cell(notebook):
