@@ -29,8 +29,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from torch.distributed.rpc import internal
-
 from ._compat import torch_compat
 from .calls import interrupts, output, serving, wrappers
 from .calls.fanout import ask_members
@@ -92,10 +90,10 @@ def stoppable_sync(plain: bool) -> Callable:
 
 def sent_bytes(func: Callable, to: str) -> int:
     """Bytes of the pickle an ``rpc_sync`` of ``func`` to ``to`` sends (no tensors)."""
-    udf = internal.PythonUDF(interrupts.Stoppable((func, interrupts.new_call_id(), None)), (SMALL_ARG,), {})
+    udf = torch_compat.PythonUDF(interrupts.Stoppable((func, interrupts.new_call_id(), None)), (SMALL_ARG,), {})
     receivers.begin(to)
     try:
-        payload, _tensors = internal._internal_rpc_pickler.serialize(udf)
+        payload, _tensors = torch_compat.pickle_message(udf)
     finally:
         receivers.end()
     return len(payload)
@@ -110,7 +108,7 @@ def mark_and_check() -> None:
 
 def set_pickler(cls: type) -> None:
     """The pickler torch's RPC uses in this process from now on."""
-    internal._pickler = cls
+    torch_compat.set_pickler_class(cls)
 
 
 def template_process() -> tuple[int, float] | None:

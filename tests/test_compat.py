@@ -348,3 +348,36 @@ def test_call_kind_names_each_kind_as_torch_sends_it():
     assert kinds["async_execution of a ScriptFunction"] == (torch_compat.SCRIPT, True)
     assert kinds["Python function"] == kinds["bound method"] == kinds["class"] == (torch_compat.PYTHON, False)
     assert kinds["async_execution of a Python function"] == (torch_compat.PYTHON, True)
+
+
+def _future_of(x):
+    fut = torch.futures.Future()
+    fut.set_result(x + 1)
+    return fut
+
+
+def test_the_mark_the_futures_and_the_pickler_are_torchs(cluster):
+    # a function marked as @async_execution marks it: torch's own path runs it so
+    marked = torch_compat.mark_async_execution(lambda x: _future_of(x))
+    assert torch_compat.is_async_execution(marked) and torch_compat.call_kind(marked) == (torch_compat.PYTHON, True)
+    assert torch_compat.is_async_execution(rpc.functions.async_execution(_future_of))
+    assert not torch_compat.is_async_execution(_future_of)
+    assert torch_compat.invoke_rpc("master", marked, torch_compat.RPCExecMode.SYNC, (1,), None, 30.0).wait() == 2
+    # a class marked so: its instances are sent as @async_execution functions
+    holder = torch_compat.mark_async_execution(type("Later", (), {"__call__": lambda self, x: _future_of(x)}))
+    assert torch_compat.call_kind(holder()) == (torch_compat.PYTHON, True)
+    # torch's C++ future: under torch.futures.Future, and what then() makes
+    fut = torch.futures.Future()
+    assert isinstance(fut, torch_compat.CppFuture) and torch_compat.CppFuture in torch.futures.Future.__mro__
+    assert type(fut.then(lambda f: 1)) is torch_compat.CppFuture is torch_compat.new_future
+    # a message as torch's RPC pickles it: the pickle and the tensors beside it
+    pickled, tensors = torch_compat.pickle_message(torch_compat.PythonUDF(len, (torch.ones(3),), {}))
+    assert isinstance(pickled, bytes) and len(tensors) == 1 and tensors[0].tolist() == [1.0, 1.0, 1.0]
+    # the pickler class torch's RPC uses, set and read back
+    before = torch_compat.pickler_class()
+    try:
+        torch_compat.set_pickler_class(type("Other", (before,), {}))
+        assert torch_compat.pickler_class().__name__ == "Other"
+        assert rpc.internal._pickler is torch_compat.pickler_class()
+    finally:
+        torch_compat.set_pickler_class(before)

@@ -355,3 +355,110 @@ def test_listener_scan_sees_other_addresses(source):
             (seen,) = [a for a, p in found[os.getpid()] if p == port]
             assert ipaddress.ip_address(seen) == ipaddress.ip_address(address)
             assert not is_loopback(seen)
+
+
+# -- torch's private names, in _compat only ------------------------------------------
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _torchs_marks() -> set[str]:
+    """The private names torch's RPC and distributed autograd read off objects they are
+    given or import (``func._wrapped_async_rpc_function``, ``rref._get_type``,
+    ``hasattr(x, "_...")``): a module of nbrpc that sets, reads or spells one uses torch's
+    internals, whatever the object's name there."""
+    import torch.distributed
+
+    marks = set()
+    folder = Path(torch.distributed.__file__).parent
+    for path in [*(folder / "rpc").glob("*.py"), *(folder / "autograd").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and _private(node.attr)
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                marks.add(node.attr)
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("hasattr", "getattr", "setattr")
+                  and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+                  and _private(str(node.args[1].value))):
+                marks.add(node.args[1].value)
+    return marks
+
+
+def _torch_names(tree: ast.AST) -> tuple[set[str], list[tuple[int, str]]]:
+    """The names a module binds to torch's modules and objects, and its imports of torch's
+    private modules or names."""
+    bound, private = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    bound.add((alias.asname or alias.name).split(".")[0])
+                    if any(_private(part) for part in alias.name.split(".")):
+                        private.append((node.lineno, f"import {alias.name}"))
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "torch":
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if _private(alias.name) or any(_private(part) for part in node.module.split(".")):
+                    private.append((node.lineno, f"from {node.module} import {alias.name}"))
+    return bound, private
+
+
+def _private_torch_uses(root: Path) -> list[str]:
+    """Each line of ``root`` (a copy of nbrpc/) outside ``_compat`` that uses a private
+    name of torch: an import of one, an attribute of torch's modules or objects, or one of
+    the names torch's RPC reads off objects (``_torchs_marks``) set, read or spelled."""
+    marks = _torchs_marks()
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "_compat" in path.relative_to(root).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        bound, uses = _torch_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                base = node.value
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                on_torch = isinstance(base, ast.Name) and base.id in bound and _private(node.attr)
+                on_object = node.attr in marks and not (isinstance(node.value, ast.Name)
+                                                        and node.value.id in ("self", "cls"))
+                if on_torch or on_object:
+                    uses.append((node.lineno, ast.unparse(node)))
+            elif isinstance(node, ast.ClassDef):  # a class attribute named as torch's mark
+                uses += [(item.lineno, target.id) for item in node.body if isinstance(item, ast.Assign)
+                         for target in item.targets if isinstance(target, ast.Name) and target.id in marks]
+            elif isinstance(node, ast.Constant) and node.value in marks:
+                uses.append((node.lineno, repr(node.value)))
+        found += [f"{path.relative_to(root.parent)}:{line}: {text}" for line, text in sorted(set(uses))]
+    return found
+
+
+def test_torchs_private_names_are_used_in_compat_only():
+    # each is a named function or constant of nbrpc/_compat/torch_compat.py, which
+    # tests/test_compat.py reads
+    assert _private_torch_uses(PACKAGE) == []
+
+
+def test_the_private_name_check_sees_each_way_of_using_one(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "nbrpc", ignore=shutil.ignore_patterns("__pycache__"))
+    module = tmp_path / "nbrpc" / "calls" / "fanout.py"
+    module.write_text(module.read_text() + '''
+
+from torch._C import _distributed_rpc
+
+
+def _reach(rref, func):
+    rpc.api._get_current_rpc_agent()
+    rref._get_type()
+    func._wrapped_async_rpc_function = func
+    return hasattr(func, "_wrapped_async_rpc_function")
+
+
+class _Marked:
+    _wrapped_async_rpc_function = True
+''')
+    found = [line.split(": ", 1)[1] for line in _private_torch_uses(tmp_path / "nbrpc")]
+    assert found == ["from torch._C import _distributed_rpc", "rpc.api._get_current_rpc_agent",
+                     "rref._get_type", "func._wrapped_async_rpc_function", "'_wrapped_async_rpc_function'",
+                     "_wrapped_async_rpc_function"], found

@@ -137,10 +137,13 @@ _current_context_id = _container_function("16currentContextIdEv", ctypes.c_int64
 _force_context_id = _container_function("21forceCurrentContextIdEl", None, [ctypes.c_int64])
 
 
-# A bare future (the C++ class under torch.futures.Future, taking its devices), a
-# microsecond cheaper to make than the Python subclass: one per call served by nbrpc;
-# known to work with torch 2.11 to 2.15.
-new_future = torch._C.Future
+# torch's C++ future class, under torch.futures.Future's Python methods: what ``then``
+# and torch's own calls make (an isinstance check of a Future must take it), and whose
+# methods nbrpc calls directly, a Python layer fewer; known to work with torch 2.11 to 2.15.
+CppFuture = torch._C.Future
+# A bare future (taking its devices), a microsecond cheaper to make than the Python
+# subclass: one per call served by nbrpc; known to work with torch 2.11 to 2.15.
+new_future = CppFuture
 
 
 def thread_context_id() -> int:
@@ -177,7 +180,7 @@ def call_kind(func) -> tuple[str, bool]:
     ``SCRIPT`` or ``PYTHON``), and whether they send it as an ``@async_execution``
     function: their own tests, in their order (a builtin first, then an ``@async_execution``
     wrapper's TorchScript function in its place)."""
-    is_async = hasattr(func, ASYNC_EXECUTION_MARK)
+    is_async = is_async_execution(func)
     if find_builtin(func) is not None:
         return BUILTIN, is_async
     if is_async and isinstance(getattr(func, ASYNC_EXECUTION_MARK), torch.jit.ScriptFunction):
@@ -197,7 +200,7 @@ def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode):
             return _torch_remote(to, func, args, kwargs, timeout)
         return invoke_rpc(to, func, mode, args, kwargs, timeout)
     info = api._to_worker_info(to)
-    pickled, tensors = api._default_pickler.serialize(PythonUDF(func, args or (), kwargs or {}))
+    pickled, tensors = pickle_message(PythonUDF(func, args or (), kwargs or {}))
     send = _invoke_remote_python_udf if remote else _invoke_rpc_python_udf
     return send(info, pickled, tensors, timeout, is_async)
 
@@ -221,6 +224,21 @@ collect_all = torch._C._collect_all
 find_builtin = torch.jit._builtins._find_builtin
 # The attribute @rpc.functions.async_execution marks a function with; known to work with torch 2.11 to 2.15.
 ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
+
+
+def mark_async_execution(target):
+    """Mark ``target`` (a function, or a class whose instances are called over RPC) as
+    ``@rpc.functions.async_execution`` marks a function, and return it: torch then runs it
+    as one that returns a Future and sends the reply once that completes. Known to work
+    with torch 2.11 to 2.15 (its wrapper carries the function it wraps in the mark; any
+    value but a TorchScript function is sent as a Python function)."""
+    setattr(target, ASYNC_EXECUTION_MARK, target)
+    return target
+
+
+def is_async_execution(func) -> bool:
+    """Whether torch runs ``func`` as an ``@rpc.functions.async_execution`` function."""
+    return hasattr(func, ASYNC_EXECUTION_MARK)
 # internal.PythonUDF (the function and arguments of a call being pickled, named in
 # pickling errors), internal.RPCExecMode (SYNC, ASYNC) and constants.UNSET_RPC_TIMEOUT
 # are imported above; known to work with torch 2.11 to 2.15.
@@ -251,6 +269,18 @@ torch_serialize = internal._InternalRPCPickler.serialize
 def pickler_class() -> type:
     """The pickler class torch's RPC is set to pickle messages with now."""
     return internal._pickler
+
+
+def set_pickler_class(cls: type) -> None:
+    """Make ``cls`` the pickler class torch's RPC pickles messages with from now on (a
+    benchmark's choice; ``patch`` puts nbrpc's in place); known to work with torch 2.11 to 2.15."""
+    internal._pickler = cls
+
+
+def pickle_message(message) -> tuple[bytes, list]:
+    """What torch's RPC makes of a message (a ``PythonUDF``, a reply) with its pickler:
+    the pickle and the tensors sent beside it; known to work with torch 2.11 to 2.15."""
+    return api._default_pickler.serialize(message)
 
 
 # Re-creates a remote exception on the caller (internal.RemoteException, imported

@@ -200,7 +200,7 @@ def outcome(call_id: str) -> torch.futures.Future:
     return PAUSED.outcome(call_id)
 
 
-outcome._wrapped_async_rpc_function = outcome  # what @rpc.functions.async_execution marks
+torch_compat.mark_async_execution(outcome)
 
 
 def failed_on(error: BaseException, to, call_id: str | None) -> None:

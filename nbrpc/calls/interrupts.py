@@ -179,13 +179,13 @@ class _Call(tuple):
             output.end()
 
 
+@torch_compat.mark_async_execution
 class Stoppable(_Call):
     """What the caller sends for a Python function. torch sends it as an
     ``@rpc.functions.async_execution`` function: the callee's RPC thread gets a Future
     back at once (see ``serving``)."""
 
     __slots__ = ()
-    _wrapped_async_rpc_function = True
 
     def __call__(self, *args, **kwargs):
         torch_compat.keep_thread_state()
@@ -206,6 +206,7 @@ class Direct(_Call):
         return serving.serve_here(self.serve, args, kwargs)
 
 
+@torch_compat.mark_async_execution
 class Awaited(_Call):
     """What the caller sends for an ``@async_execution`` function. torch's thread runs it
     as torch would; a future it returns that is not complete is in ``PENDING`` until it
@@ -213,13 +214,12 @@ class Awaited(_Call):
     with where it was made."""
 
     __slots__ = ()
-    _wrapped_async_rpc_function = True
 
     def __call__(self, *args, **kwargs):
         func, call_id, _ = self
         torch_compat.keep_thread_state()
         fut = func(*args, **kwargs)
-        if isinstance(fut, torch._C.Future) and not fut.done():
+        if isinstance(fut, torch_compat.CppFuture) and not fut.done():
             PENDING.awaiting(call_id, functions.named(func, args, here=True), futures.made_at(fut))
             fut.add_done_callback(lambda _: PENDING.settled(call_id))
         return fut
@@ -375,7 +375,7 @@ def stop(call_id: str, grace: float = STOP_GRACE) -> torch.futures.Future:
     return serving.hand_off(_stop, (call_id, grace), {})
 
 
-stop._wrapped_async_rpc_function = stop  # what @rpc.functions.async_execution marks
+torch_compat.mark_async_execution(stop)
 
 
 def send_stop(to, call_id: str, grace: float = STOP_GRACE) -> torch.futures.Future:

@@ -118,7 +118,7 @@ def ask(session: str, member: str, call_id: str | None, text: str, prompt: str,
     return fut
 
 
-ask._wrapped_async_rpc_function = ask  # what @rpc.functions.async_execution marks
+torch_compat.mark_async_execution(ask)
 
 
 def ended(session: str) -> None:

@@ -219,7 +219,7 @@ class NamedFuture(torch.futures.Future):
             raise
 
 
-_CFuture = torch._C.Future  # torch's C++ future, under torch.futures.Future's Python methods
+_CFuture = torch_compat.CppFuture  # torch's C++ future, under torch.futures.Future's Python methods
 
 
 def collect_all(futures):

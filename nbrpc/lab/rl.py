@@ -15,6 +15,7 @@ import threading
 import torch
 import torch.distributed.rpc as rpc
 
+from .._compat import torch_compat
 from ._checking import _call, _Checks, _show, _Wrong
 
 # This lab's checkers by exercise name, in the order of its notebook.
@@ -86,7 +87,7 @@ def _check_discounted_returns(discounted_returns) -> str:
 
 @CHECKS.exercise("rl.select_action")
 def _check_select_action(select_action) -> str:
-    if callable(select_action) and not hasattr(select_action, "_wrapped_async_rpc_function"):
+    if callable(select_action) and not torch_compat.is_async_execution(select_action):
         raise _Wrong("select_action is not decorated with @rpc.functions.async_execution: "
                      "torch would send back the Future itself instead of waiting for its value",
                      "put @rpc.functions.async_execution on the line above def select_action")
@@ -95,7 +96,7 @@ def _check_select_action(select_action) -> str:
     probe = _call(select_action, rpc.RRef(_Agent(1)), 0, [0.0] * 4,
                   what="select_action(agent_rref, 0, state)",
                   none_hint="return the Future of this observer's action, `mine`")
-    if not isinstance(probe, torch._C.Future):  # what then() makes is the base class
+    if not isinstance(probe, torch_compat.CppFuture):  # what then() makes is the base class
         raise _Wrong(f"select_action returned {_show(probe)}; expected a Future of the action",
                      "return mine = agent.future.then(lambda f: f.value()[observer_id].item())")
     agent = rpc.RRef(_Agent(2))
