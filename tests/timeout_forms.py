@@ -17,7 +17,7 @@ import time
 import torch.distributed.rpc as rpc
 
 TIMEOUT = 0.3  # seconds: every form's timeout
-SLEEP = 2.0  # how long the called function runs
+SLEEP = 1.0  # how long the called function runs (past every timeout and its tolerance)
 
 
 def sleep_in_c(seconds: float) -> float:
