@@ -5,8 +5,15 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  ISanitizer,
+  MainAreaWidget,
+  Sanitizer,
+  WidgetTracker
+} from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
+import type { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { ITranslator, nullTranslator, TranslationBundle } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
@@ -48,6 +55,7 @@ interface IContext {
   labShell: ILabShell | null;
   settings: ISettings;
   trans: TranslationBundle;
+  sanitizer: IRenderMime.ISanitizer;
 }
 
 /** The kernel a command acts on: its argument, else the active notebook's kernel. */
@@ -84,7 +92,7 @@ function openView(ctx: IContext, args: Record<string, unknown>): ViewPanel {
   const known = ctx.panel.clusters.find(c => c.kernel_id === kernelId);
   const where = known ? whereOf(known) : String(args.where || kernelId.slice(0, 8));
   const interval = ctx.settings.refreshInterval * 1000;
-  const widget = viewPanel(kernelId, kind, where, ctx.trans, interval);
+  const widget = viewPanel(kernelId, kind, where, ctx.trans, ctx.sanitizer, interval);
   // JupyterLab docks a view beside the notebook; Notebook 7's notebook page has one main
   // widget, so there the view opens in the right side area.
   if (ctx.labShell) {
@@ -185,7 +193,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     ILayoutRestorer,
     ILabShell,
     ISettingRegistry,
-    ITranslator
+    ITranslator,
+    ISanitizer
   ],
   activate: (
     app: JupyterFrontEnd,
@@ -194,7 +203,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     restorer: ILayoutRestorer | null,
     labShell: ILabShell | null,
     settingRegistry: ISettingRegistry | null,
-    translator: ITranslator | null
+    translator: ITranslator | null,
+    sanitizer: IRenderMime.ISanitizer | null
   ) => {
     const trans = (translator ?? nullTranslator).load('nbrpc');
     const settings = { ...DEFAULTS };
@@ -206,7 +216,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     panel.title.icon = ICON;
     const tracker = new WidgetTracker<ViewPanel>({ namespace: 'nbrpc-views' });
-    const ctx: IContext = { app, panel, tracker, notebooks, labShell, settings, trans };
+    const ctx: IContext = {
+      app,
+      panel,
+      tracker,
+      notebooks,
+      labShell,
+      settings,
+      trans,
+      sanitizer: sanitizer ?? new Sanitizer()
+    };
     addCommands(ctx);
     // A view's title names its notebook as the panel learns it.
     panel.changed.connect((_, found) => {

@@ -1,7 +1,10 @@
 // A view of a cluster as a main-area panel: the kernel draws it (nbrpc.drawing, the
 // widgets' own code); a Poll of its own asks again while it is visible and the cluster runs.
+// HTML views (the status table, the stacks) go through JupyterLab's sanitizer, as a cell's
+// HTML output does; the SVG drawings are shown as drawn.
 import { MainAreaWidget } from '@jupyterlab/apputils';
 import { ServerConnection } from '@jupyterlab/services';
+import type { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Message } from '@lumino/messaging';
 import { Poll } from '@lumino/polling';
@@ -17,6 +20,7 @@ export class ViewContent extends Widget {
     readonly kernelId: string,
     readonly kind: IViewKind,
     private trans: TranslationBundle,
+    private sanitizer: IRenderMime.ISanitizer,
     interval: number
   ) {
     super();
@@ -100,7 +104,7 @@ export class ViewContent extends Widget {
     }
     this.shown = html;
     const template = document.createElement('template');
-    template.innerHTML = html;
+    template.innerHTML = this.kind.html ? this.sanitizer.sanitize(html) : html;
     this.host.replaceChildren(template.content);
   }
 
@@ -116,9 +120,10 @@ export function viewPanel(
   kind: IViewKind,
   where: string,
   trans: TranslationBundle,
+  sanitizer: IRenderMime.ISanitizer,
   interval: number
 ): MainAreaWidget<ViewContent> {
-  const content = new ViewContent(kernelId, kind, trans, interval);
+  const content = new ViewContent(kernelId, kind, trans, sanitizer, interval);
   const widget = new MainAreaWidget({ content });
   widget.id = `nbrpc-${kind.name}-${kernelId}`;
   widget.title.label = `${trans.__(kind.label)}: ${where}`;
