@@ -1,14 +1,16 @@
 """The JupyterLab side panel as a person sees it: JupyterLab 4 in Debian's chromium,
 driven by Playwright, at 1280x800 in the Light and the Dark theme.
 
-A notebook starts a cluster from the panel's form (which inserts and runs the
-``%rpc_init`` line); the panel names its members; a deadlocked cell turns the cluster
-red and raises a notification naming the notebook within 3 s while its kernel is busy;
-the wait-for graph and the stacks open from the panel while the cell is stuck; the stop
-button ends the stuck call; the RRef graph and the timeline open as panels; shutting the
-cluster down removes it, and its open views say it ended. No console errors. The Light
-run saves docs/_static/side-panel.png. Every process ends by pid (``Server.stop``).
-"""
+A notebook starts a cluster from the panel's form (the server runs its ``%rpc_init`` line
+in the notebook's kernel; the panel says what it ran); the panel names its members; a
+deadlocked cell turns the cluster red and raises a notification naming the notebook within
+3 s while its kernel is busy; the wait-for graph and the stacks open from the panel while
+the cell is stuck; the stop button ends the stuck call; the RRef graph and the timeline
+open as panels; shutting the cluster down removes it, and its open views say it ended. No
+console errors. The Light run saves docs/_static/side-panel.png. A docked view comes back
+after a reload; a hidden page asks the server nothing, and a stuck cell's notification
+comes within 3 s of the page being visible again. Every process ends by pid
+(``Server.stop``)."""
 
 from __future__ import annotations
 
@@ -102,10 +104,11 @@ def test_side_panel(page, theme):
     panel.locator("input[name=workers]").fill("2")
     panel.locator("input[name=trace]").check()
     panel.locator(".nbrpc-start-button").click()
-    cell = page.locator(".jp-Cell").last
-    assert "%rpc_init -n 2 --trace" in cell.locator(".jp-InputArea").inner_text()
-    wait_for(lambda: cell.locator(".jp-InputPrompt").inner_text().strip() not in ("[*]:", "[ ]:", "")
-             and kernel_idle(page), "the %rpc_init cell to end", timeout=240)
+    message = panel.locator(".nbrpc-message")
+    wait_for(lambda: "%rpc_init -n 2 --trace" in message.inner_text(), "the panel to say what it starts", 10)
+    wait_for(lambda: message.inner_text().startswith("ran ") and kernel_idle(page), "the %rpc_init line to end",
+             timeout=240)
+    assert message.inner_text() == "ran %load_ext nbrpc; %rpc_init -n 2 --trace"
     ended = time.monotonic()
     entry = panel.locator(".nbrpc-cluster")
     wait_for(lambda: entry.count() == 1 and "worker2" in entry.inner_text(), "the members in the panel", 10)
@@ -169,3 +172,60 @@ def test_side_panel_in_notebook_7(page):
     # Notebook 7.6's own page throws this at load, with nbrpc's extension disabled too.
     errors = [e for e in page.errors if not ("reading 'schema'" in e and "notebook_core" in e)]
     assert not errors, errors
+
+
+HIDE = """(hidden) => {
+    const state = hidden ? 'hidden' : 'visible';
+    Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => state});
+    Object.defineProperty(document, 'hidden', {configurable: true, get: () => hidden});
+    document.dispatchEvent(new Event('visibilitychange'));
+}"""
+
+
+def saved_views(lab) -> list[str]:
+    """The views the layout restorer saved in the workspace (what a reload opens again)."""
+    workspaces = lab.api("/lab/api/workspaces")["workspaces"]["values"]
+    return [key for w in workspaces for key in w["data"] if key.startswith("nbrpc-views:")]
+
+
+def test_views_come_back_after_a_reload_and_a_hidden_page_stands_by(lab, page):
+    page.evaluate("() => window.jupyterapp.shell.activateById('nbrpc-panel')")
+    panel = page.locator("#nbrpc-panel")
+    panel.locator(".nbrpc-empty").wait_for()
+    run_in_kernel(page, "%load_ext nbrpc\n%rpc_init -n 1\n" + SETUP)
+    wait_for(lambda: "worker1" in panel.inner_text() and kernel_idle(page), "the members in the panel", 240)
+    panel.locator(".nbrpc-open-status").click()
+    page.locator(".nbrpc-view .nbrpc-status").wait_for()
+
+    # A reload: the layout restorer opens the docked view again, and it draws.
+    wait_for(lambda: saved_views(lab), "the workspace to hold the view", 30)
+    page.reload()
+    notebook = ("[...window.jupyterapp.shell.widgets('main')].find(w => w.sessionContext)"
+                "?.sessionContext.session?.kernel")
+    page.wait_for_function(f"() => {notebook}?.connectionStatus === 'connected'", timeout=120_000)
+    page.evaluate(f"() => {{ {KERNEL} = {notebook}; }}")
+    page.locator(".nbrpc-view .nbrpc-status").wait_for(timeout=60_000)
+    assert "panel.ipynb" in page.locator(".lm-TabBar-tab", has_text="Status").first.inner_text()
+    # Hidden: no request at all, not even for a stuck cell; visible again: the notification.
+    # (Playwright hands events over while it waits, in order: wait_for_timeout, not sleep.)
+    phase, asked = ["visible"], []
+    page.on("request", lambda r: asked.append((phase[0], r.url)) if "/nbrpc/" in r.url else None)
+    page.evaluate(HIDE, True)
+    page.wait_for_timeout(500)  # a request already under way may still go out
+    phase[0] = "hidden"
+    run_in_kernel(page, LOCK_CELL)
+    page.wait_for_timeout(5000)
+    phase[0] = "visible"
+    assert [url for when, url in asked if when == "hidden"] == [], "the hidden page asked the server"
+    assert page.locator(".Toastify__toast", has_text="panel.ipynb").count() == 0
+    shown = time.monotonic()
+    page.evaluate(HIDE, False)
+    page.locator(".Toastify__toast", has_text="panel.ipynb").wait_for(timeout=10_000)
+    took = time.monotonic() - shown
+    report(f"side panel: the stuck notification {took:.2f} s after the page was visible again")
+    assert took < 3.0, took
+    panel.locator(".nbrpc-stop").click()
+    panel.locator(".nbrpc-shutdown").click()
+    panel.locator(".nbrpc-empty").wait_for(timeout=60_000)
+    page.locator(".nbrpc-view.nbrpc-ended").first.wait_for(timeout=10_000)
+    assert not page.errors, page.errors
