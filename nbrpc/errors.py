@@ -64,8 +64,11 @@ class SerializationError(TypeError, RuntimeError):
     ``RuntimeError``, which it raises for a reply the callee could not pickle."""
 
 
-class DeviceMapError(ValueError):
-    """GPU options (``gpus``, ``device_maps``) that torch's CUDA RPC cannot do here."""
+class DeviceMapError(ValueError, RuntimeError):
+    """GPU options (``gpus``, ``device_maps``) that torch's CUDA RPC cannot do here.
+
+    A ``ValueError``, which torch raises for a device map it refuses, and a
+    ``RuntimeError``, which it raises for device maps where it sees no GPU."""
 
 
 class ClusterRunningError(RuntimeError):
@@ -199,4 +202,6 @@ TORCH_RAISES: dict[str, tuple[type, type]] = {
     "rpc_sync, rpc_async().wait())": (RuntimeError, RemoteClassError),
     "a call before RPC started, or after it stopped": (RuntimeError, NoClusterError),
     "a second start while RPC runs": (RuntimeError, ClusterRunningError),
+    "a device map that is not one-to-one": (ValueError, DeviceMapError),
+    "a device map where torch sees no GPU": (RuntimeError, DeviceMapError),
 }

@@ -187,6 +187,36 @@ def test_before_a_cluster_starts_nbrpc_raises_torchs_class(raw):
     assert isinstance(info.value, torch_class) and "start one" in str(info.value)
 
 
+def test_device_maps_torch_refuses_raise_torchs_class():
+    """Before the module's cluster starts. torch refuses a device map that is not one-to-one
+    (``ValueError``; checked where a map is read, with or without GPUs) and, without a GPU,
+    any device map (``RuntimeError``)."""
+    import torch
+    import torch.distributed.rpc as rpc
+    from torch.distributed.rpc.options import _to_device_map
+
+    from nbrpc.group import devices
+
+    torch_class, ours = errors.TORCH_RAISES["a device map that is not one-to-one"]
+    with pytest.raises(torch_class, match="1-to-1"):
+        _to_device_map({"cpu": "cpu", "meta": "cpu"})
+    with pytest.raises(ours) as info:
+        devices.parse_device_maps("worker1=0:1,0:2")
+    assert isinstance(info.value, torch_class) and "one-to-one" in str(info.value)
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here: the rest is about a machine without one")
+    torch_class, ours = errors.TORCH_RAISES["a device map where torch sees no GPU"]
+    with pytest.raises(torch_class):
+        rpc.TensorPipeRpcBackendOptions(device_maps={"worker1": {0: 1}})
+    assert nbrpc.current() is None
+    for options in ({"gpus": True}, {"device_maps": {"worker1": {0: 1}}}):
+        with pytest.raises(ours) as info:
+            nbrpc.start(1, progress=None, **options)
+        assert isinstance(info.value, torch_class) and "torch sees no GPU" in str(info.value)
+    assert nbrpc.current() is None
+
+
 @pytest.mark.parametrize("row", ROWS)
 def test_each_row_is_raised_as_an_instance_of_torchs_class(raw, namespace, row):
     torch_class, ours = errors.TORCH_RAISES[row]
