@@ -90,13 +90,14 @@ class Admission(Protocol):
 
 
 class Launcher(Protocol):
-    """One way of starting workers (``local``, ``attach``, ``ssh``)."""
+    """One way of starting workers (``local``, ``attach``, ``ssh``, ``slurm``, or a third
+    party's, registered as a ``registry.Kind``)."""
 
-    # Where the driver's TensorPipe listener goes so that these workers reach it.
+    #: Where the driver's TensorPipe listener goes so that these workers reach it.
     interface: str
-    # The command that joins a worker started elsewhere, or None.
+    #: The command that joins a worker started elsewhere, or None.
     command: str | None
-    # True where workers run with GPUs of their own (a Slurm task's), not this machine's.
+    #: True where workers run with GPUs of their own (a Slurm task's), not this machine's.
     own_gpus: bool
 
     def planned(self) -> list[Worker]:
