@@ -117,7 +117,11 @@ RECEIVING = {"function", "async"}  # kinds whose callee runs ``receive``
 
 
 def call(spec):
-    """A scenario's facts: what the callee saw (for ``receive``) and what came back."""
+    """A scenario's facts: what the callee saw (for ``receive``) and what came back; under
+    torch's legacy profiler (which sends a call torch's profiling way) if ``profiled``."""
+    if spec.get("profiled"):
+        with torch.autograd.profiler_legacy.profile():
+            return call({**spec, "profiled": False})
     items, leaves = make_message(spec)
     if spec["kind"] == "method":
         name, first = ("pick", spec["pick"]) if "pick" in spec else ("receive", spec["write"])

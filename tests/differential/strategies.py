@@ -28,9 +28,9 @@ PLAIN = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1)
 def bases(draw) -> dict:
     dtype = draw(st.sampled_from(sorted(ELEMENT_SIZE)))
     size = ELEMENT_SIZE[dtype]
-    near = sorted({max(0, limit // size + d) for limit in THRESHOLDS for d in (-1, 0, 1)}
-                  | {2 * shared_tensors.MIN_BYTES // size + 5})
-    n = draw(st.one_of(st.integers(0, 48), st.sampled_from(near)))
+    small, big = ({max(0, limit // size + d) for d in (-1, 0, 1)} for limit in THRESHOLDS)
+    n = draw(st.one_of(st.integers(0, 48), st.sampled_from(sorted(small)),
+                       st.sampled_from(sorted(big | {2 * THRESHOLDS[1] // size + 5}))))
     grad = dtype in GRAD_DTYPES and draw(st.integers(0, 4)) == 0
     return {"dtype": dtype, "n": n, "seed": draw(st.integers(0, 1 << 16)), "grad": grad}
 
@@ -40,8 +40,9 @@ def views(draw, n: int) -> list:
     kind = draw(st.sampled_from(["whole", "whole", "slice", "slice", "element", "expand", "windows", "matrix_t",
                                  "channels_last"] if n else ["whole"]))
     if kind == "slice":
-        start = draw(st.integers(0, n))
-        stop = draw(st.integers(start, n))
+        # often from the start or to the end: views of most of a storage, which torch keeps shared
+        start = draw(st.just(0) | st.integers(0, n))
+        stop = draw(st.just(n) | st.integers(start, n))
         return [kind, start, stop, draw(st.sampled_from([1, 1, 1, 2, 3, 7]))]
     if kind == "element":
         return [kind, draw(st.integers(0, n - 1))]
@@ -78,14 +79,15 @@ def scenarios(draw) -> dict:
     """One call: its message, the callable's kind, the call form, what the callee writes."""
     kind = draw(st.sampled_from(KINDS))
     base_specs = draw(st.lists(bases(), min_size=1, max_size=3))
-    leaf_count = draw(st.integers(1 if kind in ("builtin", "script", "async_script") else 0, 4))
+    leaf_count = draw(st.just(2) | st.integers(1 if kind in ("builtin", "script", "async_script") else 0, 4))
     # mostly views of the first base, so that they share a storage
     chosen = st.sampled_from([0, 0, *range(len(base_specs))])
     leaves = [{"base": b, "view": draw(views(base_specs[b]["n"]))} for b in (draw(chosen) for _ in range(leaf_count))]
     message = draw(st.lists(items(leaf_count), min_size=1 if kind == "pick" else 0, max_size=4))
     spec = {"kind": kind, "form": draw(st.sampled_from(FORMS.get(kind, CALL_FORMS))),
             "to": "worker1", "next": "worker2", "write": draw(st.integers(-1, leaf_count)),
-            "bases": base_specs, "leaves": leaves, "items": message}
+            "bases": base_specs, "leaves": leaves, "items": message,
+            "profiled": draw(st.integers(0, 5)) == 0}
     if kind == "pick" or (kind == "method" and draw(st.booleans())):
         spec["pick"] = draw(st.integers(0, max(0, len(message) - 1)))
     if kind == "builtin":
