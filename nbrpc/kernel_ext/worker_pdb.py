@@ -71,7 +71,7 @@ class PostMortem:
             return self.ipython_debug(line, cell, local_ns=local_ns)
         member, call_id = failure
         print(f"nbrpc: {type(sys.last_value).__name__} was raised on {member}: pdb opens in {member}'s "
-              "frames of that call", file=sys.stderr)
+              "frames of that call")
         rpc.rpc_sync(member, breakpoints.post_mortem, args=(call_id,), timeout=0)
         return None
 
