@@ -54,7 +54,8 @@ SCRIPTS = {
     "pending": (["--calls", "2000"], ["--calls", "200"]),
     "scale": ([], ["--sizes", "1,2"]),
     "server_start": ([], ["--runs", "1"]),
-    "user": ([], ["--runs", "1", "--calls", "100", "--trips", "1", "--turns", "2"]),
+    "user": ([], ["--runs", "1", "--calls", "100", "--trips", "1", "--turns", "2", "--kind-turns", "2",
+                  "--kind-calls", "3"]),
 }
 DEFAULT = ("calls", "cuda", "user", "startup", "server_start", "definitions", "output", "pending", "scale",
            "tutorials", "cycles")

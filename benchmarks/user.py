@@ -1,6 +1,7 @@
 """The user's comparison: a notebook running nbrpc against the script it replaces.
 
-    python benchmarks/user.py [--runs 5] [--calls 1000] [--trips 3] [--turns 60] [--json FILE]
+    python benchmarks/user.py [--runs 5] [--calls 1000] [--trips 3] [--turns 60]
+                              [--kind-turns 40] [--kind-calls 15] [--json FILE]
 
 Four sides run the same code (``user_script.py``): a real Jupyter kernel (``%load_ext
 nbrpc``, ``%rpc_init -n 1``, the script's functions as a cell), a plain script driving
@@ -20,7 +21,12 @@ Whole runs of one side differ by up to 10% on a 2-core machine (the machine's dr
 load, and where the scheduler puts a run's threads). The ``user_*_beside_*`` rows take
 them apart: a kernel and a script, each with a cluster of its own, and the script's
 init_rpc pair on ``uv``, running at the same time and taking ``--turns`` turns of small
-calls and ``remote`` + ``to_here``, give nbrpc's own share, and the kernel's.
+calls and ``remote`` + ``to_here``, give nbrpc's own share, and the kernel's; then the
+argument-kind table (``user_<side>_beside_raw_<form>_<kind>``, ``--kind-turns`` turns of
+``--kind-calls`` calls of each): an int, a small tensor, a 64 KiB tensor, a dict of two
+tensors, a ``requires_grad`` tensor in a distributed autograd context, a keyword argument
+and a cell class's instance, each by ``rpc_sync``, ``rpc_async`` + ``wait``, ``remote`` +
+``to_here`` and a call through an RRef's proxy.
 """
 
 from __future__ import annotations
@@ -152,13 +158,14 @@ BESIDE_ROWS = {"user_kernel_beside_script_sync": ("kernel", "script", "sync_ms")
                "user_script_beside_raw_throughput": ("script", "raw_uv", "throughput")}
 
 
-def side_by_side(turns: int = 60, calls: int = 200) -> dict:
+def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 40, kind_calls: int = 15) -> dict:
     """A kernel and a script, each driving a cluster of its own, and the script's
     ``init_rpc`` pair (on ``uv``), all running at once, take ``turns`` turns of ``calls``
     small calls, half as many ``remote`` + ``to_here`` and ``calls`` ``rpc_async`` with 32
     in flight (the order rotating), so that the machine's drift, its load and a run's
-    thread placement fall on every side alike. Each side's figures per turn
-    (``user_script.turn``)."""
+    thread placement fall on every side alike; then ``kind_turns`` turns of the
+    argument-kind table, ``kind_calls`` calls of each form and kind. Each side's figures
+    per turn (``user_script.turn``, ``user_script.kinds_turn``)."""
     from jupyter_client import KernelManager
 
     with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
@@ -181,16 +188,14 @@ def side_by_side(turns: int = 60, calls: int = 200) -> dict:
             for cell in cells(0, 0)[:3]:
                 started += _children(km.provisioner.pid)
                 _execute(kc, cell)
-            ask = {"kernel": lambda n: _last_json(_execute(kc, f"import json\nprint(json.dumps(turn({n})))"),
+            ask = {"kernel": lambda n: _last_json(_execute(kc, f"import json\nprint(json.dumps({_turn_call(n)}))"),
                                                   "the kernel"),
                    "script": _asking(procs[0], "the script with nbrpc", errors[0]),
                    "raw_uv": _asking(procs[1], "the script with init_rpc (raw-uv)", errors[1])}
             for side in BESIDE:
                 ask[side](calls)  # connections and threads: not timed
-            found = {side: [] for side in BESIDE}
-            for i in range(turns):
-                for side in BESIDE[i % len(BESIDE):] + BESIDE[:i % len(BESIDE)]:
-                    found[side].append(ask[side](calls))
+            found = _rotating(ask, turns, calls)
+            kinds = _rotating(ask, kind_turns, f"kinds {kind_calls}")
             _execute(kc, "%rpc_shutdown")
             kc.stop_channels()
         finally:
@@ -206,7 +211,22 @@ def side_by_side(turns: int = 60, calls: int = 200) -> dict:
                 proc.stdout.close()
             km.shutdown_kernel(now=True)
             kill_pids(sorted(set(started + [proc.pid for proc in procs])))
-    return {"turns": found, "calls": calls}
+    return {"turns": found, "calls": calls, "kinds": kinds, "kind_calls": kind_calls}
+
+
+def _turn_call(n: int | str) -> str:
+    """The kernel's call for a turn asked as the scripts are (``n``: N, or "kinds N")."""
+    what, _, calls = str(n).rpartition(" ")
+    return f"kinds_turn({calls})" if what == "kinds" else f"turn({calls})"
+
+
+def _rotating(ask: dict, turns: int, calls: int | str) -> dict[str, list[dict]]:
+    """``turns`` turns of every side in ``BESIDE``, the order rotating; each side's figures."""
+    found = {side: [] for side in BESIDE}
+    for i in range(turns):
+        for side in BESIDE[i % len(BESIDE):] + BESIDE[:i % len(BESIDE)]:
+            found[side].append(ask[side](calls))
+    return found
 
 
 def _asking(proc: subprocess.Popen, who: str, stderr: Path):
@@ -231,6 +251,27 @@ def beside_rows(found: dict) -> list[dict]:
                         ratio=statistics.median(TARGETS[row_id].ratio(o, t) for o, t in zip(ours, theirs)),
                         note=f"median of {len(ours)} turns' ratios, {calls} calls a turn, "
                              "the three running at once"))
+    return rows
+
+
+# The argument-kind table's columns and rows (``user_script.kinds_turn``): forms of call, kinds of argument.
+FORMS = ("sync", "async", "remote", "proxy")
+ARGUMENT_KINDS = ("int", "tensor", "tensor64k", "dict", "grad", "kwargs", "instance")
+
+
+def kind_rows(found: dict) -> list[dict]:
+    """``user_<side>_beside_raw_<form>_<kind>``: each form and kind of argument from the
+    kernel and the script against the init_rpc pair, the median of the turns' ratios."""
+    rows = []
+    for side in ("kernel", "script"):
+        for form in FORMS:
+            for kind in ARGUMENT_KINDS:
+                row_id, figure = f"user_{side}_beside_raw_{form}_{kind}", f"{form}_{kind}"
+                ours, theirs = ([turn[figure] for turn in found["kinds"][s]] for s in (side, "raw_uv"))
+                rows.append(row(row_id, statistics.median(ours), statistics.median(theirs),
+                                ratio=statistics.median(TARGETS[row_id].ratio(o, t) for o, t in zip(ours, theirs)),
+                                note=f"median of {len(ours)} turns' ratios, {found['kind_calls']} calls a turn, "
+                                     "the three running at once"))
     return rows
 
 
@@ -264,6 +305,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000, help="small calls a run (remote: half)")
     parser.add_argument("--trips", type=int, default=3, help="100 MiB round trips a run")
     parser.add_argument("--turns", type=int, default=60, help="turns of the sides running side by side")
+    parser.add_argument("--kind-turns", type=int, default=40, help="turns of the argument-kind table")
+    parser.add_argument("--kind-calls", type=int, default=15, help="calls of each form and kind a turn")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     def progress(message: str) -> None:
@@ -272,9 +315,10 @@ def main() -> int:
     found = take_turns(args.runs, args.calls, args.trips, progress)
     rows = user_rows(found)
     progress("user's comparison: a kernel, a script and the init_rpc pair side by side")
-    rows += beside_rows(side_by_side(args.turns))
+    found = side_by_side(args.turns, kind_turns=args.kind_turns, kind_calls=args.kind_calls)
+    rows += beside_rows(found) + kind_rows(found)
     for r in rows:
-        print(f"{r['id']:<24} {r['nbrpc']:>10.4g} {r['reference']:>10.4g} {r['ratio']:>6.2f}  {r['target']}")
+        print(f"{r['id']:<40} {r['nbrpc']:>10.4g} {r['reference']:>10.4g} {r['ratio']:>6.2f}  {r['target']}")
     write_rows(rows, args.json)
     return 0
 

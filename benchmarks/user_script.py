@@ -12,7 +12,8 @@ defaults (or told to use TensorPipe's ``uv`` transport only, nbrpc's default), m
 through a file store; rank 1 serves until rank 0 is done. A notebook runs the code between
 the two "cells" markers below as a cell, after ``%load_ext nbrpc`` and ``%rpc_init -n 1``.
 The measuring process prints one JSON line; with ``--turns`` it reads a number N per line
-instead and answers each with ``turn(N)``'s figures, until its input ends.
+instead and answers each with ``turn(N)``'s figures (``kinds_turn(N)``'s for a line
+"kinds N": the argument-kind table), until its input ends.
 """
 
 import sys
@@ -22,15 +23,32 @@ if __name__ == "__main__" and sys.argv[1:2] == ["nbrpc"]:
 
 # -- cells begin
 import collections  # noqa: E402
+import contextlib  # noqa: E402
+import functools  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
+import torch.distributed.autograd as dist_autograd  # noqa: E402
 import torch.distributed.rpc as rpc  # noqa: E402
 
 
 def echo(value):
     return value
+
+
+class Point:
+    """A cell's class, whose instances go as arguments."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+class Echo:
+    """What an RRef on worker1 holds, for calls through its proxy."""
+
+    def echo(self, value):
+        return value
 
 
 def timed(call, n):
@@ -72,6 +90,40 @@ def turn(n):
     return {"sync_ms": timed(lambda: rpc.rpc_sync("worker1", echo, args=(1,)), n),
             "remote_ms": timed(lambda: rpc.remote("worker1", echo, args=(1,)).to_here(), n // 2),
             "throughput": throughput(n)}
+
+
+# The argument kinds of ``kinds_turn``: (args, kwargs, inside a distributed autograd context).
+KINDS = {"int": ((1,), {}, False),
+         "tensor": ((torch.ones(4),), {}, False),
+         "tensor64k": ((torch.ones(16 * 2**10),), {}, False),
+         "dict": (({"weight": torch.ones(4), "bias": torch.zeros(4)},), {}, False),
+         "grad": ((torch.ones(4, requires_grad=True),), {}, True),
+         "kwargs": ((), {"value": 1}, False),
+         "instance": ((Point(1.0, 2.0),), {}, False)}
+_held = []  # the RRef whose proxy ``kinds_turn`` calls through, made on first use
+
+
+def forms():
+    """The calls of ``kinds_turn``, each taking (args, kwargs)."""
+    if not _held:
+        _held.append(rpc.remote("worker1", Echo))
+    proxy = _held[0].rpc_sync()
+    return {"sync": lambda a, k: rpc.rpc_sync("worker1", echo, args=a, kwargs=k),
+            "async": lambda a, k: rpc.rpc_async("worker1", echo, args=a, kwargs=k).wait(),
+            "remote": lambda a, k: rpc.remote("worker1", echo, args=a, kwargs=k).to_here(),
+            "proxy": lambda a, k: proxy.echo(*a, **k)}
+
+
+def kinds_turn(n):
+    """One turn of the argument-kind table: ms per call of each form with each kind of
+    argument (``<form>_<kind>``), n calls of each."""
+    figures = {}
+    for form, call in forms().items():
+        for kind, (args, kwargs, in_context) in KINDS.items():
+            with dist_autograd.context() if in_context else contextlib.nullcontext():
+                figures[f"{form}_{kind}"] = timed(functools.partial(call, args, kwargs), n)
+    _held.clear()  # (before a shutdown, its owner is told it is gone)
+    return figures
 # -- cells end
 
 
@@ -83,7 +135,8 @@ def measure(argv: list[str]) -> None:
         print(json.dumps(measure_all(*map(int, argv))), flush=True)
         return
     for line in sys.stdin:
-        print(json.dumps(turn(int(line))), flush=True)
+        what, _, n = line.rpartition(" ")  # "N", or "kinds N"
+        print(json.dumps(kinds_turn(int(n)) if what == "kinds" else turn(int(n))), flush=True)
 
 
 def main(argv: list[str]) -> None:
