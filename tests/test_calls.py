@@ -168,12 +168,13 @@ def test_interrupted_to_here_stops_the_waiting(cluster, stop_button):
     assert len(fetch_threads.idle) <= 2  # helpers are taken again, not one made per fetch
 
 
-def test_to_here_waits_itself_then_on_a_helper(cluster, monkeypatch):
-    """A value that is there soon is fetched on the main thread; one that takes longer
-    than DIRECT_FETCH is fetched again on a helper thread, whose wait the stop button
-    can end, and arrives once; a short timeout of the caller's is kept."""
+def test_to_here_waits_itself_then_on_a_helper_in_a_kernel(cluster, monkeypatch):
+    """In a kernel, a value that is there soon is fetched on the main thread; one that
+    takes longer than DIRECT_FETCH is fetched again on a helper thread, whose wait the
+    stop button can end, and arrives once; a short timeout of the caller's is kept."""
     from nbrpc.calls import fetch_threads, wrappers
 
+    monkeypatch.setattr(wrappers, "_in_a_kernel", lambda: True)
     taken = []
     take = fetch_threads.take
     monkeypatch.setattr(fetch_threads, "take", lambda: taken.append(1) or take())
@@ -186,6 +187,43 @@ def test_to_here_waits_itself_then_on_a_helper(cluster, monkeypatch):
     with pytest.raises(RuntimeError, match=r"got no answer within 0.5 s"):  # within DIRECT_FETCH: here
         rpc.remote("worker1", _loop, args=(slow, "timed out")).to_here(timeout=wrappers.DIRECT_FETCH)
     assert taken == [1]
+
+
+def _slow_rref(seconds: float):
+    """On worker1: an RRef of its own, after ``seconds``."""
+    time.sleep(seconds)
+    return rpc.RRef(torch.ones(2))
+
+
+def _owned() -> int:
+    return int(rpc._rref_context_get_debug_info()["num_owner_rrefs"])
+
+
+def _settled_owned() -> int:
+    """worker1's count of RRefs it owns, once the deletes of earlier tests' RRefs are in."""
+    counts = [rpc.rpc_sync("worker1", _owned)]
+    while len(counts) < 3 or len(set(counts[-3:])) > 1:
+        time.sleep(0.3)
+        counts.append(rpc.rpc_sync("worker1", _owned))
+    return counts[-1]
+
+
+def test_to_here_outside_a_kernel_fetches_once_so_no_fork_is_left(cluster, monkeypatch):
+    """A script's ``to_here`` waits as torch's does, however long the value takes, on the
+    main thread: sent twice, the first reply would be dropped unread and the RRef in it
+    left forked on its owner for good (what made torch's ``test_nested_rref_stress`` hang
+    in ``rpc.shutdown``)."""
+    from nbrpc.calls import fetch_threads, wrappers
+
+    taken = []
+    take = fetch_threads.take
+    monkeypatch.setattr(fetch_threads, "take", lambda: taken.append(1) or take())
+    before = _settled_owned()
+    outer = rpc.remote("worker1", _slow_rref, args=(wrappers.DIRECT_FETCH + 0.5,))
+    inner = outer.to_here()
+    assert torch.equal(inner.to_here(), torch.ones(2)) and taken == []
+    del inner, outer
+    assert wait_until(lambda: rpc.rpc_sync("worker1", _owned) == before, timeout=10)
 
 
 def _wait_for_ended(entry: tuple, timeout: float = 10.0) -> list:

@@ -17,14 +17,15 @@ Wrappers, installed in every member by ``group.join``:
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
 - ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
-  thread can be interrupted outside an autograd context and a profiler, after at most
-  ``DIRECT_FETCH`` s (the waiting stops; the function that built the value is not
-  stopped). Both tell the RRef ledger if it tracks.
+  thread of a Jupyter kernel can be interrupted outside an autograd context and a
+  profiler, after at most ``DIRECT_FETCH`` s (the waiting stops; the function that built
+  the value is not stopped). Both tell the RRef ledger if it tracks.
 """
 
 from __future__ import annotations
 
 import _thread
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -64,8 +65,8 @@ _torch_collect_all = torch_compat.collect_all
 
 # How often a waiting rpc_sync asks whether its worker is still there.
 FATE_POLL = 0.5
-# How long ``to_here`` on the main thread waits for its value itself (seconds) before it
-# waits on a helper thread, whose wait the stop button ends: most values come well
+# How long ``to_here`` on a kernel's main thread waits for its value itself (seconds) before
+# it waits on a helper thread, whose wait the stop button ends: most values come well
 # within it, and the hand-off to a helper and back cost a small fetch about 15%.
 DIRECT_FETCH = 0.5
 # ``fate(name)``: why worker ``name`` is gone, or None; the running cluster registers one.
@@ -303,10 +304,15 @@ def _this_threads() -> bool:
 
 
 def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded, owner: str):
-    """``to_here`` on the main thread: fetched here for up to ``DIRECT_FETCH`` s (a stop
-    takes effect once they are over), then again on a helper thread, whose wait the stop
-    button ends at once. A value not there in time is so sent twice; torch drops the
-    first reply unread (a big tensor's segment comes back, see ``shared_tensors``)."""
+    """``to_here`` on the main thread: in a Jupyter kernel, fetched here for up to
+    ``DIRECT_FETCH`` s (a stop takes effect once they are over), then again on a helper
+    thread, whose wait the stop button ends at once. A value not there in time is so sent
+    twice, and torch drops the first reply unread: a big tensor's segment comes back (see
+    ``shared_tensors``), but RRefs in it stay forked, never accepted nor deleted, and a
+    graceful ``rpc.shutdown`` waits on them for good. So where no stop button can end the
+    wait (a script, torch's own tests), the value is fetched once, as torch does."""
+    if not _in_a_kernel():
+        return _fetch(rref, timeout, record)
     limit = rpc.get_rpc_timeout() if timeout == UNSET_RPC_TIMEOUT else timeout  # 0: none
     if 0 < limit <= DIRECT_FETCH:
         return _fetch(rref, timeout, record)
@@ -318,6 +324,13 @@ def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | call
             raise
     rest = 0 if limit == 0 else max(limit - (time.monotonic() - began), 1e-3)
     return _in_background(lambda: _fetch(rref, rest, record), owner)
+
+
+def _in_a_kernel() -> bool:
+    """Whether this process serves a Jupyter kernel, whose stop button interrupts its main
+    thread (asked of ipykernel only where a kernel imported it: the runtime imports none)."""
+    app = sys.modules.get("ipykernel.kernelapp")
+    return app is not None and app.IPKernelApp.initialized()
 
 
 def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded):
