@@ -25,7 +25,9 @@ class PanelServerExtension(ExtensionApp):
         self.handlers.extend(routes())
 
     async def stop_extension(self) -> None:
+        closed = len(self.drivers.channels)
         self.drivers.close()
+        self.log.info("nbrpc_server: closed the side panel's channels to %d kernels", closed)
 
 
 def untrack_requests(server_app) -> None:

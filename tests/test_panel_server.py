@@ -313,3 +313,5 @@ def test_endpoints_live_under_the_base_url(tmp_path):
         assert refused.value.code == 404
     finally:
         server.stop()
+    # The extension closes its channels when the server stops.
+    assert "nbrpc_server: closed the side panel's channels" in (tmp_path / "server.log").read_text()
