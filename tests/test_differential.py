@@ -18,12 +18,14 @@ from differential.compare import report
 from differential.notebook import Notebook
 from differential.raw import RawTorch
 from differential.scenarios import CASES, EXAMPLES
-from differential.strategies import scenarios
-from hypothesis import HealthCheck, example, given, settings
+from differential.strategies import KINDS, scenarios
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.slow  # two groups start (about 20 s on 2 idle cores); the module takes about a minute
 
-EXAMPLE_COUNT = int(os.environ.get("NBRPC_DIFFERENTIAL_EXAMPLES", "60"))
+# Generated messages in all, shared among the kinds of callables and the two size ranges.
+EXAMPLE_COUNT = int(os.environ.get("NBRPC_DIFFERENTIAL_EXAMPLES", "84"))
 ERROR_FORMS = ("rpc_sync", "rpc_async", "remote")
 TIMEOUT_FORMS = (*ERROR_FORMS, "then")
 
@@ -58,16 +60,31 @@ def two_views(n: int, first: list, second: list, write: int = 0, kind: str = "fu
 BIG = 1 << 20  # float32 elements: 4 MiB, past the shared-memory path's threshold
 
 
-@settings(max_examples=EXAMPLE_COUNT, derandomize=True, database=None, deadline=None,
+@settings(max_examples=max(1, EXAMPLE_COUNT // (2 * len(KINDS))), derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(spec=scenarios())
-# issue 55, item 1: a 4 MiB tensor and a view of most of it (torch keeps them one storage)
-@example(spec=two_views(BIG, ["whole"], ["slice", 0, 600 * 1024, 1]))
-@example(spec=two_views(BIG, ["slice", 0, 600 * 1024, 1], ["whole"], write=1, kind="async"))
-# a small view of a big storage, which torch sends as a copy of its own
-@example(spec=two_views(BIG, ["whole"], ["slice", 10, 1000, 1], write=1))
-def test_generated_messages_arrive_as_under_raw_torch(raw, notebook, spec):
+@given(data=st.data())
+@pytest.mark.parametrize("sizes", ["any", "big"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_generated_messages_arrive_as_under_raw_torch(raw, notebook, kind, sizes, data):
+    """``sizes="big"``: every base past the shared-memory threshold, which Hypothesis
+    draws seldom among small sizes."""
+    spec = data.draw(scenarios(kind, big_only=sizes == "big"), label="spec")
     agree(raw, notebook, {"scenario": spec})
+
+
+# Messages that differed once (regression tests).
+FOUND = {
+    # issue 55, item 1: a 4 MiB tensor and a view of most of it (torch keeps them one storage)
+    "big-view-written": two_views(BIG, ["whole"], ["slice", 0, 600 * 1024, 1]),
+    "big-view-async": two_views(BIG, ["slice", 0, 600 * 1024, 1], ["whole"], write=1, kind="async"),
+    # a small view of a big storage, which torch sends as a copy of its own
+    "small-view-of-big": two_views(BIG, ["whole"], ["slice", 10, 1000, 1], write=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_found_message_arrives_as_under_raw_torch(raw, notebook, name):
+    agree(raw, notebook, {"scenario": FOUND[name]})
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

@@ -25,12 +25,13 @@ PLAIN = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 63), 2 ** 63 - 1)
 
 
 @st.composite
-def bases(draw) -> dict:
+def bases(draw, big_only: bool = False) -> dict:
+    """A base tensor's spec; ``big_only``: only sizes around the shared-memory threshold."""
     dtype = draw(st.sampled_from(sorted(ELEMENT_SIZE)))
     size = ELEMENT_SIZE[dtype]
     small, big = ({max(0, limit // size + d) for d in (-1, 0, 1)} for limit in THRESHOLDS)
-    n = draw(st.one_of(st.integers(0, 48), st.sampled_from(sorted(small)),
-                       st.sampled_from(sorted(big | {2 * THRESHOLDS[1] // size + 5}))))
+    big = st.sampled_from(sorted(big | {2 * THRESHOLDS[1] // size + 5}))
+    n = draw(big if big_only else st.one_of(big, st.integers(0, 48), st.sampled_from(sorted(small))))
     grad = dtype in GRAD_DTYPES and draw(st.integers(0, 4)) == 0
     return {"dtype": dtype, "n": n, "seed": draw(st.integers(0, 1 << 16)), "grad": grad}
 
@@ -75,10 +76,11 @@ def items(leaf_count: int):
 
 
 @st.composite
-def scenarios(draw) -> dict:
-    """One call: its message, the callable's kind, the call form, what the callee writes."""
-    kind = draw(st.sampled_from(KINDS))
-    base_specs = draw(st.lists(bases(), min_size=1, max_size=3))
+def scenarios(draw, kind: str, big_only: bool = False) -> dict:
+    """One call to a callable of ``kind``: its message, the call form, what the callee
+    writes; ``big_only``: every base past the shared-memory threshold (Hypothesis draws
+    few big sizes among many small ones)."""
+    base_specs = draw(st.lists(bases(big_only), min_size=1, max_size=3))
     leaf_count = draw(st.just(2) | st.integers(1 if kind in ("builtin", "script", "async_script") else 0, 4))
     # mostly views of the first base, so that they share a storage
     chosen = st.sampled_from([0, 0, *range(len(base_specs))])
