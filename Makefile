@@ -43,7 +43,7 @@ test: $(READY)
 	bash .ci/system-packages.sh
 	$(PY) -m pytest tests -m "not serial" $(XDIST)
 	$(PY) -m pytest tests -m serial
-	$(NBVAL) $(NBVAL_XDIST) $(addprefix --ignore=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
+	$(NBVAL) $(NBVAL_XDIST) $(addprefix --deselect=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
 	$(NBVAL) $(HANG_NOTEBOOKS)
 
 lint: $(READY)
