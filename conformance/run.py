@@ -1,6 +1,7 @@
 """Run torch's RPC test suites raw and with nbrpc's patches, and print the differences.
 
     python conformance/run.py [--suites NAME,...] [-k EXPR] [--timeout S] [--jobs N] [--xdist N] [--deadline S]
+                              [--repeat N] [--flaky-prone]
 
 Each (mode, suite) is one pytest run of ``suites.py`` in its own process group, its
 results in ``build/conformance/MODE/SUITE.xml``. A test that runs past ``--timeout``
@@ -8,6 +9,11 @@ results in ``build/conformance/MODE/SUITE.xml``. A test that runs past ``--timeo
 a whole run is ended after its tests' share of time. ``--report`` prints the table from
 results already there. Differences listed in ``DIFFERENCES.md`` (``- `Suite.test`: why``)
 count as documented.
+
+``--repeat N`` runs each (mode, suite) N times in a row (results in ``SUITE.rI.xml``); a
+test's outcome is then the same in every run, or ``failed K/N`` where it failed K of
+them. ``--flaky-prone`` runs only ``FLAKY_PRONE``, the tests that failed now and then
+with nbrpc's patches once, 20 times each unless ``--repeat`` says otherwise.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ ROOT = HERE.parent
 OUT = ROOT / "build" / "conformance"
 MODES = ("raw", "nbrpc")
 DOCUMENTED = HERE / "DIFFERENCES.md"
+# Suite -> tests that failed now and then with nbrpc's patches (issue 55: a fetch sent
+# twice left RRefs forked, and the graceful shutdown waited on them); run many times in a row.
+FLAKY_PRONE = {"TensorPipeRpcTest": ["test_nested_rref_stress"],
+               "TensorPipeTensorPipeAgentRpcTest": ["test_nested_rref_stress_sparse"]}
+FLAKY_PRONE_RUNS = 20
 
 
 def suite_tests() -> dict[str, list[str]]:
@@ -49,22 +60,33 @@ def cuda_suites() -> set[str]:
     return {suites.PREFIX + c.__name__ for c in suites.CUDA_SUITES}
 
 
+def run_repeated(mode: str, suite: str, count: int, key: str, timeout: int, select: str | None,
+                 xdist: int = 0, until: float | None = None, repeat: int = 1) -> float:
+    """``run_suite`` ``repeat`` times in a row (once: its usual results file); returns the wall time."""
+    for old in (OUT / mode).glob(f"{suite}.r*.xml"):
+        old.unlink()
+    if repeat <= 1:
+        return run_suite(mode, suite, count, key, timeout, select, xdist, until)
+    return sum(run_suite(mode, suite, count, key, timeout, select, xdist, until, tag=f".r{i + 1}")
+               for i in range(repeat))
+
+
 def run_suite(mode: str, suite: str, count: int, key: str, timeout: int, select: str | None,
-              xdist: int = 0, until: float | None = None) -> float:
+              xdist: int = 0, until: float | None = None, tag: str = "") -> float:
     """One pytest run of ``suite`` in ``mode`` (its tests spread over up to ``xdist``
-    pytest-xdist workers when given, stopped at the monotonic time ``until`` if given);
-    returns its wall time."""
+    pytest-xdist workers when given, stopped at the monotonic time ``until`` if given),
+    its results in ``SUITE{tag}.xml``; returns its wall time."""
     out = OUT / mode
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, NBRPC_CONFORMANCE=mode, NBRPC_CONFORMANCE_KEY=key,
                DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(timeout),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "pytest", "-c", str(HERE / "pytest.ini"), f"{HERE / 'suites.py'}::{suite}",
-           "-q", "-p", "no:warnings", *(["-k", select] if select else []), f"--junitxml={out / suite}.xml",
+           "-q", "-p", "no:warnings", *(["-k", select] if select else []), f"--junitxml={out / suite}{tag}.xml",
            "-o", "junit_logging=no", "-o", "junit_duration_report=call",
            *(["-n", str(min(xdist, count))] if xdist > 1 and count > 1 else [])]
     began = time.monotonic()
-    with open(out / f"{suite}.log", "w") as log:
+    with open(out / f"{suite}{tag}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         budget = count * (timeout + 30) / max(1, min(xdist, count)) + 120
         if until is not None:
@@ -108,8 +130,21 @@ def _end_group(proc: subprocess.Popen) -> None:
 
 
 def outcomes(mode: str, suite: str, timeout: int) -> dict[str, str]:
-    """Test name -> passed, failed, skipped or timeout, from a run's junit XML."""
-    path = OUT / mode / f"{suite}.xml"
+    """Test name -> passed, failed, skipped or timeout, from a run's junit XML; after
+    repeated runs, the outcome all of them had, or ``failed K/N``."""
+    repeats = sorted((OUT / mode).glob(f"{suite}.r*.xml"))
+    if not repeats:
+        return _outcomes_in(OUT / mode / f"{suite}.xml", timeout)
+    runs = [_outcomes_in(path, timeout) for path in repeats]
+    found = {}
+    for name in {n for run in runs for n in run}:
+        each = [run.get(name, "not run") for run in runs]
+        bad = sum(o not in ("passed", "skipped") for o in each)
+        found[name] = each[0] if len(set(each)) == 1 else f"failed {bad}/{len(each)}"
+    return found
+
+
+def _outcomes_in(path: Path, timeout: int) -> dict[str, str]:
     if not path.exists():
         return {}
     found = {}
@@ -177,8 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, help="seconds after which every run still going is "
                         "interrupted (its finished tests are reported)")
     parser.add_argument("--report", action="store_true", help="only print the table of results already there")
+    parser.add_argument("--repeat", type=int, help="runs of each suite in a row (a test passes if it passes in all)")
+    parser.add_argument("--flaky-prone", action="store_true",
+                        help=f"only the tests in FLAKY_PRONE, {FLAKY_PRONE_RUNS} runs in a row unless --repeat")
     args = parser.parse_args(argv)
     tests = suite_tests()
+    if args.flaky_prone:
+        if args.suites or args.select:
+            parser.error("--flaky-prone chooses its own suites and tests: leave out --suites and -k")
+        tests = {s: [n for n in tests[s] if n in FLAKY_PRONE[s]] for s in FLAKY_PRONE}
+        args.repeat = args.repeat or FLAKY_PRONE_RUNS
     chosen = args.suites.split(",") if args.suites else list(tests)
     unknown = set(chosen) - set(tests)
     if unknown:
@@ -195,12 +238,20 @@ def main(argv: list[str] | None = None) -> int:
         order = sorted((s for s in tests if s not in skipped_cuda), key=lambda s: len(tests[s]))
         jobs = [(mode, s) for s in order for mode in args.modes.split(",")]
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            walls = pool.map(lambda job: (job, run_suite(*job, len(tests[job[1]]), key, args.timeout, args.select,
-                                                         args.xdist, until)), jobs)
+            walls = pool.map(lambda job: (job, run_repeated(
+                *job, len(tests[job[1]]), key, args.timeout, _selection(args, job[1]), args.xdist, until,
+                args.repeat or 1)), jobs)
             for (mode, suite), wall in walls:
                 print(f"{mode:6} {suite}: {wall:.0f} s", flush=True)
         print(f"total {time.monotonic() - began:.0f} s with {args.jobs} runs at once\n")
     return 1 if report(tests, args.timeout, skipped_cuda) else 0
+
+
+def _selection(args, suite: str) -> str | None:
+    """The pytest -k expression of ``suite``'s run: the flaky-prone tests by exact name."""
+    if not args.flaky_prone:
+        return args.select
+    return " or ".join(f"{name} and not {name}_" for name in FLAKY_PRONE[suite])
 
 
 if __name__ == "__main__":
