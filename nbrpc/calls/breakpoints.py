@@ -21,12 +21,15 @@ import os
 import pdb
 import sys
 import threading
+from collections.abc import Callable
 
 import torch
+import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from ..recording.paused import FAILURES, PAUSED
 from ..recording.pending import OWN_FOLDERS
+from ..wire import remote_errors
 from . import interrupts, prompts, stopping
 
 # Modules pdb never stops in: stepping out of a call's function runs nbrpc and torch on.
@@ -201,6 +204,29 @@ def outcome(call_id: str) -> torch.futures.Future:
 
 
 torch_compat.mark_async_execution(outcome)
+
+
+def after_pause(to, call_id: str):
+    """The reply of call ``call_id``, whose wait timed out while its callee was paused in
+    a debugger: waited for with no timeout (the person steps), through nbrpc's
+    ``rpc_sync`` (installed in every member): interruptibly, the prompts answered."""
+    try:
+        return rpc.rpc_sync(to, outcome, args=(call_id,), timeout=0)
+    except Exception as e:  # the call's own error, of its own class
+        failed_on(e, to, call_id)
+        raise e from None
+
+
+def noting(note: Callable | None, to, call_id: str | None) -> Callable:
+    """``note``, and for a remote error (of class ``RuntimeError``, which torch keeps) which
+    call it came from, for ``%debug`` (``failed_on``)."""
+    def noted(named: Exception) -> None:
+        if note is not None:
+            note(named)
+        if not isinstance(named, remote_errors.CALL_ERRORS):
+            failed_on(named, to, call_id)
+
+    return noted
 
 
 def failed_on(error: BaseException, to, call_id: str | None) -> None:

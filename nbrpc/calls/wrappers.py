@@ -111,7 +111,7 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    _require_callable(func)
+    destinations.require_callable(func)
     record = caller_half.record("rpc_sync", to, func)
 
     def send(f):
@@ -130,11 +130,11 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
             value = fut.wait()
     except RuntimeError as e:
         if breakpoints.stepped_through(e, to, call_id):  # a person stepped through it: no timeout
-            value = _after_pause(to, call_id)
+            value = breakpoints.after_pause(to, call_id)
         else:
             stop = stopping.stop_on_timeout(e, to, call_id)
-            _raise_named(e, to, _label("rpc_sync", to, what), timeout, _noting(record.answered, to, call_id), key,
-                         stop)
+            note = breakpoints.noting(record.answered, to, call_id)
+            _raise_named(e, to, _label("rpc_sync", to, what), timeout, note, key, stop)
     except KeyboardInterrupt as e:
         record.failed(e)
         raise _stopped(to, _label("rpc_sync", to, what), call_id, key) from None
@@ -153,7 +153,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    _require_callable(func)
+    destinations.require_callable(func)
     record = caller_half.record("rpc_async", to, func)
     fut, sent = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                       func, args, record, replies=True)
@@ -211,9 +211,9 @@ class NamedFuture(torch.futures.Future):
             return _CFuture.wait(self)
         except RuntimeError as e:
             if breakpoints.stepped_through(e, to, call_id):  # a person stepped through it: no timeout
-                return _after_pause(to, call_id)
-            _raise_named(e, to, _label("rpc_async", to, func), timeout, _noting(None, to, call_id), self._key,
-                         stopping.outcome(self._stopping))
+                return breakpoints.after_pause(to, call_id)
+            _raise_named(e, to, _label("rpc_async", to, func), timeout, breakpoints.noting(None, to, call_id),
+                         self._key, stopping.outcome(self._stopping))
         except KeyboardInterrupt:
             raise _stopped(to, _label("rpc_async", to, func), call_id, self._key) from None
         except Exception as e:  # a remote exception of its own class (see remote_errors)
@@ -376,29 +376,6 @@ def _send(send: Callable, func, args, record: caller_half.Record | caller_half.U
         record.sent(func, args)
 
 
-def _after_pause(to, call_id: str):
-    """The reply of call ``call_id``, whose wait timed out while its callee was paused in
-    a debugger: waited for with no timeout (the person steps), interruptibly, the
-    debugger's prompts answered meanwhile."""
-    try:
-        return rpc_sync(to, breakpoints.outcome, args=(call_id,), timeout=0)
-    except Exception as e:  # the call's own error, of its own class
-        breakpoints.failed_on(e, to, call_id)
-        raise e from None
-
-
-def _noting(note: Callable | None, to, call_id: str | None) -> Callable:
-    """``note``, and for a remote error (of class ``RuntimeError``, which torch keeps) which
-    call it came from, for ``%debug`` (``breakpoints.failed_on``)."""
-    def noted(named: Exception) -> None:
-        if note is not None:
-            note(named)
-        if not isinstance(named, remote_errors.CALL_ERRORS):
-            breakpoints.failed_on(named, to, call_id)
-
-    return noted
-
-
 def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None, key=None,
                  stop: str | None = None) -> NoReturn:
     """Raise ``error`` as nbrpc names it (``_named``; itself when nothing more is known),
@@ -410,14 +387,6 @@ def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Call
         raise error
     # Chained to torch's error as it came from torch's C++ (its frame here is nbrpc's).
     raise named from error.with_traceback(None)
-
-
-def _require_callable(func) -> None:
-    """torch's first check in ``rpc_sync`` and ``rpc_async`` (its ``_invoke_rpc``), made
-    here: the carrier that goes in ``func``'s place is callable whatever ``func`` is."""
-    if not callable(func):
-        raise TypeError(f"function should be callable; got {type(func).__name__} {func!r:.80}: pass the "
-                        "function itself, as in rpc.rpc_sync(to, f, args=(x,)), not what it returned")
 
 
 def _label(how: str, to, func) -> str:
