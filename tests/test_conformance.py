@@ -80,3 +80,19 @@ def test_torchs_rpc_tests_pass_with_nbrpcs_patches(tmp_path):
     assert set(found) == expected, output[-3000:]
     failed = {name: outcome for name, outcome in found.items() if outcome != "passed"}
     assert not failed, f"{failed}\n{output[-3000:]}"
+
+
+def test_repeated_runs_report_a_test_that_failed_in_some_of_them(tmp_path, monkeypatch):
+    """``run.py --repeat``: a test's outcome is the one it had in every run, or ``failed K/N``."""
+    sys.path.insert(0, str(ROOT))
+    from conformance import run
+
+    monkeypatch.setattr(run, "OUT", tmp_path)
+    (tmp_path / "nbrpc").mkdir()
+    case = '<testcase classname="S" name="{}" time="1.0">{}</testcase>'
+    for i, failed in enumerate([False, True, False], start=1):
+        cases = case.format("test_a", "<failure/>" if failed else "") + case.format("test_b", "")
+        (tmp_path / "nbrpc" / f"S.r{i}.xml").write_text(f"<testsuite>{cases}</testsuite>")
+    assert run.outcomes("nbrpc", "S", timeout=180) == {"test_a": "failed 1/3", "test_b": "passed"}
+    (tmp_path / "nbrpc" / "T.xml").write_text(f"<testsuite>{case.format('test_a', '<failure/>')}</testsuite>")
+    assert run.outcomes("nbrpc", "T", timeout=180) == {"test_a": "failed"}  # a single run's file
