@@ -137,13 +137,10 @@ _current_context_id = _container_function("16currentContextIdEv", ctypes.c_int64
 _force_context_id = _container_function("21forceCurrentContextIdEl", None, [ctypes.c_int64])
 
 
-# torch's C++ future class, under torch.futures.Future's Python methods: what ``then``
-# and torch's own calls make (an isinstance check of a Future must take it), and whose
-# methods nbrpc calls directly, a Python layer fewer; known to work with torch 2.11 to 2.15.
-CppFuture = torch._C.Future
-# A bare future (taking its devices), a microsecond cheaper to make than the Python
-# subclass: one per call served by nbrpc; known to work with torch 2.11 to 2.15.
-new_future = CppFuture
+# torch's C++ future class under torch.futures.Future: what ``then`` makes, whose methods nbrpc
+# calls directly; and a bare one (taking its devices), a microsecond cheaper to make than the
+# Python subclass, one per call nbrpc serves; known to work with torch 2.11 to 2.15.
+CppFuture = new_future = torch._C.Future
 
 
 def thread_context_id() -> int:
@@ -167,19 +164,15 @@ invoke_rpc = api._invoke_rpc
 _invoke_rpc_python_udf = torch._C._distributed_rpc._invoke_rpc_python_udf
 _invoke_remote_python_udf = torch._C._distributed_rpc._invoke_remote_python_udf
 
-# The branches of torch's ``_invoke_rpc`` (and ``remote``), by the kind of callable:
-# a builtin operator (``torch.add``: sent by its qualified name), a TorchScript function
-# (``@torch.jit.script``, also under ``@async_execution``: by its qualified name) and
-# anything else, pickled as a Python function; known to work with torch 2.11 to 2.15
-# (``tests/test_compat.py`` walks torch's branches for each kind).
+# The branches of torch's ``_invoke_rpc`` and ``remote`` by kind of callable: a builtin operator
+# and a TorchScript function (also under @async_execution) go by name, anything else pickled;
+# known to work with torch 2.11 to 2.15 (``tests/test_compat.py`` walks them for each kind).
 BUILTIN, SCRIPT, PYTHON = "builtin", "script", "python"
 
 
 def call_kind(func) -> tuple[str, bool]:
-    """The branch torch's ``_invoke_rpc`` and ``remote`` take for ``func`` (``BUILTIN``,
-    ``SCRIPT`` or ``PYTHON``), and whether they send it as an ``@async_execution``
-    function: their own tests, in their order (a builtin first, then an ``@async_execution``
-    wrapper's TorchScript function in its place)."""
+    """The branch torch's ``_invoke_rpc`` and ``remote`` take for ``func``, and whether they
+    send it as an ``@async_execution`` function: their own tests, in their order."""
     is_async = is_async_execution(func)
     if find_builtin(func) is not None:
         return BUILTIN, is_async
@@ -189,10 +182,9 @@ def call_kind(func) -> tuple[str, bool]:
 
 
 def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode):
-    """torch's ``_invoke_rpc`` with ``mode`` (``RPCExecMode.REMOTE``: torch's ``remote``),
-    without its lookups and profiling context where they do nothing: for a Python
-    function (``call_kind``) while no profiler runs. Any other callable, and any call
-    while a profiler runs, goes to torch's own function untouched."""
+    """torch's ``_invoke_rpc`` with ``mode`` (``REMOTE``: torch's ``remote``), without its lookups
+    and profiling context for a Python function (``call_kind``) while no profiler runs; any
+    other callable, and any call while a profiler runs, goes to torch's own untouched."""
     kind, is_async = call_kind(func)
     remote = mode == RPCExecMode.REMOTE
     if kind != PYTHON or profiler_enabled():
@@ -227,11 +219,9 @@ ASYNC_EXECUTION_MARK = "_wrapped_async_rpc_function"
 
 
 def mark_async_execution(target):
-    """Mark ``target`` (a function, or a class whose instances are called over RPC) as
-    ``@rpc.functions.async_execution`` marks a function, and return it: torch then runs it
-    as one that returns a Future and sends the reply once that completes. Known to work
-    with torch 2.11 to 2.15 (its wrapper carries the function it wraps in the mark; any
-    value but a TorchScript function is sent as a Python function)."""
+    """Mark ``target`` (a function, or a class whose instances are called) as
+    ``@rpc.functions.async_execution`` does, and return it: torch runs it as one returning a
+    Future, its reply sent once that completes; known to work with torch 2.11 to 2.15."""
     setattr(target, ASYNC_EXECUTION_MARK, target)
     return target
 
@@ -272,14 +262,12 @@ def pickler_class() -> type:
 
 
 def set_pickler_class(cls: type) -> None:
-    """Make ``cls`` the pickler class torch's RPC pickles messages with from now on (a
-    benchmark's choice; ``patch`` puts nbrpc's in place); known to work with torch 2.11 to 2.15."""
+    """Make ``cls`` torch's RPC pickler class (a benchmark's; known to work with torch 2.11 to 2.15)."""
     internal._pickler = cls
 
 
 def pickle_message(message) -> tuple[bytes, list]:
-    """What torch's RPC makes of a message (a ``PythonUDF``, a reply) with its pickler:
-    the pickle and the tensors sent beside it; known to work with torch 2.11 to 2.15."""
+    """A message pickled as torch's RPC does: the pickle and the tensors beside it (torch 2.11 to 2.15)."""
     return api._default_pickler.serialize(message)
 
 

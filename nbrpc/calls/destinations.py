@@ -42,6 +42,14 @@ def _send(to, func, args, kwargs, timeout: float, mode: RPCExecMode | None = Non
     return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)
 
 
+def require_callable(func) -> None:
+    """torch's first check in ``rpc_sync`` and ``rpc_async`` (its ``_invoke_rpc``), made
+    by their wrappers: the carrier that goes in ``func``'s place is callable whatever it is."""
+    if not callable(func):
+        raise TypeError(f"function should be callable; got {type(func).__name__} {func!r:.80}: pass the "
+                        "function itself, as in rpc.rpc_sync(to, f, args=(x,)), not what it returned")
+
+
 def _sending(to) -> None:
     """The next call this thread pickles goes to ``to``: notebook code the receiver
     holds goes by digest (``definitions.Receivers``)."""

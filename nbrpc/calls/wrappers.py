@@ -111,7 +111,7 @@ def _to_worker_info(to):
 def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
     worker too) and with named failures."""
-    _require_callable(func)
+    destinations.require_callable(func)
     record = caller_half.record("rpc_sync", to, func)
 
     def send(f):
@@ -153,7 +153,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
 @torch_compat.require_initialized
 def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
-    _require_callable(func)
+    destinations.require_callable(func)
     record = caller_half.record("rpc_async", to, func)
     fut, sent = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
                       func, args, record, replies=True)
@@ -387,14 +387,6 @@ def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Call
         raise error
     # Chained to torch's error as it came from torch's C++ (its frame here is nbrpc's).
     raise named from error.with_traceback(None)
-
-
-def _require_callable(func) -> None:
-    """torch's first check in ``rpc_sync`` and ``rpc_async`` (its ``_invoke_rpc``), made
-    here: the carrier that goes in ``func``'s place is callable whatever ``func`` is."""
-    if not callable(func):
-        raise TypeError(f"function should be callable; got {type(func).__name__} {func!r:.80}: pass the "
-                        "function itself, as in rpc.rpc_sync(to, f, args=(x,)), not what it returned")
 
 
 def _label(how: str, to, func) -> str:
