@@ -124,6 +124,39 @@ def test_jupyter_clients_private_name_adapts_the_protocol():
     assert client.session.adapt_version == 4
 
 
+def test_ipykernels_private_name_publishes_a_debug_event():
+    import inspect
+
+    from ipykernel.kernelbase import Kernel
+
+    # What the kernel's own debugger is handed as its event callback (ipykernel's
+    # IPythonKernel), so members' events are sent as the driver's own;
+    # test_lab_debugger.py sees them arrive on IOPub.
+    assert list(inspect.signature(Kernel._publish_debug_event).parameters) == ["self", "event"]
+    assert "debug_event" in inspect.getsource(Kernel._publish_debug_event)
+
+
+def test_debugpys_patches_of_process_creation_are_undone():
+    import subprocess
+    import sys
+
+    # In a process of its own: the patches are process-wide.
+    code = ("import os, subprocess, _posixsubprocess\n"
+            "from debugpy.server import api\n"
+            "from _pydev_bundle import pydev_monkey\n"
+            "pydev_monkey.patch_new_process_functions()\n"
+            "assert subprocess._fork_exec is not _posixsubprocess.original_fork_exec\n"
+            "from nbrpc._compat import jupyter_compat\n"
+            "jupyter_compat.stop_debugging_new_processes()\n"
+            "assert subprocess._fork_exec is _posixsubprocess.fork_exec is _posixsubprocess.original_fork_exec\n"
+            "assert os.fork is os.original_fork and os.execv is os.original_execv\n"
+            "pydev_monkey.patch_new_process_functions()  # debugpy does not patch again\n"
+            "assert subprocess._fork_exec is _posixsubprocess.fork_exec\n"
+            "print(subprocess.run(['echo', 'plain'], capture_output=True, text=True).stdout)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "plain", done.stderr
+
+
 def test_the_patch_points_exist_in_torch():
     for name in ("PICKLER", "UNPICKLER", "SERIALIZE", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
                  "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL",

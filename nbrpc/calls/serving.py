@@ -27,6 +27,9 @@ Parts:
 - ``serve_here(run, args, kwargs)``: for a call its caller waits on at once
   (``interrupts.Direct``), sent as a plain function: its value, run here, or ``Busy``
   when the limit is reached (the caller sends it again, to ``serve``).
+- ``ON_CALL``: callables run on the serving thread as each call begins (a debugger
+  attached to this member makes the thread known to it: torch's threads are made by
+  C++, so no Python debugger saw them start); while it is empty a call pays one check.
 """
 
 from __future__ import annotations
@@ -38,11 +41,14 @@ from collections.abc import Callable
 import torch
 
 from .._compat import torch_compat
+from .._util import Hooks
 
 # How long a serving thread waits for work before it ends (seconds).
 IDLE_EXIT = 30.0
 # An inline limit no pool reaches: every call on torch's own threads.
 TORCH_THREADS_ONLY = 1 << 30
+# Run on the serving thread as each call begins, before its function.
+ON_CALL = Hooks()
 
 
 def reserve(threads: int) -> int:
@@ -169,6 +175,11 @@ class Busy:
     its caller sends it again to be served as ``serve`` serves (a class: it travels by name)."""
 
 
+def _beginning() -> None:
+    for hook in ON_CALL:
+        hook()
+
+
 def _take_torch_thread() -> bool:
     """Whether this torch thread may run a call (fewer than the limit do); if so it counts."""
     limit = pool.inline_limit
@@ -190,6 +201,8 @@ def serve(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
     if not _take_torch_thread():
         return hand_off(run, args, kwargs)
     try:
+        if ON_CALL:
+            _beginning()
         value = run(*args, **kwargs)
     finally:
         _give_back_torch_thread()
@@ -205,6 +218,8 @@ def serve_here(run: Callable, args: tuple, kwargs: dict):
     if not _take_torch_thread():
         return Busy
     try:
+        if ON_CALL:
+            _beginning()
         return run(*args, **kwargs)
     finally:
         _give_back_torch_thread()
@@ -219,6 +234,8 @@ def hand_off(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
     def job() -> None:
         state.enter()
         try:
+            if ON_CALL:
+                _beginning()
             value = run(*args, **kwargs)
         except BaseException as e:  # a stop that came as the call ended: still answer
             value = torch_compat.remote_exception(RuntimeError(f"the call ended with {e!r}"))

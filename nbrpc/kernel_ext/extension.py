@@ -8,6 +8,7 @@ from ..launchers import template
 from .advice import RpcAdvice
 from .display import CellOutput
 from .hangs import HangWatch
+from .lab_debugger import LabDebugger
 from .panel import Panel
 from .worker_pdb import WorkerPdb
 
@@ -31,6 +32,8 @@ class Extension:
         self.panel = Panel()
         # Members' pdb prompts in the calling cell; %debug opens a member's frames.
         self.worker_pdb = WorkerPdb(shell)
+        # JupyterLab's debugger reaches the members' debuggers through this kernel's.
+        self.lab_debugger = LabDebugger()
 
     @classmethod
     def load(cls, shell) -> Extension:
@@ -42,6 +45,7 @@ class Extension:
             extension.cell_output.register(shell)
             extension.hang_watch.register(shell)
             extension.panel.register(shell)
+            extension.lab_debugger.register(shell)
             extension.worker_pdb.register(shell)
         if template.enabled():
             # A notebook that loads nbrpc runs %rpc_init next: the warm template imports
@@ -68,5 +72,6 @@ class Extension:
         self.cell_output.unregister(self.shell)
         self.hang_watch.unregister(self.shell)
         self.panel.unregister(self.shell)
+        self.lab_debugger.unregister(self.shell)
         self.worker_pdb.unregister(self.shell)
         self.loaded.pop(id(self.shell), None)

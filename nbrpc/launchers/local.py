@@ -228,6 +228,7 @@ def launch(worker: LocalWorker, env: dict[str, str], workdir: str, warm_start: b
                 scratch.add_owner(folder, worker.pid)
                 return
         def start() -> subprocess.Popen:
+            jupyter_compat.stop_debugging_new_processes()  # the notebook's debugger must not start it
             return launch_kernel([sys.executable, "-m", "nbrpc.member.worker", *argv],
                                  stdout=log, stderr=log, env=full_env, cwd=workdir)
 

@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 
+from .._compat import jupyter_compat
 from .._util import JsonLines, kill_pids
 from ..errors import WorkerStartError
 from ..settings import FAST_ALLOC_ENV, TEMPLATE_ROOM_ENV, WARM_START_ENV, in_a_worker, warm_start_wanted
@@ -109,6 +110,7 @@ class Template:
                      TEMPLATE_ROOM_ENV: "." * _ENV_ROOM}
         self.env_room = _environ_size(spawn_env)
         def spawn() -> subprocess.Popen:
+            jupyter_compat.stop_debugging_new_processes()  # the notebook's debugger must not start it
             return subprocess.Popen(
                 [sys.executable, "-m", "nbrpc.member.template_process", str(theirs.fileno()), " " * _ARGV_ROOM],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

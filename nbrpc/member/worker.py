@@ -25,7 +25,7 @@ from ..group import devices, membership
 from ..recording import clocks
 from ..settings import WorkerSettings, clock_skew
 from ..wire import remote_errors, serialization, shared_tensors
-from . import control, streams
+from . import control, lab_debugger, streams
 
 WATCH_INTERVAL = 0.5
 
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None, on_kernel: Callable | None = None,
     app.outstream_class = streams.OUTSTREAM_CLASS
     app.initialize(argv)
     control.serve(app.kernel, settings.name)  # answers while every RPC thread is blocked
+    lab_debugger.serve(app.kernel)  # JupyterLab's debugger reaches this kernel's, through the driver's
     _show_remote_errors(app.shell)
     if on_kernel is not None:
         on_kernel(app)

@@ -1,0 +1,224 @@
+"""JupyterLab's debugger across the cluster, driven as JupyterLab drives it.
+
+A real driver kernel (ipykernel, started by jupyter_client) with nbrpc and a cluster of
+two real worker kernels. The test speaks the debug adapter protocol to the driver alone,
+as JupyterLab does: ``debug_request``s on its control channel, ``debug_event``s read on
+its IOPub; the members' threads must appear there as the driver's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import execute, wait_gone
+
+pytestmark = pytest.mark.slow
+
+F = "def f(x):\n    y = x + 1\n    return y * 2\n"
+RPC_ON_CELL = "%%rpc_on worker2\nz = 5\nw = z * 3\nprint('w is', w)"
+
+
+class Dap:
+    """JupyterLab's side of the debug adapter protocol over one kernel client."""
+
+    def __init__(self, client):
+        self.client = client
+        self.seq = 0
+        self.events: list[dict] = []
+        self.outputs: dict[str, list[dict]] = {}
+
+    def request(self, command: str, timeout: float = 90, **arguments) -> dict:
+        self.seq += 1
+        msg = self.client.session.msg("debug_request", {"type": "request", "seq": self.seq, "command": command,
+                                                         "arguments": arguments})
+        self.client.control_channel.send(msg)
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.client.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply["content"]
+
+    def _pump(self, deadline: float) -> None:
+        msg = self.client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["msg_type"] == "debug_event":
+            self.events.append(msg["content"])
+        else:
+            self.outputs.setdefault(msg["parent_header"].get("msg_id"), []).append(msg)
+
+    def event(self, kind: str, timeout: float = 60) -> dict:
+        """The first ``kind`` event not taken yet."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, event in enumerate(self.events):
+                if event.get("event") == kind:
+                    return self.events.pop(i)
+            assert time.monotonic() < deadline, f"no {kind!r} event within {timeout} s: {self.events}"
+            self._pump(deadline)
+
+    def idle(self, msg_id: str, timeout: float = 60) -> list[dict]:
+        """The cell's IOPub messages once it has ended."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.outputs.get(msg_id, [])
+            if any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in got):
+                return got
+            assert time.monotonic() < deadline, f"the cell did not end within {timeout} s"
+            self._pump(deadline)
+
+    def top_frame(self, thread: int) -> dict:
+        reply = self.request("stackTrace", threadId=thread)
+        assert reply["success"], reply
+        return reply["body"]["stackFrames"][0]
+
+    def locals_of(self, frame: dict) -> dict[str, str]:
+        scopes = self.request("scopes", frameId=frame["id"])
+        assert scopes["success"], scopes
+        reference = scopes["body"]["scopes"][0]["variablesReference"]
+        found = self.request("variables", variablesReference=reference)
+        assert found["success"], found
+        return {v["name"]: v["value"] for v in found["body"]["variables"]}
+
+
+def _result(messages: list[dict]) -> str:
+    return "".join(m["content"]["data"].get("text/plain", "") for m in messages
+                   if m["msg_type"] == "execute_result")
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """A driver kernel with JupyterLab's debugger on, then ``%rpc_init -n 2``; its ``Dap``."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    pid = km.provisioner.pid
+    try:
+        kc.wait_for_ready(timeout=120)
+        dap = Dap(kc)
+        # torch imported first: under a debugger an import of torch takes minutes (debugpy
+        # traces every line), with or without nbrpc.
+        _, reply = execute(kc, "%load_ext nbrpc\nimport os\nimport nbrpc\nimport torch.distributed.rpc as rpc",
+                           timeout=240)
+        assert reply["status"] == "ok", reply
+        # The debugger switched on before the cluster starts: its members join it as they come.
+        assert dap.request("initialize", clientID="jupyterlab", adapterID="python", pathFormat="path",
+                           linesStartAt1=True, columnsStartAt1=True, supportsVariableType=True,
+                           locale="en")["success"]
+        assert dap.request("attach")["success"]
+        _, reply = execute(kc, "%rpc_init -n 2 --timeout 300", timeout=240)
+        assert reply["status"] == "ok", reply
+        info = dap.request("debugInfo")
+        assert info["success"] and info["body"]["isStarted"]
+        source = dap.request("dumpCell", code=F)["body"]["sourcePath"]
+        breakpoints = dap.request("setBreakpoints", source={"path": source}, breakpoints=[{"line": 2}],
+                                  sourceModified=False)
+        assert breakpoints["success"] and breakpoints["body"]["breakpoints"][0]["verified"], breakpoints
+        assert dap.request("configurationDone")["success"]
+        _, reply = execute(kc, F)
+        assert reply["status"] == "ok", reply
+        dap.source = source
+        yield dap
+        dap.request("disconnect", restart=False, terminateDebuggee=False)
+        execute(kc, "%rpc_shutdown", timeout=120)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        km.cleanup_resources()
+    assert not wait_gone([pid], timeout=10)
+
+
+def _pids(dap) -> dict[str, int]:
+    _, reply = execute(dap.client, "pids = {w.name: w.pid for w in nbrpc.current().workers}",
+                       user_expressions={"pids": "pids"})
+    return eval(reply["user_expressions"]["pids"]["data"]["text/plain"])
+
+
+def _stops_in_f(dap, member: str, x: int) -> int:
+    """The member stopped at f's line 2 with ``x``: its thread, named for it."""
+    stopped = dap.event("stopped")
+    thread = stopped["body"]["threadId"]
+    names = {t["id"]: t["name"] for t in dap.request("threads")["body"]["threads"]}
+    assert names[thread].startswith(f"{member}: "), names
+    frame = dap.top_frame(thread)
+    assert (frame["source"]["path"], frame["line"]) == (dap.source, 2), frame
+    assert dap.locals_of(frame)["x"] == str(x)
+    return thread
+
+
+def test_a_breakpoint_in_a_cells_function_stops_on_the_member_rpc_sync_runs_it_on(lab):
+    pid = _pids(lab)["worker1"]
+    cell = lab.client.execute('rpc.rpc_sync("worker1", f, args=(3,))')
+    thread = _stops_in_f(lab, "worker1", 3)
+    frame = lab.top_frame(thread)
+    here = lab.request("evaluate", expression="(__import__('os').getpid(), x * 10)", frameId=frame["id"],
+                       context="repl")
+    assert here["success"] and here["body"]["result"] == f"({pid}, 30)", here
+    assert thread in lab.request("debugInfo")["body"]["stoppedThreads"]
+
+    assert lab.request("next", threadId=thread)["success"]
+    assert lab.event("stopped")["body"]["threadId"] == thread
+    frame = lab.top_frame(thread)
+    assert frame["line"] == 3 and lab.locals_of(frame)["y"] == "4"
+
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "8"
+    assert thread not in lab.request("debugInfo")["body"]["stoppedThreads"]
+
+
+def test_rpc_async_and_remote_stop_there_too(lab):
+    cell = lab.client.execute('rpc.rpc_async("worker2", f, args=(4,)).wait()')
+    thread = _stops_in_f(lab, "worker2", 4)
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "10"
+
+    cell = lab.client.execute('rpc.remote("worker1", f, args=(5,)).to_here()')
+    thread = _stops_in_f(lab, "worker1", 5)
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "12"
+
+
+def test_two_members_paused_at_once_are_two_threads(lab):
+    cell = lab.client.execute('[fut.wait() for fut in [rpc.rpc_async("worker1", f, args=(1,)), '
+                              'rpc.rpc_async("worker2", f, args=(2,))]]')
+    first, second = lab.event("stopped")["body"]["threadId"], lab.event("stopped")["body"]["threadId"]
+    assert first != second
+    names = {t["id"]: t["name"] for t in lab.request("threads")["body"]["threads"]}
+    assert {names[first].split(":")[0], names[second].split(":")[0]} == {"worker1", "worker2"}
+    xs = {names[t].split(":")[0]: lab.locals_of(lab.top_frame(t))["x"] for t in (first, second)}
+    assert xs == {"worker1": "1", "worker2": "2"}
+    for thread in (first, second):
+        assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "[4, 6]"
+
+
+def test_a_breakpoint_in_an_rpc_on_cell_stops_on_its_member_at_the_cells_line(lab):
+    source = lab.request("dumpCell", code=RPC_ON_CELL)["body"]["sourcePath"]
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[{"line": 3}])["success"]
+    cell = lab.client.execute(RPC_ON_CELL)
+    thread = lab.event("stopped")["body"]["threadId"]
+    names = {t["id"]: t["name"] for t in lab.request("threads")["body"]["threads"]}
+    assert names[thread].startswith("worker2: "), names
+    frame = lab.top_frame(thread)
+    assert (frame["source"]["path"], frame["line"]) == (source, 3), frame
+    here = lab.request("evaluate", expression="z + 1", frameId=frame["id"], context="repl")
+    assert here["body"]["result"] == "6", here
+    assert lab.request("continue", threadId=thread)["success"]
+    printed = "".join(m["content"].get("text", "") for m in lab.idle(cell) if m["msg_type"] == "stream")
+    assert "w is 15" in printed
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
+
+
+def test_the_drivers_own_breakpoints_keep_working(lab):
+    cell = lab.client.execute("f(6)")
+    stopped = lab.event("stopped")
+    thread = stopped["body"]["threadId"]
+    names = {t["id"]: t["name"] for t in lab.request("threads")["body"]["threads"]}
+    assert not names[thread].startswith(("worker1: ", "worker2: ")), names
+    frame = lab.top_frame(thread)
+    assert (frame["source"]["path"], frame["line"]) == (lab.source, 2)
+    assert lab.locals_of(frame)["x"] == "6"
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "14"
