@@ -26,3 +26,14 @@ def test_a_test_marks_itself_serial_too(request):
     """The lists mark whole files; a marker in a file works as well (pyproject.toml declares both)."""
     markers = request.config.getini("markers")
     assert any(m.startswith("serial:") for m in markers) and any(m.startswith("torch_version:") for m in markers)
+
+
+def test_files_that_need_a_browser_a_hub_or_namespaces_run_alone():
+    """Chromium with a Jupyter server, real users with fixed names and a hub, network
+    namespaces: such a file never runs beside another."""
+    machine_wide = {"browser", "hub", "netns"}
+    for path in sorted(TESTS.glob("test_*.py")):
+        marks = {n.attr for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
+        if marks & machine_wide:
+            assert path.name in conftest.SERIAL, f"{path.name} is marked {sorted(marks & machine_wide)}: list it"
