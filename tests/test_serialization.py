@@ -295,9 +295,10 @@ def test_a_function_found_importable_goes_by_its_patch_point_once_one_holds_it(c
 
 
 def test_the_usual_call_is_pickled_all_in_c_and_the_rest_as_before(shell, monkeypatch):
-    """A call of a function the receiver holds, with plain arguments, asks no Python
-    reducer, nor does one that uses such functions; one that uses a class or a closure,
-    or a tensor argument, takes the kept pickler. Each arrives and runs."""
+    """A call of a function the receiver holds, with plain arguments, tensors, and
+    containers of them, positional or keyword, asks no Python reducer, nor does one that
+    uses such functions; one that uses a class or a closure, a tensor of a subclass, or
+    more values than the C path looks through, takes the kept pickler. Each arrives and runs."""
     run(shell, """
 def double(x):
     return 2 * x
@@ -336,9 +337,12 @@ def factorial(n):
         'rpc.rpc_sync("worker1", quadruple, args=(3,))': (12, False),
         'rpc.rpc_sync("worker1", incremented, args=(3,))': (7, True),
         'rpc.rpc_sync("worker1", unboxed, args=(3,))': (3, True),
-        'rpc.rpc_sync("worker1", double, args=([1],))': ([1, 1], True),
-        'rpc.rpc_sync("worker1", double, args=(torch.ones(1),)).item()': (2.0, True),
-        'rpc.rpc_sync("worker1", double, kwargs={"x": 1})': (2, True),
+        'rpc.rpc_sync("worker1", double, args=([1],))': ([1, 1], False),
+        'rpc.rpc_sync("worker1", double, args=(torch.ones(1),)).item()': (2.0, False),
+        'rpc.remote("worker1", double, args=(torch.ones(1),)).to_here().item()': (2.0, False),
+        'rpc.rpc_sync("worker1", double, kwargs={"x": 1})': (2, False),
+        'rpc.rpc_sync("worker1", double, args=(list(range(100)),))[-1]': (99, True),  # past WALK_LIMIT
+        'rpc.rpc_sync("worker1", double, args=(torch.nn.Parameter(torch.ones(1)),)).item()': (2.0, True),
     }
     for call, (value, kept) in calls.items():
         run(shell, call)  # the first sends the code: the receiver then holds it
@@ -388,7 +392,8 @@ def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
     udf = internal.PythonUDF(interrupts.Direct((shell.user_ns["triple"], "1-1", None)), (2,), {})
     receivers.begin("worker1")
     try:
-        payload = serialization._call_message(udf)
+        payload, tensors = serialization._call_message(udf, None)  # (no tensors: no table asked for)
+        assert tensors == []
     finally:
         receivers.end()
     body = payload[len(serialization._SIGNED) + serialization._MAC_SIZE:]
@@ -396,3 +401,58 @@ def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
     forged = payload[:-1] + bytes([payload[-1] ^ 1])
     with pytest.raises(pickle.UnpicklingError, match="not signed with this cluster's key"):
         internal._internal_rpc_pickler.deserialize(forged, [])
+
+
+def _echo(*args, **kwargs):
+    return args, kwargs
+
+
+def test_tensors_and_containers_pickled_in_c_go_as_the_kept_pickler_sends_them(cluster, monkeypatch):
+    """The C path for tensors is the kept pickler's, bytes and tensors alike: each tensor in
+    torch's tensor table, the views of one storage sent as views of it, keyword arguments
+    and dicts of tensors as they are."""
+    pickler = internal._internal_rpc_pickler
+    pickler.serialize(internal.PythonUDF(_echo, (), {}))  # found importable
+    base = torch.arange(8.0)
+    grad = torch.ones(2, requires_grad=True)
+    calls = [((torch.ones(4),), {}), (({"weight": base, "bias": base[2:5]},), {}), ((), {"value": base[::2]}),
+             ((grad, [1, "two", (3.0, None)], base), {"again": base})]
+    was = shared_tensors.is_enabled()
+    shared_tensors.enable(False)  # torch's tensor table (test_shared_tensors has the shared memory one)
+    try:
+        for args, kwargs in calls:
+            udf = internal.PythonUDF(interrupts.Direct((_echo, "1-1", None)), args, kwargs)
+            in_c = pickler.serialize(udf)
+            monkeypatch.setattr(serialization, "WALK_LIMIT", 0)  # the kept pickler for all
+            kept = pickler.serialize(udf)
+            monkeypatch.undo()
+            assert in_c[0] == kept[0] and len(in_c[1]) == len(kept[1]), (args, kwargs)
+            assert all(a is b for a, b in zip(in_c[1], kept[1]))
+            got = pickler.deserialize(*in_c)
+            assert got.func[0] is _echo and len(got.args) == len(args) and got.kwargs.keys() == kwargs.keys()
+        weight, bias = pickler.deserialize(*pickler.serialize(calls[1][0]))[0].values()
+        assert bias.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+        assert torch.equal(bias, base[2:5]) and bias.storage_offset() == 2
+    finally:
+        shared_tensors.enable(was)
+
+
+def test_an_rref_and_a_tensor_through_a_proxy_pickled_in_c(shell, monkeypatch):
+    """A call through an RRef's proxy, with a tensor: the RRef and the tensor in C, both
+    arrive (the RRef the owner's value) and the RRef is forked as torch forks it."""
+    run(shell, """
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+    def scale(self, t, by=1):
+        return t * self.factor * by
+""")
+    run(shell, 'scaler = rpc.remote("worker1", Scaler, args=(2.0,))')
+    run(shell, 'scaler.rpc_sync().scale(torch.ones(2))')  # the proxy's helper found importable
+    asked = []
+    reducer = RpcPickler.reducer_override
+    monkeypatch.setattr(RpcPickler, "reducer_override", lambda self, obj: asked.append(obj) or reducer(self, obj))
+    got = run(shell, 'scaler.rpc_sync().scale(torch.ones(2), by=torch.tensor(3.0))')
+    assert torch.equal(got, torch.full((2,), 6.0)) and not asked, asked
+    assert torch.equal(run(shell, 'scaler.rpc_async().scale(torch.ones(1)).wait()'), torch.full((1,), 2.0))
+    run(shell, "del scaler")

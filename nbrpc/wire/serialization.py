@@ -222,12 +222,25 @@ def _signed(obj, body) -> bytes:
 
 
 class _CallPickler(threading.local):
-    """This thread's plain C pickler for ``_call_message``."""
+    """This thread's plain C pickler for ``_call_message`` and ``_value_message``: its
+    table for plain values, and for tensors and RRefs the kept pickler's flattened table
+    (``table``, made from ``source``) with the reductions ``_reduced_in_c`` makes."""
 
     def __init__(self):
         self.body = io.BytesIO()
         self.pickler = pickle.Pickler(self.body, cloudpickle.DEFAULT_PROTOCOL)
-        self.pickler.dispatch_table = {_Reduced: tuple}
+        self.plain = self.pickler.dispatch_table = {_Reduced: tuple}
+        self.source: dict | None = None
+        self.table: dict | None = None
+
+    def use(self, flat: dict | None) -> None:
+        """Pickle with the plain table (``flat`` None) or with ``flat`` and ``_Reduced``."""
+        if flat is None:
+            self.pickler.dispatch_table = self.plain
+            return
+        if self.source is not flat:
+            self.source, self.table = flat, {**flat, _Reduced: tuple}
+        self.pickler.dispatch_table = self.table
 
 
 class _Reduced(tuple):
@@ -239,21 +252,53 @@ class _Reduced(tuple):
 
 
 _call_pickler = _CallPickler()
+# How many values a message's arguments (or its reply) are looked through for the C path
+# at most: past it, the kept pickler, which pickles a big container of plain values in C too.
+WALK_LIMIT = 64
+# What the C path takes besides plain values: the kept pickler's table reduces them.
+_TABLE_LEAVES = frozenset({torch.Tensor, rpc.PyRRef, rpc.RRef})
 
 
-def _call_message(udf) -> bytes | None:
-    """``RpcPickler.message`` of the usual call, pickled all in C: a carrier of a function
-    found importable, or of a notebook function ``_reduced_in_c`` reduces, with arguments
-    of ``_PLAIN_VALUES`` types; None for any other call. The kept pickler asks a Python
-    ``reducer_override`` for each of the call's objects, about half of a small call's
-    pickling."""
+def _leaves_in_c(values) -> int | None:
+    """How many tensors and RRefs ``values`` hold, where the C pickler with the kept
+    pickler's table makes of them what the kept pickler does: plain values, tensors and
+    RRefs (neither a module's global nor at a patch point, which ``reducer_override``
+    sends by name), in tuples, lists and dicts, ``WALK_LIMIT`` values at most; else None."""
+    todo, left, leaves = list(values), WALK_LIMIT, 0
+    while todo:
+        value = todo.pop()
+        cls = type(value)
+        left -= 1
+        if left < 0:
+            return None
+        if cls in _PLAIN_VALUES:
+            continue
+        if cls is tuple or cls is list:
+            todo += value
+        elif cls is dict:
+            todo += value.keys()
+            todo += value.values()
+        elif cls in _TABLE_LEAVES and torch_compat.stand_in(value) is None and module_globals.find(value) is None:
+            leaves += 1
+        else:
+            return None
+    return leaves
+
+
+def _call_message(udf, flat) -> tuple[bytes, list] | None:
+    """``RpcPickler.message`` of the usual call and the tensors sent beside it, pickled all
+    in C: a carrier of a function found importable, or of a notebook function
+    ``_reduced_in_c`` reduces, with arguments ``_leaves_in_c`` takes; None for any other
+    call. The kept pickler asks a Python ``reducer_override`` for each of the call's
+    objects, about half of a small call's pickling. ``flat()`` gives the kept pickler's
+    table, for tensors and RRefs."""
     carrier = udf.func
-    if type(carrier) not in CARRIERS or udf.kwargs:
+    if type(carrier) not in CARRIERS:
         return None
     trace = carrier[2]  # a recorded call's: its id and whether its reply is pickled
-    for value in udf.args if trace is None else (*udf.args, *trace):
-        if type(value) not in _PLAIN_VALUES:
-            return None
+    leaves = _leaves_in_c((udf.args, udf.kwargs) if trace is None else (udf.args, udf.kwargs, trace))
+    if leaves is None:
+        return None
     func = carrier[0]
     if type(func) is not types.FunctionType:
         return None
@@ -264,14 +309,43 @@ def _call_message(udf) -> bytes | None:
         func = _reduced_in_c(func)
         if func is None:
             return None
+    call = tuple.__new__(type(udf), (type(carrier)((func, carrier[1], trace)), udf.args, udf.kwargs))
+    return _pickled_in_c(call, udf, flat() if leaves else None)
+
+
+def _value_message(obj, flat) -> tuple[bytes, list] | None:
+    """``RpcPickler.message`` of a reply (or any message) ``_leaves_in_c`` takes, pickled
+    all in C, and its tensors; None for any other."""
+    leaves = _leaves_in_c((obj,))
+    if leaves is None:
+        return None
+    return _pickled_in_c(obj, obj, flat() if leaves else None)
+
+
+def _pickled_in_c(obj, counted, flat: dict | None) -> tuple[bytes, list] | None:
+    """``obj`` pickled by this thread's C pickler (with ``flat``, the kept pickler's table,
+    for tensors and RRefs: torch's tensor table, or shared memory, as the kept pickler
+    sends them), signed, counted as ``counted``; None where it fails (the kept pickler
+    then says why)."""
     kept = _call_pickler
+    kept.use(flat)
+    tables = torch_compat.tensor_tables
+    outer = getattr(tables, "send_tables", None)
+    tables.send_tables = sent = []
     try:
-        kept.pickler.dump(tuple.__new__(type(udf), (type(carrier)((func, carrier[1], trace)), udf.args, udf.kwargs)))
-        return _signed(udf, kept.body.getvalue())
+        with shared_tensors.PICKLING:
+            kept.pickler.dump(obj)
+        return _signed(counted, kept.body.getvalue()), sent
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
+        return None
     finally:
         kept.pickler.clear_memo()
         kept.body.seek(0)
         kept.body.truncate()
+        if outer is None:
+            del tables.send_tables
+        else:
+            tables.send_tables = outer
 
 
 def _reduced_in_c(func: types.FunctionType) -> _Reduced | None:
@@ -316,16 +390,15 @@ def serialize(self, obj):
         return torch_compat.torch_serialize(self, obj)
     if type(obj) in _PLAIN_VALUES:
         return _plain_message(obj), []
-    if type(obj) is torch_compat.PythonUDF:
-        message = _call_message(obj)
-        if message is not None:
-            return message, []
+
+    def flat() -> dict:  # the kept pickler's table, as it would pickle this message with
+        return _flat_for(cls, _prepared(self))
+
+    message = _call_message(obj, flat) if type(obj) is torch_compat.PythonUDF else _value_message(obj, flat)
+    if message is not None:
+        return message
     _forget_importable()
-    table = self._dispatch_table
-    if _wire.prepared != (table, len(self._class_reducer_dict)) or rpc.PyRRef not in table:
-        table[rpc.PyRRef], table[rpc.RRef] = self._py_rref_reducer, self._rref_reducer
-        table.update(self._class_reducer_dict)
-        _wire.prepared = (table, len(self._class_reducer_dict))
+    table = _prepared(self)
     if isinstance(obj, torch.jit.ScriptModule):
         table[obj.__class__] = self._script_module_reducer
     kept = _kept
@@ -347,6 +420,23 @@ def serialize(self, obj):
             del tables.send_tables
         else:
             tables.send_tables = outer
+
+
+def _prepared(torch_pickler) -> dict:
+    """torch's dispatch table with its RRef and registered reducers in, as torch's
+    ``serialize`` puts them in each message's pickler."""
+    table = torch_pickler._dispatch_table
+    if _wire.prepared != (table, len(torch_pickler._class_reducer_dict)) or rpc.PyRRef not in table:
+        table[rpc.PyRRef], table[rpc.RRef] = torch_pickler._py_rref_reducer, torch_pickler._rref_reducer
+        table.update(torch_pickler._class_reducer_dict)
+        _wire.prepared = (table, len(torch_pickler._class_reducer_dict))
+    return table
+
+
+def _flat_for(cls: type, table: dict) -> dict:
+    """The flattened table a pickler of class ``cls`` pickles with over ``table``."""
+    pickler = _kept.pickler
+    return (pickler if type(pickler) is cls else cls(io.BytesIO()))._flat_table(table)
 
 
 def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
