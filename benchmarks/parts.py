@@ -1,17 +1,19 @@
-"""Where a call's cost goes, part by part: the user's three loops with one part of nbrpc's
-call path left out at a time, in one cluster, in turns.
+"""Where a call's cost goes, part by part: the user's loops with one part of nbrpc's call
+path left out at a time, in one cluster, in turns.
 
-    python benchmarks/parts.py [--rounds 20] [--calls 200]     # make bench-parts
+    python benchmarks/parts.py [--rounds 20] [--calls 200] [--loops NAMES]   # make bench-parts
 
 The loops are those of the user's comparison (``user_script.py``): a small ``rpc_sync``
 of a function defined in ``__main__``, ``rpc.remote`` + ``to_here``, and ``rpc_async``
-with 32 in flight. Each runs as nbrpc runs it, then with one part left out (the part's
-function swapped for a stand-in that does nothing, for this measurement only), then with
-torch's own functions in nbrpc's cluster (the caller's wrappers left out: torch's pickler
-is still nbrpc's, so that row shows what the wrappers cost and nothing else). For each:
-the wall time per call, and the CPU time per call of the driver (its main thread apart)
-and of the worker, from ``/proc/PID/task/*/schedstat``; a part's cost is what leaving it
-out saves. A diagnosis, not a comparison with a target: ``user.py`` is that.
+with 32 in flight; and the first two with a small tensor (4 floats) as the argument.
+Each runs as nbrpc runs it, then with one part left out (the part's function swapped for
+a stand-in that does nothing, for this measurement only), then with torch's own
+functions in nbrpc's cluster (the caller's wrappers left out: torch's pickler is still
+nbrpc's, so that row shows what the wrappers cost and nothing else; ``remote``'s and
+``to_here``'s apart too). For each: the wall time per call, and the CPU time per call of
+the driver (its main thread apart) and of the worker, from
+``/proc/PID/task/*/schedstat``; a part's cost is what leaving it out saves. A diagnosis,
+not a comparison with a target: ``user.py`` is that.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import time
 if __name__ == "__main__":
     import nbrpc  # before torch, as a notebook's first cell
 
+import torch
 import torch.distributed.rpc as rpc
 from usage import cpu_ns
 
 from nbrpc import _bench
 
 WORKER = "worker1"
+SMALL_TENSOR = torch.ones(4)
 
 
 def echo(value):
@@ -49,6 +53,16 @@ def remote_fetches(n: int) -> None:
         rpc.remote(WORKER, echo, args=(1,)).to_here()
 
 
+def tensor_calls(n: int) -> None:
+    for _ in range(n):
+        rpc.rpc_sync(WORKER, echo, args=(SMALL_TENSOR,))
+
+
+def tensor_remote_fetches(n: int) -> None:
+    for _ in range(n):
+        rpc.remote(WORKER, echo, args=(SMALL_TENSOR,)).to_here()
+
+
 def pipelined(n: int, in_flight: int = 32) -> None:
     waiting = collections.deque()
     for _ in range(n):
@@ -61,7 +75,8 @@ def pipelined(n: int, in_flight: int = 32) -> None:
 
 # Each loop, and the share of ``--calls`` it makes (a remote and its fetch are two messages each way).
 LOOPS = {"rpc_sync": (small_calls, 1), "remote + to_here": (remote_fetches, 2),
-         "rpc_async, 32 in flight": (pipelined, 1)}
+         "rpc_async, 32 in flight": (pipelined, 1), "rpc_sync of a small tensor": (tensor_calls, 1),
+         "remote + to_here of a small tensor": (tensor_remote_fetches, 2)}
 
 
 def _measure(loop, calls: int, worker: int) -> tuple[float, float, float, float]:
@@ -123,7 +138,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--loops", help="only these loops, by name, comma separated")
     args = parser.parse_args()
+    if args.loops:
+        for name in set(LOOPS) - set(args.loops.split(",")):
+            del LOOPS[name]
     print(table(take_turns(args.rounds, args.calls)))
     return 0
 
