@@ -112,8 +112,8 @@ def test_a_freed_tensor_gives_its_segment_back(cluster):
 
 
 def test_the_rest_keeps_torchs_path(cluster):
-    small = torch.ones(16)
-    assert not rpc.rpc_sync("worker1", keep, args=("small", small))
+    small = torch.ones(16)  # under the threshold, unless NBRPC_SHARED_TENSORS_MIN_BYTES forces the path
+    assert rpc.rpc_sync("worker1", keep, args=("small", small)) == (64 >= shared_tensors.SHARED.min_bytes)
     strided = torch.ones(BIG, 2)[:, 0]  # half its storage: torch sends a contiguous clone, and so does nbrpc
     assert rpc.rpc_sync("worker1", keep, args=("strided", strided))
     assert rpc.rpc_sync("worker1", kept_sum, args=("strided",)) == BIG
@@ -474,7 +474,8 @@ def test_what_torch_clones_arrives_on_a_storage_of_its_own(cluster):
     rows = rpc.rpc_sync("worker1", described, args=([z, z[:, :100], z[:, ::2]],))
     assert [row["layout"][2:6] for row in rows] == [((1024, 1), 0, 4 * MiB, 0), ((100, 1), 0, 400 * 1024, 1),
                                                      ((512, 1), 0, 2 * MiB, 2)]
-    assert [row["in_segment"] for row in rows] == [True, False, True]  # 400 KiB: under the threshold
+    small_clone = 400 * 1024 >= shared_tensors.SHARED.min_bytes  # under the default threshold
+    assert [row["in_segment"] for row in rows] == [True, small_clone, True]
 
 
 def test_the_threshold_can_force_every_tensor_through_shared_memory(cluster):
