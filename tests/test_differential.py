@@ -79,6 +79,11 @@ FOUND = {
     "big-view-async": two_views(BIG, ["slice", 0, 600 * 1024, 1], ["whole"], write=1, kind="async"),
     # a small view of a big storage, which torch sends as a copy of its own
     "small-view-of-big": two_views(BIG, ["whole"], ["slice", 10, 1000, 1], write=1),
+    # found by the check (before issue 55's fix): one view of most of a 2 MiB storage, which
+    # torch sends with its whole storage, arrived with only the view's bytes
+    "one-view-of-most": {**two_views(1048581, ["slice", 0, 786436, 1], ["slice", 0, 786436, 1], kind="method"),
+                         "bases": [{"dtype": "bfloat16", "n": 1048581, "seed": 0, "grad": False}],
+                         "items": [["leaf", 0]]},
 }
 
 

@@ -37,6 +37,23 @@ def bases(draw, big_only: bool = False) -> dict:
 
 
 @st.composite
+def most_of(draw, n: int) -> list:
+    """A view over at least half of a base of ``n`` elements (torch sends such a view with
+    its storage, shared with the message's other views of it)."""
+    kind = draw(st.sampled_from(["slice", "whole", "matrix_t", "channels_last"]))
+    if kind == "slice":
+        start, stop = draw(st.integers(0, n // 4)), draw(st.integers(n - n // 4, n))
+        return [kind, start, stop, draw(st.sampled_from([1, 1, 2]))]
+    if kind == "matrix_t":
+        rows = draw(st.integers(2, 64))
+        return [kind, rows, n // rows]
+    if kind == "channels_last":
+        c, h = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+        return [kind, c, h, n // (c * h)]
+    return [kind]
+
+
+@st.composite
 def views(draw, n: int) -> list:
     kind = draw(st.sampled_from(["whole", "whole", "slice", "slice", "element", "expand", "windows", "matrix_t",
                                  "channels_last"] if n else ["whole"]))
@@ -78,13 +95,14 @@ def items(leaf_count: int):
 @st.composite
 def scenarios(draw, kind: str, big_only: bool = False) -> dict:
     """One call to a callable of ``kind``: its message, the call form, what the callee
-    writes; ``big_only``: every base past the shared-memory threshold (Hypothesis draws
-    few big sizes among many small ones)."""
+    writes; ``big_only``: every base past the shared-memory threshold and every view over
+    most of its base (Hypothesis draws few of these among many small ones)."""
     base_specs = draw(st.lists(bases(big_only), min_size=1, max_size=3))
     leaf_count = draw(st.just(2) | st.integers(1 if kind in ("builtin", "script", "async_script") else 0, 4))
     # mostly views of the first base, so that they share a storage
     chosen = st.sampled_from([0, 0, *range(len(base_specs))])
-    leaves = [{"base": b, "view": draw(views(base_specs[b]["n"]))} for b in (draw(chosen) for _ in range(leaf_count))]
+    view = most_of if big_only else views
+    leaves = [{"base": b, "view": draw(view(base_specs[b]["n"]))} for b in (draw(chosen) for _ in range(leaf_count))]
     message = draw(st.lists(items(leaf_count), min_size=1 if kind == "pick" else 0, max_size=4))
     spec = {"kind": kind, "form": draw(st.sampled_from(FORMS.get(kind, CALL_FORMS))),
             "to": "worker1", "next": "worker2", "write": draw(st.integers(-1, leaf_count)),
