@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from nbrpc import settings
 from nbrpc.group.devices import Placement
 from nbrpc.settings import WorkerSettings, check_name
 
@@ -42,3 +43,45 @@ def test_a_cpu_worker_has_no_devices():
 def test_check_name_refuses(name):
     with pytest.raises(ValueError, match="invalid worker name"):
         check_name(name)
+
+
+# -- the variables people set: read here alone ----------------------------------------
+
+
+def test_the_readers_of_what_people_set(monkeypatch):
+    for variable in ("NBRPC_TOKEN", "NBRPC_LAUNCHER", "NBRPC_NAME", "NBRPC_CLOCK_SKEW", "NBRPC_WARM_START"):
+        monkeypatch.delenv(variable, raising=False)
+    assert (settings.join_token(), settings.default_launcher(), settings.in_a_worker()) == ("", "", False)
+    assert (settings.clock_skew(), settings.warm_start_wanted()) == (0.0, True)
+    monkeypatch.setenv("NBRPC_TOKEN", "t0k")
+    monkeypatch.setenv("NBRPC_LAUNCHER", " slurm ")
+    monkeypatch.setenv("NBRPC_NAME", "worker1")
+    monkeypatch.setenv("NBRPC_CLOCK_SKEW", "-3.5")
+    monkeypatch.setenv("NBRPC_WARM_START", "off")
+    assert (settings.join_token(), settings.default_launcher(), settings.in_a_worker()) == ("t0k", "slurm", True)
+    assert (settings.clock_skew(), settings.warm_start_wanted()) == (-3.5, False)
+    monkeypatch.setenv("NBRPC_CLOCK_SKEW", "soon")
+    with pytest.raises(ValueError, match="NBRPC_CLOCK_SKEW='soon' is not a number of seconds"):
+        settings.clock_skew()
+
+
+def test_the_limits_asked_by_an_administrator():
+    named, texts = settings.limits_asked({"NBRPC_LIMITS": "/etc/x.toml", "NBRPC_MAX_WORKERS": " 6 ",
+                                          "NBRPC_MAX_TIMEOUT": "", "OTHER": "1"})
+    assert (named, texts) == ("/etc/x.toml", {"max_workers": "6"})
+    assert settings.limits_asked({}) == ("", {})
+
+
+def test_a_local_workers_clock_skew_comes_from_its_environment():
+    """What a test on one host uses to stand for another machine's clock (``clocks``)."""
+    import torch.distributed.rpc as rpc
+
+    import nbrpc
+    from nbrpc.recording import clocks
+
+    cluster = nbrpc.start(1, progress=None, timeout=30, env={"NBRPC_CLOCK_SKEW": "2.5"})
+    try:
+        assert rpc.rpc_sync("worker1", clocks.clock_id).endswith("+2.5")
+        assert clocks.clock_id() == rpc.rpc_sync("worker1", clocks.clock_id).rsplit("+", 1)[0]  # the driver's own
+    finally:
+        cluster.shutdown()
