@@ -45,3 +45,11 @@ def stop_debugging_new_processes() -> None:
     for module in modules:
         for name in [n for n in vars(module) if n.startswith("original_")]:
             setattr(module, name[len("original_"):], getattr(module, name))
+
+
+def hide_from_debugger(thread) -> None:
+    """pydevd's marks of its own threads, which ipykernel also puts on its threads (control,
+    IOPub, heartbeat): ``thread`` (not started yet) is never traced nor paused, so the
+    driver's helpers keep answering while the debugger has stopped every other thread."""
+    thread.pydev_do_not_trace = True
+    thread.is_pydev_daemon_thread = True

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import zmq
 from jupyter_client.session import Session
 
+from .._compat import jupyter_compat
 from ..errors import WorkerDiedError
 
 REQUEST = "debug_request"
@@ -107,6 +108,7 @@ class Relay:
             if self._thread is None:
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._run, name="nbrpc-debug-relay", daemon=True)
+                jupyter_compat.hide_from_debugger(self._thread)  # it relays while the driver is paused
                 self._thread.start()
 
     def forget(self, name: str) -> None:

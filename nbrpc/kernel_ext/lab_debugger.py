@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import queue
 import threading
 from pathlib import Path
 
@@ -169,6 +170,7 @@ class ClusterDebugger:
         self.links: dict[str, DebuggerLink] = {}
         self.stopped: dict[str, set[int]] = {}
         self.relay = Relay(self._relay_event)
+        self.helper = Helper()
         self._lock = threading.RLock()
         self._seq = itertools.count(1 << 30)
 
@@ -176,7 +178,7 @@ class ClusterDebugger:
         command = message.get("command")
         member, arguments = self._route(message.get("arguments") or {})
         if member is not None:
-            return await _off_loop(self._ask_member, member, {**message, "arguments": arguments})
+            return await self.helper.run(self._ask_member, member, {**message, "arguments": arguments})
         if command == "attach":
             hide_frames(self.kernel.debugger)
             # The workers are debugged through their own kernels: debugpy must not also
@@ -191,16 +193,16 @@ class ClusterDebugger:
             self.sources.cells[reply["body"]["sourcePath"]] = (message.get("arguments") or {}).get("code", "")
         if command == "attach" and reply.get("success"):
             self.session.on = True
-            await _off_loop(self.sync)
+            await self.helper.run(self.sync)
         elif command in EVERYWHERE and self.session.on:
-            await _off_loop(self._everywhere, message)
+            await self.helper.run(self._everywhere, message)
         elif command == "threads" and reply.get("success"):
-            await _off_loop(self._with_member_threads, reply)
+            await self.helper.run(self._with_member_threads, reply)
         elif command == "debugInfo" and reply.get("body") is not None:
             reply["body"]["stoppedThreads"] = list(reply["body"].get("stoppedThreads", [])) + [
                 t for threads in list(self.stopped.values()) for t in threads]
         elif command == "disconnect":
-            await _off_loop(self.end)
+            await self.helper.run(self.end)
         return reply
 
     def _route(self, arguments: dict) -> tuple[str | None, dict]:
@@ -360,10 +362,44 @@ def _failure(message: dict, text: str) -> dict:
             "command": message.get("command"), "message": text, "body": {}}
 
 
-async def _off_loop(function, *args):
-    """Run ``function`` on a thread: the control channel's loop also carries the driver's
-    own debugger's messages, which must keep flowing while a member answers."""
-    return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+class Helper:
+    """One thread, out of the debugger's sight, for the requests that wait on members: the
+    control channel's loop also carries the driver's own debugger's messages, and a
+    pool's threads would be paused with the rest when the driver stops at a breakpoint."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    async def run(self, function, *args):
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="nbrpc-debugger", daemon=True)
+                jupyter_compat.hide_from_debugger(self._thread)
+                self._thread.start()
+        self._jobs.put((loop, done, function, args))
+        return await done
+
+    def _serve(self) -> None:
+        while True:
+            loop, done, function, args = self._jobs.get()
+            try:
+                result, error = function(*args), None
+            except BaseException as e:  # handed to the awaiting request
+                result, error = None, e
+            loop.call_soon_threadsafe(_settle, done, result, error)
+
+
+def _settle(done: asyncio.Future, result, error) -> None:
+    if done.cancelled():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
 
 
 class LabDebugger:
