@@ -520,3 +520,18 @@ def test_a_storage_that_a_tensor_requiring_grad_views_stays_on_torchs_path(clust
         rows = rpc.rpc_sync("worker1", described, args=([weight, weight.detach(), weight.detach()[1:]],))
     assert [row["layout"][3:6] for row in rows] == [(0, 4 * BIG, 0), (0, 4 * BIG, 0), (1, 4 * BIG, 0)]
     assert not any(row["in_segment"] for row in rows)
+
+
+def test_only_dense_cpu_tensors_of_plain_bits_are_eligible():
+    """What torch's path must keep goes there: autograd, nested, sparse, quantized tensors,
+    and conjugate or negative views (a nested tensor's layout reads as strided)."""
+    plain = torch.ones(4, 4)
+    assert shared_tensors.eligible(plain) and shared_tensors.eligible(plain.t()[::2])
+    complex_ones = torch.ones(4, dtype=torch.complex64)
+    with pytest.warns(UserWarning, match="nested tensors is in prototype"):
+        nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(2)])  # layout: strided
+    with pytest.warns(UserWarning, match="quantized tensor creation functions .* are deprecated"):
+        quantized = torch.quantize_per_tensor(plain, 0.1, 0, torch.qint8)
+    for kept_by_torch in (torch.ones(4, requires_grad=True), nested, plain.to_sparse(), quantized,
+                          complex_ones.conj(), complex_ones.conj().imag):
+        assert not shared_tensors.eligible(kept_by_torch), kept_by_torch.layout

@@ -260,7 +260,7 @@ def eligible(tensor: torch.Tensor) -> bool:
     plain bits (torch's path keeps what autograd, quantization and the conjugate and
     negative bits add)."""
     return (tensor.layout is torch.strided and tensor.device.type == "cpu" and not tensor.requires_grad
-            and not tensor.is_quantized and not tensor.is_conj() and not tensor.is_neg())
+            and not tensor.is_nested and not tensor.is_quantized and not tensor.is_conj() and not tensor.is_neg())
 
 
 def cloned_by_torch(tensor: torch.Tensor, storage_bytes: int) -> bool:
@@ -333,7 +333,7 @@ def _below_shared(tensor: torch.Tensor) -> bool:
 def _leave_to_torch(tensor: torch.Tensor) -> None:
     """A dense CPU tensor taking torch's path (it requires grad, say): its storage goes that
     way for the rest of the message too, so that the views of it there stay views of it."""
-    if tensor.layout is torch.strided and tensor.device.type == "cpu" and _messages.stack:
+    if tensor.layout is torch.strided and tensor.device.type == "cpu" and not tensor.is_nested and _messages.stack:
         storage = tensor.untyped_storage()
         nbytes = storage.nbytes()
         if nbytes >= SHARED.min_bytes and not cloned_by_torch(tensor, nbytes):
