@@ -84,6 +84,11 @@ FOUND = {
     "one-view-of-most": {**two_views(1048581, ["slice", 0, 786436, 1], ["slice", 0, 786436, 1], kind="method"),
                          "bases": [{"dtype": "bfloat16", "n": 1048581, "seed": 0, "grad": False}],
                          "items": [["leaf", 0]]},
+    # found by the check: a TorchScript function's error (an in-place write to a leaf that
+    # requires grad) seen through a then callback carried nbrpc's frames (issue 55, item 5)
+    "script-error-through-then": {**two_views(524287, ["whole"], ["whole"], kind="script"), "form": "then",
+                                  "bases": [{"dtype": "bfloat16", "n": 524287, "seed": 0, "grad": True}],
+                                  "items": [], "profiled": True},
 }
 
 
