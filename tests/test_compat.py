@@ -157,6 +157,24 @@ def test_debugpys_patches_of_process_creation_are_undone():
     assert done.returncode == 0 and done.stdout.strip() == "plain", done.stderr
 
 
+def test_pydevds_marks_of_its_own_threads_are_read_by_it():
+    import importlib
+    import inspect
+    import threading
+
+    from debugpy.server import api  # noqa: F401  (puts pydevd on the path)
+
+    pydevd_utils = importlib.import_module("_pydevd_bundle.pydevd_utils")
+    pydevd_trace_dispatch_regular = importlib.import_module("_pydevd_bundle.pydevd_trace_dispatch_regular")
+
+    thread = threading.Thread(target=lambda: None)
+    jupyter_compat.hide_from_debugger(thread)
+    assert thread.pydev_do_not_trace and thread.is_pydev_daemon_thread
+    # pydevd neither traces nor pauses a thread with these marks (ipykernel's own use them).
+    assert "is_pydev_daemon_thread" in inspect.getsource(pydevd_utils)
+    assert "pydev_do_not_trace" in inspect.getsource(pydevd_trace_dispatch_regular)
+
+
 def test_the_patch_points_exist_in_torch():
     for name in ("PICKLER", "UNPICKLER", "SERIALIZE", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
                  "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL",
