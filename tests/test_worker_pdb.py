@@ -230,3 +230,12 @@ box["v"]
     assert re.search(r"PAUSED cell 2, line 6 stepped \[\]", out), out
     assert "FINDINGS []" in out, out
     assert result(messages) == "8"
+
+
+def test_breakpoint_in_an_rpc_on_cell_prompts_through_the_workers_kernel(notebook):
+    code = "%%rpc_on worker1\ndef g(x):\n    y = x + 1\n    breakpoint()\n    return y * 2\nprint('g is', g(5))"
+    messages, reply, prompts = typed(notebook, code, ["p y", "p x", "c"])
+    assert reply["status"] == "ok", reply
+    assert prompts == ["[worker1] ipdb> "] * 3, prompts  # IPython's pdb, as in a notebook cell
+    out = streamed(messages)
+    assert "[worker1] 6\n[worker1] 5\n" in out and "[worker1] g is 12" in out, out

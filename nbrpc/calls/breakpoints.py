@@ -17,6 +17,7 @@ Parts:
 
 from __future__ import annotations
 
+import inspect
 import os
 import pdb
 import sys
@@ -119,6 +120,7 @@ class _Hooks:
 
 
 _before = _Hooks()
+_STDLIB_SET_TRACE = pdb.set_trace
 
 
 def install() -> None:
@@ -131,22 +133,54 @@ def install() -> None:
 
 
 def breakpointhook(*args, **kwargs):
-    """``sys.breakpointhook``: pdb in the caller's cell on a thread serving a call."""
+    """``sys.breakpointhook``: pdb in the caller's cell on a thread serving a call, unless
+    JupyterLab's debugger is attached here (debugpy's hook then stops in it)."""
     served = interrupts.served_here()
-    if served is None or os.environ.get("PYTHONBREAKPOINT") == "0":
-        return _before.breakpointhook(*args, **kwargs)
+    if served is None or os.environ.get("PYTHONBREAKPOINT") == "0" or _debugger_attached():
+        hook = _hook_before()
+        if hook is sys.__breakpointhook__ and not os.environ.get("PYTHONBREAKPOINT"):
+            return _set_trace_before(sys._getframe(1), None)  # pdb on the caller's frame, not this one
+        return hook(*args, **kwargs)
     _trace(served, sys._getframe(1), "breakpoint()")
     return None
+
+
+def _debugger_attached() -> bool:
+    """Whether a debug adapter client (JupyterLab's debugger) is attached to this process."""
+    debugpy = sys.modules.get("debugpy")
+    return debugpy is not None and debugpy.is_client_connected()
+
+
+def _hook_before():
+    """The hook ``breakpoint()`` had: debugpy's (a kernel's debugger imported it) only while
+    a client is attached, since with none it stops nowhere; else Python's own, pdb."""
+    hook = _before.breakpointhook
+    if getattr(hook, "__name__", "") == "debugpy_breakpointhook" and not _debugger_attached():
+        return sys.__breakpointhook__
+    return hook
 
 
 def set_trace(*, header=None):
     """``pdb.set_trace``: the same as ``breakpoint()`` on a thread serving a call."""
     served = interrupts.served_here()
-    if served is None:
-        return _before.set_trace(header=header) if header is not None else _before.set_trace()
     frame = sys._getframe(1)
+    if served is None:
+        return _set_trace_before(frame, header)
     _trace(served, frame, "pdb.set_trace()")
     return None
+
+
+def _set_trace_before(frame, header):
+    """``pdb.set_trace`` as it was (the standard library's, or IPython's in a kernel), on
+    ``frame``: called from here, either would stop in this module's frame."""
+    if _before.set_trace is _STDLIB_SET_TRACE:
+        debugger = pdb.Pdb()
+        if header is not None:
+            debugger.message(header)
+        return debugger.set_trace(frame)
+    if "frame" in inspect.signature(_before.set_trace).parameters:  # IPython's
+        return _before.set_trace(frame=frame, header=header)
+    return _before.set_trace(header=header) if header is not None else _before.set_trace()
 
 
 def _trace(served: interrupts.Served, frame, what: str) -> None:
