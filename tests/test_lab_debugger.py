@@ -16,6 +16,8 @@ from conftest import execute, wait_gone
 pytestmark = pytest.mark.slow
 
 F = "def f(x):\n    y = x + 1\n    return y * 2\n"
+BOX = ("class Box:\n    def __init__(self, n):\n        self.n = n\n\n"
+       "    def grow(self, x):\n        total = self.n + x\n        return total\n")
 RPC_ON_CELL = "%%rpc_on worker2\nz = 5\nw = z * 3\nprint('w is', w)"
 
 
@@ -178,6 +180,23 @@ def test_rpc_async_and_remote_stop_there_too(lab):
     thread = _stops_in_f(lab, "worker1", 5)
     assert lab.request("continue", threadId=thread)["success"]
     assert _result(lab.idle(cell)) == "12"
+
+
+def test_a_call_through_an_rref_proxy_stops_in_the_cell_classs_method(lab):
+    source = lab.request("dumpCell", code=BOX)["body"]["sourcePath"]
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[{"line": 6}])["success"]
+    _, reply = execute(lab.client, BOX)
+    assert reply["status"] == "ok", reply
+    cell = lab.client.execute('rpc.remote("worker2", Box, args=(10,)).rpc_sync().grow(5)')
+    thread = lab.event("stopped")["body"]["threadId"]
+    names = {t["id"]: t["name"] for t in lab.request("threads")["body"]["threads"]}
+    assert names[thread].startswith("worker2: "), names
+    frame = lab.top_frame(thread)
+    assert (frame["source"]["path"], frame["line"]) == (source, 6), frame
+    assert lab.locals_of(frame)["x"] == "5"
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "15"
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
 
 
 def test_two_members_paused_at_once_are_two_threads(lab):
