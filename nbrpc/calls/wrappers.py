@@ -306,11 +306,9 @@ def _this_threads() -> bool:
 def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded, owner: str):
     """``to_here`` on the main thread: in a Jupyter kernel, fetched here for up to
     ``DIRECT_FETCH`` s (a stop takes effect once they are over), then again on a helper
-    thread, whose wait the stop button ends at once. A value not there in time is so sent
-    twice, and torch drops the first reply unread: a big tensor's segment comes back (see
-    ``shared_tensors``), but RRefs in it stay forked, never accepted nor deleted, and a
-    graceful ``rpc.shutdown`` waits on them for good. So where no stop button can end the
-    wait (a script, torch's own tests), the value is fetched once, as torch does."""
+    thread, whose wait the stop button ends at once. Sent twice, the first reply is dropped
+    unread, RRefs in it left forked (torch's graceful shutdown waits on them for good): so
+    where no stop button ends the wait (a script), fetched once, as torch does."""
     if not _in_a_kernel():
         return _fetch(rref, timeout, record)
     limit = rpc.get_rpc_timeout() if timeout == UNSET_RPC_TIMEOUT else timeout  # 0: none
@@ -327,9 +325,7 @@ def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | call
 
 
 def _in_a_kernel() -> bool:
-    """Whether this process serves a Jupyter kernel, whose stop button interrupts its main
-    thread (asked of ipykernel only where a kernel imported it: the runtime imports none)."""
-    app = sys.modules.get("ipykernel.kernelapp")
+    app = sys.modules.get("ipykernel.kernelapp")  # imported by a kernel only, never here
     return app is not None and app.IPKernelApp.initialized()
 
 

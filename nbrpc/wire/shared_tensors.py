@@ -215,8 +215,7 @@ class _Message:
 
 
 class _Messages(threading.local):
-    """The messages this thread is pickling, innermost last (a message may be pickled
-    while another is)."""
+    """The messages this thread is pickling, innermost last (one may be pickled inside another)."""
 
     def __init__(self):
         self.stack: list[_Message] = []
@@ -356,8 +355,7 @@ def _reduce_clone(tensor: torch.Tensor, fallback):
 
 
 def _take(nbytes: int, message: _Message) -> _Segment | None:
-    """A segment for ``nbytes`` of ``message``; None where torch's path must do (no memfd
-    here, out of memory, the pool full)."""
+    """A segment for ``nbytes`` of ``message``; None: torch's path (no memfd, no memory, pool full)."""
     try:
         seg = SHARED.pool.take(nbytes)
     except OSError:
@@ -368,7 +366,7 @@ def _take(nbytes: int, message: _Message) -> _Segment | None:
 
 
 def _handle(seg: _Segment, nbytes: int) -> tuple:
-    return os.getpid(), seg.fd, seg.token, seg.size, nbytes, seg.message
+    return os.getpid(), seg.fd, seg.token, seg.size, nbytes, seg.message  # ``adopt``'s arguments
 
 
 class Copier:
