@@ -9,6 +9,7 @@ its IOPub; the members' threads must appear there as the driver's.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from conftest import execute, wait_gone
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.slow
 F = "def f(x):\n    y = x + 1\n    return y * 2\n"
 BOX = ("class Box:\n    def __init__(self, n):\n        self.n = n\n\n"
        "    def grow(self, x):\n        total = self.n + x\n        return total\n")
+G = "def g(x):\n    twice = x * 2\n    return twice\n"
 RPC_ON_CELL = "%%rpc_on worker2\nz = 5\nw = z * 3\nprint('w is', w)"
 
 
@@ -196,6 +198,23 @@ def test_a_call_through_an_rref_proxy_stops_in_the_cell_classs_method(lab):
     assert lab.locals_of(frame)["x"] == "5"
     assert lab.request("continue", threadId=thread)["success"]
     assert _result(lab.idle(cell)) == "15"
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
+
+
+def test_a_member_without_the_cells_file_gets_its_source_with_the_breakpoints(lab):
+    source = lab.request("dumpCell", code=G)["body"]["sourcePath"]
+    Path(source).unlink()  # as on another host: no copy of the notebook's cell files there
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[{"line": 2}])["success"]
+    assert Path(source).read_text() == G  # written back by the members, from the driver's copy
+    _, reply = execute(lab.client, G)
+    assert reply["status"] == "ok", reply
+    cell = lab.client.execute('rpc.rpc_sync("worker1", g, args=(7,))')
+    thread = lab.event("stopped")["body"]["threadId"]
+    frame = lab.top_frame(thread)
+    assert (frame["source"]["path"], frame["line"]) == (source, 2), frame
+    assert lab.locals_of(frame)["x"] == "7"
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "14"
     assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
 
 
