@@ -46,18 +46,9 @@ from ..errors import (
 from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import (
-    agent_devices,
-    breakpoints,
-    caller_half,
-    destinations,
-    fetch_threads,
-    interrupts,
-    output,
-    prompts,
-    serving,
-    stopping,
-)
+from . import agent_devices, caller_half, destinations, fetch_threads, interrupts, output, serving, stopping
+from .breakpoints import after_pause, failed_on, noting, stepped_through
+from .prompts import answer_waiting, asked_for, poll_interval
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_to_here = torch_compat.to_here
@@ -129,11 +120,11 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
             _wait(fut, to, served)
             value = fut.wait()
     except RuntimeError as e:
-        if breakpoints.stepped_through(e, to, call_id):  # a person stepped through it: no timeout
-            value = breakpoints.after_pause(to, call_id)
+        if stepped_through(e, to, call_id):  # a person stepped through it: no timeout
+            value = after_pause(to, call_id)
         else:
             stop = stopping.stop_on_timeout(e, to, call_id)
-            note = breakpoints.noting(record.answered, to, call_id)
+            note = noting(record.answered, to, call_id)
             _raise_named(e, to, _label("rpc_sync", to, what), timeout, note, key, stop)
     except KeyboardInterrupt as e:
         record.failed(e)
@@ -141,7 +132,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         remote_errors.tidy(e)
         record.answered(e)
-        breakpoints.failed_on(e, to, call_id)
+        failed_on(e, to, call_id)
         raise
     finally:
         PENDING.answered(key)
@@ -195,7 +186,7 @@ class NamedFuture(torch.futures.Future):
         try:
             value = fut.value()
         except Exception as e:
-            if not prompts.asked_for(self._call[3]):  # a paused call is not stopped: see ``wait``
+            if not asked_for(self._call[3]):  # a paused call is not stopped: see ``wait``
                 self._stopping = stopping.stop_if_timed_out(e, self._call[0], self._call[3])
             # Only a look: ``wait`` raises the remote exception itself.
             self._record.answered(remote_errors.original(e, take=False) or e)
@@ -210,14 +201,14 @@ class NamedFuture(torch.futures.Future):
             _wait(self, to, interrupts.served_here())
             return _CFuture.wait(self)
         except RuntimeError as e:
-            if breakpoints.stepped_through(e, to, call_id):  # a person stepped through it: no timeout
-                return breakpoints.after_pause(to, call_id)
-            _raise_named(e, to, _label("rpc_async", to, func), timeout, breakpoints.noting(None, to, call_id),
+            if stepped_through(e, to, call_id):  # a person stepped through it: no timeout
+                return after_pause(to, call_id)
+            _raise_named(e, to, _label("rpc_async", to, func), timeout, noting(None, to, call_id),
                          self._key, stopping.outcome(self._stopping))
         except KeyboardInterrupt:
             raise _stopped(to, _label("rpc_async", to, func), call_id, self._key) from None
         except Exception as e:  # a remote exception of its own class (see remote_errors)
-            breakpoints.failed_on(e, to, call_id)
+            failed_on(e, to, call_id)
             raise
 
 
@@ -418,8 +409,8 @@ def _await(done, to) -> None:
     """Wait until ``done`` (a held lock) is released, in steps Ctrl-C can interrupt,
     giving up if the worker is gone."""
     name = to if isinstance(to, str) else getattr(to, "name", None)
-    while not done.acquire(timeout=prompts.poll_interval(FATE_POLL)):
-        prompts.answer_waiting()  # a member's pdb prompting in this cell
+    while not done.acquire(timeout=poll_interval(FATE_POLL)):
+        answer_waiting()  # a member's pdb prompting in this cell
         # A worker whose link went silent never answers, and torch would
         # wait out the whole RPC timeout to say so.
         if name is not None and worker_fate(name):
