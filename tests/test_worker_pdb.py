@@ -239,3 +239,32 @@ def test_breakpoint_in_an_rpc_on_cell_prompts_through_the_workers_kernel(noteboo
     assert prompts == ["[worker1] ipdb> "] * 3, prompts  # IPython's pdb, as in a notebook cell
     out = streamed(messages)
     assert "[worker1] 6\n[worker1] 5\n" in out and "[worker1] g is 12" in out, out
+
+
+def test_a_chain_that_waits_on_a_paused_call_is_no_hang(notebook):
+    code = """
+import threading, time, nbrpc
+from nbrpc.calls import prompts
+box = {}
+t = threading.Thread(target=lambda: box.update(v=rpc.rpc_sync("worker1", via, args=("worker2", 5))))
+t.start()
+for _ in range(300):
+    snap = nbrpc.waits()
+    if any(c["state"] == "paused" for c in snap["calls"]):
+        break
+    time.sleep(0.1)
+time.sleep(2)  # longer than a finding takes to show
+snap = nbrpc.waits()
+print("CALLS", sorted((c["callee"], c["function"], c["state"]) for c in snap["calls"]))
+print("FINDINGS", snap["findings"])
+while t.is_alive():
+    prompts.answer_waiting()
+    time.sleep(0.05)
+box["v"]
+"""
+    messages, reply, prompts = typed(notebook, code, ["c"])
+    assert reply["status"] == "ok", reply
+    out = streamed(messages)
+    assert "CALLS [('worker1', 'via', 'waiting'), ('worker2', 'stepped', 'paused')]" in out, out
+    assert "FINDINGS []" in out, out
+    assert result(messages) == "12"
