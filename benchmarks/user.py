@@ -1,7 +1,7 @@
 """The user's comparison: a notebook running nbrpc against the script it replaces.
 
     python benchmarks/user.py [--runs 5] [--calls 1000] [--trips 3] [--turns 60]
-                              [--kind-turns 40] [--kind-calls 15] [--json FILE]
+                              [--kind-turns 60] [--kind-calls 20] [--json FILE]
 
 Four sides run the same code (``user_script.py``): a real Jupyter kernel (``%load_ext
 nbrpc``, ``%rpc_init -n 1``, the script's functions as a cell), a plain script driving
@@ -158,7 +158,7 @@ BESIDE_ROWS = {"user_kernel_beside_script_sync": ("kernel", "script", "sync_ms")
                "user_script_beside_raw_throughput": ("script", "raw_uv", "throughput")}
 
 
-def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 40, kind_calls: int = 15) -> dict:
+def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_calls: int = 20) -> dict:
     """A kernel and a script, each driving a cluster of its own, and the script's
     ``init_rpc`` pair (on ``uv``), all running at once, take ``turns`` turns of ``calls``
     small calls, half as many ``remote`` + ``to_here`` and ``calls`` ``rpc_async`` with 32
@@ -305,8 +305,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000, help="small calls a run (remote: half)")
     parser.add_argument("--trips", type=int, default=3, help="100 MiB round trips a run")
     parser.add_argument("--turns", type=int, default=60, help="turns of the sides running side by side")
-    parser.add_argument("--kind-turns", type=int, default=40, help="turns of the argument-kind table")
-    parser.add_argument("--kind-calls", type=int, default=15, help="calls of each form and kind a turn")
+    parser.add_argument("--kind-turns", type=int, default=60, help="turns of the argument-kind table")
+    parser.add_argument("--kind-calls", type=int, default=20, help="calls of each form and kind a turn")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     def progress(message: str) -> None:
