@@ -1,5 +1,5 @@
 """Threads that make blocking torch calls (``to_here``) while the main thread waits in
-a way the stop button can interrupt (``wrappers._in_background``)."""
+a way the stop button can interrupt (``waiting.in_background``)."""
 
 from __future__ import annotations
 

@@ -8,12 +8,13 @@ Wrappers, installed in every member by ``group.join``:
 - ``rpc.rpc_sync``: waits on the main thread in a way Ctrl-C (the notebook's stop
   button) can interrupt, since ``Future.wait`` blocks in C++ where Python cannot
   deliver ``KeyboardInterrupt``; and names the worker in timeouts, in replies it
-  could not pickle and in failures of workers whose process has ended. An
+  could not pickle and in failures of workers whose process has ended (``failures``;
+  the wait itself: ``waiting``). An
   interrupted or timed-out call is stopped on its worker too, nested calls included.
   Its Python function goes as an ``interrupts.Direct``, which torch runs as a plain
   function; a callee whose torch threads are taken answers ``serving.Busy``, and the call
   goes again as a ``Stoppable``, to be handed to a serving thread.
-- ``rpc.rpc_async``: returns a ``NamedFuture`` (torch's devices), whose ``wait`` does the same.
+- ``rpc.rpc_async``: returns a ``NamedFuture`` (``futures``), whose ``wait`` does the same.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
 - ``remote`` and ``PyRRef.to_here``: the same named failures; ``to_here`` on the main
@@ -24,49 +25,33 @@ Wrappers, installed in every member by ``group.join``:
 
 from __future__ import annotations
 
-import _thread
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import NoReturn
 
-import torch
 import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from .._compat.torch_compat import UNSET_RPC_TIMEOUT, RPCExecMode
-from .._util import Hooks
-from ..errors import (
-    RpcTimeoutError,
-    SerializationError,
-    UnknownWorkerError,
-    WorkerDiedError,
-)
+from ..errors import SerializationError, UnknownWorkerError, WorkerDiedError
 from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import agent_devices, caller_half, destinations, fetch_threads, interrupts, output, serving, stopping
+from . import caller_half, destinations, interrupts, output, serving, stopping
 from .breakpoints import after_pause, failed_on, noting, stepped_through
-from .prompts import answer_waiting, asked_for, poll_interval
+from .failures import label, raise_named, stopped, worker_fate
+from .futures import NamedFuture, collect_all
+from .waiting import in_background
+from .waiting import wait as _wait
 
 _torch_to_worker_info = torch_compat.to_worker_info
 _torch_to_here = torch_compat.to_here
-_torch_collect_all = torch_compat.collect_all
 
-# How often a waiting rpc_sync asks whether its worker is still there.
-FATE_POLL = 0.5
 # How long ``to_here`` on a kernel's main thread waits for its value itself (seconds) before
 # it waits on a helper thread, whose wait the stop button ends: most values come well
 # within it, and the hand-off to a helper and back cost a small fetch about 15%.
 DIRECT_FETCH = 0.5
-# ``fate(name)``: why worker ``name`` is gone, or None; the running cluster registers one.
-WORKER_FATES = Hooks()
-
-
-def worker_fate(name: str) -> str | None:
-    """Why worker ``name`` is gone, or None while it runs (or no cluster knows it)."""
-    return WORKER_FATES.first(name)
 
 
 def install() -> None:
@@ -125,10 +110,10 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
         else:
             stop = stopping.stop_on_timeout(e, to, call_id)
             note = noting(record.answered, to, call_id)
-            _raise_named(e, to, _label("rpc_sync", to, what), timeout, note, key, stop)
+            raise_named(e, to, label("rpc_sync", to, what), timeout, note, key, stop)
     except KeyboardInterrupt as e:
         record.failed(e)
-        raise _stopped(to, _label("rpc_sync", to, what), call_id, key) from None
+        raise stopped(to, label("rpc_sync", to, what), call_id, key) from None
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         remote_errors.tidy(e)
         record.answered(e)
@@ -157,76 +142,6 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     return named
 
 
-class NamedFuture(torch.futures.Future):
-    """What ``rpc_async`` returns: ``wait()`` names failures as ``rpc_sync`` does and,
-    on the main thread, can be interrupted, which stops the call on its worker too.
-
-    Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all`` (see
-    ``collect_all``) keep torch's errors; it has torch's future's devices (``agent_devices``).
-    One is made and settled per call: it calls torch's C++ future directly, where
-    ``torch.futures.Future`` adds only a Python layer, and names its call only on failure.
-    """
-
-    def __init__(self, fut: torch.futures.Future, call: tuple,
-                 record: caller_half.Record | caller_half.Unrecorded | None = None, key: str | None = None):
-        _CFuture.__init__(self, agent_devices.current())
-        self._call = call  # (destination, function, timeout, call id)
-        self._record = record or caller_half.UNRECORDED
-        self._key = key  # in PENDING while in flight
-        self._served = interrupts.calling_from_here(call[0], call[3])  # what made it, on this member
-        self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
-        self.call = fut  # torch's own future of the call
-        fut.add_done_callback(self._settle)
-
-    def _settle(self, fut: torch.futures.Future) -> None:
-        torch_compat.keep_thread_state()
-        PENDING.answered(self._key)
-        if self._served is not None:
-            interrupts.called(self._served, self._call[3])
-        try:
-            value = fut.value()
-        except Exception as e:
-            if not asked_for(self._call[3]):  # a paused call is not stopped: see ``wait``
-                self._stopping = stopping.stop_if_timed_out(e, self._call[0], self._call[3])
-            # Only a look: ``wait`` raises the remote exception itself.
-            self._record.answered(remote_errors.original(e, take=False) or e)
-            self.set_exception(remote_errors.tidy(e))
-        else:
-            self._record.answered()
-            _CFuture.set_result(self, value)
-
-    def wait(self):
-        to, func, timeout, call_id = self._call
-        try:
-            _wait(self, to, interrupts.served_here())
-            return _CFuture.wait(self)
-        except RuntimeError as e:
-            if stepped_through(e, to, call_id):  # a person stepped through it: no timeout
-                return after_pause(to, call_id)
-            _raise_named(e, to, _label("rpc_async", to, func), timeout, noting(None, to, call_id),
-                         self._key, stopping.outcome(self._stopping))
-        except KeyboardInterrupt:
-            raise _stopped(to, _label("rpc_async", to, func), call_id, self._key) from None
-        except Exception as e:  # a remote exception of its own class (see remote_errors)
-            failed_on(e, to, call_id)
-            raise
-
-
-_CFuture = torch_compat.CppFuture  # torch's C++ future, under torch.futures.Future's Python methods
-
-
-def collect_all(futures):
-    """torch's ``_collect_all`` (under ``torch.futures.wait_all`` and ``collect_all``),
-    given each ``NamedFuture``'s own call instead.
-
-    A ``NamedFuture`` that failed holds its error as a value for ``wait`` to raise
-    (``set_exception`` does no more): torch's C++ future sees no error there, so
-    ``wait_all`` would wait for every other call instead of raising the first
-    failure at once. The collected futures are the calls', so their errors are torch's.
-    """
-    return _torch_collect_all([f.call if isinstance(f, NamedFuture) else f for f in futures])
-
-
 def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
     """``torch.distributed.rpc.remote`` with named failures, in the RRef ledger. A Python
     function goes as a ``Stoppable``, so that what it writes is sent to the driver before
@@ -244,7 +159,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
                         replies=False, call_id=call_id)
     except RuntimeError as e:
         PENDING.answered(key)
-        _raise_named(e, to, _label("remote", to, what), timeout, record.named)
+        raise_named(e, to, label("remote", to, what), timeout, record.named)
     except BaseException:
         PENDING.answered(key)
         raise
@@ -268,7 +183,7 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
         else:
             value = _fetch(rref, timeout, record)
     except RuntimeError as e:
-        _raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered, key)
+        raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered, key)
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         remote_errors.tidy(e)
         raise
@@ -312,7 +227,7 @@ def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | call
         if not stopping.timed_out(e):
             raise
     rest = 0 if limit == 0 else max(limit - (time.monotonic() - began), 1e-3)
-    return _in_background(lambda: _fetch(rref, rest, record), owner)
+    return in_background(lambda: _fetch(rref, rest, record), owner)
 
 
 def _in_a_kernel() -> bool:
@@ -361,117 +276,3 @@ def _send(send: Callable, func, args, record: caller_half.Record | caller_half.U
         raise
     finally:
         record.sent(func, args)
-
-
-def _raise_named(error: RuntimeError, to, label: str, timeout: float, note: Callable = None, key=None,
-                 stop: str | None = None) -> NoReturn:
-    """Raise ``error`` as nbrpc names it (``_named``; itself when nothing more is known),
-    chained to torch's; ``note(named)`` tells the call's record first."""
-    named = remote_errors.tidy(_named(error, to, label, timeout, key, stop))
-    if note is not None:
-        note(named)
-    if named is error:
-        raise error
-    # Chained to torch's error as it came from torch's C++ (its frame here is nbrpc's).
-    raise named from error.with_traceback(None)
-
-
-def _label(how: str, to, func) -> str:
-    name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    return f"{how}({name!r}, {pending.function_name(func)})"
-
-
-def _wait(fut, to, served: interrupts.Served | None = None) -> None:
-    """On the main thread, or serving a call (``served``, whose stop ends the wait), wait
-    for ``fut`` in a way Ctrl-C can interrupt: a lock released by its done-callback (a
-    lock's timed acquire costs no CPU, where polling ``done()`` took a core)."""
-    # torch's C++ future's own methods: a ``NamedFuture``'s Python ones only call them.
-    if _CFuture.done(fut) or (served is None and threading.get_ident() != threading.main_thread().ident):
-        return
-    done = _thread.allocate_lock()
-    done.acquire()
-    _CFuture.add_done_callback(fut, _releasing(done))
-    if served is None:
-        _await(done, to)
-    else:
-        stopping.wait_served(served, done, lambda: _await(done, to))
-
-
-def _releasing(done) -> Callable:
-    def release(_) -> None:
-        torch_compat.keep_thread_state()  # a torch thread: its next callback runs sooner
-        interrupts.release(done)  # unless a stop of the waiting call released it first
-
-    return release
-
-
-def _await(done, to) -> None:
-    """Wait until ``done`` (a held lock) is released, in steps Ctrl-C can interrupt,
-    giving up if the worker is gone."""
-    name = to if isinstance(to, str) else getattr(to, "name", None)
-    while not done.acquire(timeout=poll_interval(FATE_POLL)):
-        answer_waiting()  # a member's pdb prompting in this cell
-        # A worker whose link went silent never answers, and torch would
-        # wait out the whole RPC timeout to say so.
-        if name is not None and worker_fate(name):
-            raise RuntimeError("no reply: the worker is gone")
-
-
-def _in_background(call: Callable, to):
-    """``call()`` on a helper thread while this one waits interruptibly."""
-    helper = fetch_threads.take()
-    done = helper.start(call)
-    try:
-        _await(done, to)
-    except BaseException:
-        helper.abandon()
-        raise
-    return helper.outcome()
-
-
-def _stopped(to, label: str, call_id: str | None, key: str | None = None) -> KeyboardInterrupt:
-    """The error for an interrupted call, after asking its worker to stop it."""
-    # The diagnosis first: the stop changes what the callee does.
-    return stopping.stopped(to, label, call_id, PENDING.explained(key))
-
-
-def _named(error: RuntimeError, to, label: str, timeout: float, key: str | None = None, stop=None) -> Exception:
-    """Return a clearer error for a dead worker or a timeout, the remote exception
-    itself where it was of a class torch could not keep, else ``error`` itself;
-    ``label`` names the call, ``stop`` what became of it after a timeout's stop."""
-    original = remote_errors.original(error)
-    if original is not None:
-        return original
-    name = to if isinstance(to, str) else getattr(to, "name", str(to))
-    fate = worker_fate(name)
-    if not fate and "EOF" in str(error):
-        # The worker's process ended (killed, or ended by its scheduler): torch saw its
-        # connection drop a moment before the launcher's watch on the process did.
-        deadline = time.monotonic() + 2.0
-        while not fate and time.monotonic() < deadline:
-            time.sleep(0.05)
-            fate = worker_fate(name)
-    if fate:
-        msg = (
-            f"{label} failed: worker {name!r} {fate}. Its state is "
-            "lost; the other workers keep running. Start a new cluster (%rpc_shutdown, "
-            f"then %rpc_init) to get {name!r} back{PENDING.explained(key)}. Torch said: {error}"
-        )
-        return WorkerDiedError(msg)
-    text = str(error)
-    if text.startswith(f"{SerializationError.__name__}: "):
-        # The worker could not pickle its reply; torch hands back only the text,
-        # followed by its C++ stack.
-        reason = text.split("\n\nAt:", 1)[0].split(": ", 1)[1]
-        msg = f"{label} ran on {name!r} but its reply could not be sent: {reason}"
-        return SerializationError(msg)
-    if "RPC ran for more than set timeout" in text:
-        seconds = timeout if timeout != UNSET_RPC_TIMEOUT else rpc.get_rpc_timeout()
-        torch_said = text.split("\n\nAt:", 1)[0].strip()
-        msg = (
-            f"{label} got no answer within {seconds:g} s ({stopping.outcome_text(stop, name)}). "
-            "Pass timeout=SECONDS to the call, or start the cluster "
-            f"with a longer default (%rpc_init --timeout SECONDS){PENDING.explained(key)}. Torch said: {torch_said}"
-        )
-        return RpcTimeoutError(msg)
-    return error

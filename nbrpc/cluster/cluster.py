@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import torch.distributed.rpc as rpc
 
 from .._util import muted_stderr
-from ..calls import serving, wrappers
+from ..calls import failures, serving
 from ..calls.output import PrintOutput
 from ..diagnostics import trace
 from ..errors import ClusterRunningError, NoClusterError, UnknownWorkerError, WorkerDiedError, WorkerStartError
@@ -187,7 +187,7 @@ class Cluster:
         self._driver, self._store = driver, driver.store
         _current, self.state = self, "starting"
         atexit.register(self.shutdown)
-        wrappers.WORKER_FATES.add(self._fate)
+        failures.WORKER_FATES.add(self._fate)
         trace.CLUSTER_TRACES.add(self._traces)
         PENDING.explainers.add(self.queries.explain)
         try:
@@ -230,7 +230,7 @@ class Cluster:
             shared_tensors.enable(False)
             serving.serve_on_torch_threads(False)  # the driver outlives the cluster
             self._store, self.state = None, "stopped"
-            wrappers.WORKER_FATES.discard(self._fate)
+            failures.WORKER_FATES.discard(self._fate)
             trace.CLUSTER_TRACES.discard(self._traces)
             PENDING.explainers.discard(self.queries.explain)
             PENDING.forget_calls_to(w.name for w in self._workers)
