@@ -37,7 +37,7 @@ from .recording import pending, recorder, rref_ledger
 from .recording.pending import PENDING
 from .shared_server.kernel import NAME as KERNEL_NAME
 from .shared_server.kernel import install as install_kernel
-from .wire import serialization
+from .wire import c_pickling
 from .wire.receivers import receivers
 from .wire.serialization import RpcPickler
 
@@ -136,7 +136,7 @@ PARTS = {
     "remote's wrapper (torch's own remote)": lambda: _torch_own(torch_compat.REMOTE),
     "to_here's wrapper (torch's own to_here)": lambda: _torch_own(torch_compat.RREF_TO_HERE),
     "the stop carrier (Stoppable, served on the worker)": lambda: [(interrupts, "sent_as", lambda func: None)],
-    "pickling a call's arguments in C (the kept pickler instead)": lambda: [(serialization, "WALK_LIMIT", 0)],
+    "pickling a call's arguments in C (the kept pickler instead)": lambda: [(c_pickling, "WALK_LIMIT", 0)],
     "the named future of rpc_async (NamedFuture)": lambda: [
         (wrappers, "NamedFuture", lambda fut, call, record=None, key=None: fut)],
     "the interruptible wait of rpc_sync": lambda: [(wrappers, "_wait", lambda fut, to, served=None: None)],

@@ -19,7 +19,7 @@ from torch.distributed.rpc import internal
 import nbrpc
 from nbrpc._compat import torch_compat
 from nbrpc.calls import interrupts
-from nbrpc.wire import definitions, serialization, shared_tensors
+from nbrpc.wire import c_pickling, definitions, serialization, shared_tensors
 from nbrpc.wire.receivers import receivers
 from nbrpc.wire.serialization import RpcPickler
 
@@ -423,7 +423,7 @@ def test_tensors_and_containers_pickled_in_c_go_as_the_kept_pickler_sends_them(c
         for args, kwargs in calls:
             udf = internal.PythonUDF(interrupts.Direct((_echo, "1-1", None)), args, kwargs)
             in_c = pickler.serialize(udf)
-            monkeypatch.setattr(serialization, "WALK_LIMIT", 0)  # the kept pickler for all
+            monkeypatch.setattr(c_pickling, "WALK_LIMIT", 0)  # the kept pickler for all
             kept = pickler.serialize(udf)
             monkeypatch.undo()
             assert in_c[0] == kept[0] and len(in_c[1]) == len(kept[1]), (args, kwargs)

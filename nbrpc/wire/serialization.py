@@ -36,7 +36,7 @@ import torch.distributed.rpc as rpc
 from .._compat import torch_compat
 from ..errors import SerializationError
 from ..recording import recorder, rref_ledger
-from . import definitions, module_globals, shared_tensors
+from . import c_pickling, definitions, module_globals, shared_tensors
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
 _C_DUMP = pickle.Pickler.dump
@@ -160,7 +160,7 @@ class RpcPickler(cloudpickle.Pickler):
         if definitions.is_notebook_definition(obj):
             if not is_function:
                 return definitions.reduce_class(obj)
-            made = _kept.made  # made already for this message (``_reduced_in_c``)
+            made = _kept.made  # made already for this message (``c_pickling.reduced_in_c``)
             reduction = made and made.pop(obj, None)
             return reduction or definitions.reduce_function(obj)
         reduced = super().reducer_override(obj)
@@ -201,15 +201,8 @@ class RpcPickler(cloudpickle.Pickler):
         return payload
 
 
-# What the C pickler writes itself, asking no reducer and no dispatch table: a small
-# call's reply (None, a number, a string) is pickled as plain ``pickle`` does, without a
-# kept pickler's set-up for tensors and RRefs, which cost such a reply about half of its
-# pickling. The same bytes either way.
-_PLAIN_VALUES = frozenset({type(None), bool, int, float, str, bytes})
-
-
 def _plain_message(obj) -> bytes:
-    """``RpcPickler.message`` of a value of a ``_PLAIN_VALUES`` type."""
+    """``RpcPickler.message`` of a value of a ``c_pickling.PLAIN_VALUES`` type."""
     return _signed(obj, pickle.dumps(obj, cloudpickle.DEFAULT_PROTOCOL))
 
 
@@ -221,82 +214,18 @@ def _signed(obj, body) -> bytes:
     return payload
 
 
-class _CallPickler(threading.local):
-    """This thread's plain C pickler for ``_call_message`` and ``_value_message``: its
-    table for plain values, and for tensors and RRefs the kept pickler's flattened table
-    (``table``, made from ``source``) with the reductions ``_reduced_in_c`` makes."""
-
-    def __init__(self):
-        self.body = io.BytesIO()
-        self.pickler = pickle.Pickler(self.body, cloudpickle.DEFAULT_PROTOCOL)
-        self.plain = self.pickler.dispatch_table = {_Reduced: tuple}
-        self.source: dict | None = None
-        self.table: dict | None = None
-
-    def use(self, flat: dict | None) -> None:
-        """Pickle with the plain table (``flat`` None) or with ``flat`` and ``_Reduced``."""
-        if flat is None:
-            self.pickler.dispatch_table = self.plain
-            return
-        if self.source is not flat:
-            self.source, self.table = flat, {**flat, _Reduced: tuple}
-        self.pickler.dispatch_table = self.table
-
-
-class _Reduced(tuple):
-    """A reduction (callable, arguments) in a call's place of the function it rebuilds:
-    the C pickler's table gives it back as it is (``tuple``), where the C pickler writes
-    any function as a global before it looks in a table."""
-
-    __slots__ = ()
-
-
-_call_pickler = _CallPickler()
-# How many values a message's arguments (or its reply) are looked through for the C path
-# at most: past it, the kept pickler, which pickles a big container of plain values in C too.
-WALK_LIMIT = 64
-# What the C path takes besides plain values: the kept pickler's table reduces them.
-_TABLE_LEAVES = frozenset({torch.Tensor, rpc.PyRRef, rpc.RRef})
-
-
-def _leaves_in_c(values) -> int | None:
-    """How many tensors and RRefs ``values`` hold, where the C pickler with the kept
-    pickler's table makes of them what the kept pickler does: plain values, tensors and
-    RRefs (neither a module's global nor at a patch point, which ``reducer_override``
-    sends by name), in tuples, lists and dicts, ``WALK_LIMIT`` values at most; else None."""
-    todo, left, leaves = list(values), WALK_LIMIT, 0
-    while todo:
-        value = todo.pop()
-        cls = type(value)
-        left -= 1
-        if left < 0:
-            return None
-        if cls in _PLAIN_VALUES:
-            continue
-        if cls is tuple or cls is list:
-            todo += value
-        elif cls is dict:
-            todo += value.keys()
-            todo += value.values()
-        elif cls in _TABLE_LEAVES and torch_compat.stand_in(value) is None and module_globals.find(value) is None:
-            leaves += 1
-        else:
-            return None
-    return leaves
-
-
 def _call_message(udf, flat) -> tuple[bytes, list] | None:
     """``RpcPickler.message`` of the usual call and the tensors sent beside it, pickled all
     in C: a carrier of a function found importable, or of a notebook function
-    ``_reduced_in_c`` reduces, with arguments ``_leaves_in_c`` takes; None for any other
-    call. The kept pickler asks a Python ``reducer_override`` for each of the call's
-    objects, about half of a small call's pickling. ``flat()`` gives the kept pickler's
-    table, for tensors and RRefs."""
+    ``c_pickling.reduced_in_c`` reduces, with arguments ``c_pickling.leaves_in_c`` takes;
+    None for any other call. The kept pickler asks a Python ``reducer_override`` for each
+    of the call's objects, about half of a small call's pickling. ``flat()`` gives the
+    kept pickler's table, for tensors and RRefs."""
     carrier = udf.func
     if type(carrier) not in CARRIERS:
         return None
     trace = carrier[2]  # a recorded call's: its id and whether its reply is pickled
-    leaves = _leaves_in_c((udf.args, udf.kwargs) if trace is None else (udf.args, udf.kwargs, trace))
+    leaves = c_pickling.leaves_in_c((udf.args, udf.kwargs) if trace is None else (udf.args, udf.kwargs, trace))
     if leaves is None:
         return None
     func = carrier[0]
@@ -306,70 +235,33 @@ def _call_message(udf, flat) -> tuple[bytes, list] | None:
     if func not in _importable:  # (an importable one goes by reference, as the kept pickler sends it)
         if not definitions.is_notebook_definition(func):
             return None
-        func = _reduced_in_c(func)
+        func, made = c_pickling.reduced_in_c(func)
         if func is None:
+            _kept.made = made  # each reduced once per message: the kept pickler takes these
             return None
     call = tuple.__new__(type(udf), (type(carrier)((func, carrier[1], trace)), udf.args, udf.kwargs))
-    return _pickled_in_c(call, udf, flat() if leaves else None)
+    return _in_c(call, udf, flat() if leaves else None)
+
+
+def _in_c(obj, counted, flat: dict | None) -> tuple[bytes, list] | None:
+    """``obj`` pickled all in C (``c_pickling.pickled_in_c``), signed, counted as ``counted``."""
+    pickled = c_pickling.pickled_in_c(obj, flat)
+    return None if pickled is None else (_signed(counted, pickled[0]), pickled[1])
 
 
 def _value_message(obj, flat) -> tuple[bytes, list] | None:
-    """``RpcPickler.message`` of a reply (or any message) ``_leaves_in_c`` takes, pickled
-    all in C, and its tensors; None for any other."""
-    leaves = _leaves_in_c((obj,))
+    """``RpcPickler.message`` of a reply (or any message) ``c_pickling.leaves_in_c`` takes,
+    pickled all in C, and its tensors; None for any other."""
+    leaves = c_pickling.leaves_in_c((obj,))
     if leaves is None:
         return None
-    return _pickled_in_c(obj, obj, flat() if leaves else None)
-
-
-def _pickled_in_c(obj, counted, flat: dict | None) -> tuple[bytes, list] | None:
-    """``obj`` pickled by this thread's C pickler (with ``flat``, the kept pickler's table,
-    for tensors and RRefs: torch's tensor table, or shared memory, as the kept pickler
-    sends them), signed, counted as ``counted``; None where it fails (the kept pickler
-    then says why)."""
-    kept = _call_pickler
-    kept.use(flat)
-    tables = torch_compat.tensor_tables
-    outer = getattr(tables, "send_tables", None)
-    tables.send_tables = sent = []
-    try:
-        with shared_tensors.PICKLING:
-            kept.pickler.dump(obj)
-        return _signed(counted, kept.body.getvalue()), sent
-    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
-        return None
-    finally:
-        kept.pickler.clear_memo()
-        kept.body.seek(0)
-        kept.body.truncate()
-        if outer is None:
-            del tables.send_tables
-        else:
-            tables.send_tables = outer
-
-
-def _reduced_in_c(func: types.FunctionType) -> _Reduced | None:
-    """A notebook function's reduction as the C pickler writes it: one call of plain values,
-    or a function its receiver holds with the notebook functions it uses, each such a call.
-    None for any other, whose reductions made here are left to the kept pickler."""
-    reduction = definitions.reduce_function(func)
-    if len(reduction) == 2:
-        return _Reduced(reduction)
-    made = {func: reduction}
-    uses = definitions.held_uses(reduction)
-    for used in uses or ():
-        if type(used) is types.FunctionType and used not in made:  # (a recursive one uses itself)
-            made[used] = definitions.reduce_function(used)
-    if uses is None or any(len(made.get(used, ())) != 2 for used in uses):
-        _kept.made = made  # each reduced once per message
-        return None
-    return _Reduced((*reduction[:2], tuple(_Reduced(made[used]) for used in uses), *reduction[3:]))
+    return _in_c(obj, obj, flat() if leaves else None)
 
 
 class _Kept(threading.local):
     """This thread's pickler, kept from one message to the next, whether it is pickling
     one now (a message pickled inside another gets a pickler of its own), and the notebook
-    functions' reductions ``_reduced_in_c`` made for this message, by function."""
+    functions' reductions ``c_pickling.reduced_in_c`` made for this message, by function."""
 
     def __init__(self):
         self.pickler: RpcPickler | None = None
@@ -388,7 +280,7 @@ def serialize(self, obj):
     cls = torch_compat.pickler_class()
     if not issubclass(cls, RpcPickler):
         return torch_compat.torch_serialize(self, obj)
-    if type(obj) in _PLAIN_VALUES:
+    if type(obj) in c_pickling.PLAIN_VALUES:
         return _plain_message(obj), []
 
     def flat() -> dict:  # the kept pickler's table, as it would pickle this message with

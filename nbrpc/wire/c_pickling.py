@@ -1,0 +1,135 @@
+"""The C path of ``serialization``: messages pickled by a plain C pickler, no Python code
+run per object but the reducers in its table.
+
+- ``leaves_in_c``: whether a message's values can go this way (plain values, tensors and
+  RRefs, in small tuples, lists and dicts), and how many tensors and RRefs they hold.
+- ``reduced_in_c``: a notebook function's reduction made ready for the C pickler.
+- ``pickled_in_c``: the message pickled by this thread's C pickler, with the kept
+  pickler's table where it holds tensors or RRefs: the same bytes and tensors.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+import types
+
+import cloudpickle
+import torch
+import torch.distributed.rpc as rpc
+
+from .._compat import torch_compat
+from . import definitions, module_globals, shared_tensors
+
+# What the C pickler writes itself, asking no reducer and no dispatch table: a small
+# call's reply (None, a number, a string) is pickled as plain ``pickle`` does, without a
+# kept pickler's set-up for tensors and RRefs, which cost such a reply about half of its
+# pickling. The same bytes either way.
+PLAIN_VALUES = frozenset({type(None), bool, int, float, str, bytes})
+
+
+class Reduced(tuple):
+    """A reduction (callable, arguments) in a call's place of the function it rebuilds:
+    the C pickler's table gives it back as it is (``tuple``), where the C pickler writes
+    any function as a global before it looks in a table."""
+
+    __slots__ = ()
+
+
+class _CallPickler(threading.local):
+    """This thread's plain C pickler for ``pickled_in_c``: its table for plain values, and
+    for tensors and RRefs the kept pickler's flattened table (``table``, made from
+    ``source``) with the reductions ``reduced_in_c`` makes."""
+
+    def __init__(self):
+        self.body = io.BytesIO()
+        self.pickler = pickle.Pickler(self.body, cloudpickle.DEFAULT_PROTOCOL)
+        self.plain = self.pickler.dispatch_table = {Reduced: tuple}
+        self.source: dict | None = None
+        self.table: dict | None = None
+
+    def use(self, flat: dict | None) -> None:
+        """Pickle with the plain table (``flat`` None) or with ``flat`` and ``Reduced``."""
+        if flat is None:
+            self.pickler.dispatch_table = self.plain
+            return
+        if self.source is not flat:
+            self.source, self.table = flat, {**flat, Reduced: tuple}
+        self.pickler.dispatch_table = self.table
+
+
+_call_pickler = _CallPickler()
+# How many values a message's arguments (or its reply) are looked through for the C path
+# at most: past it, the kept pickler, which pickles a big container of plain values in C too.
+WALK_LIMIT = 64
+# What the C path takes besides plain values: the kept pickler's table reduces them.
+_TABLE_LEAVES = frozenset({torch.Tensor, rpc.PyRRef, rpc.RRef})
+
+
+def leaves_in_c(values) -> int | None:
+    """How many tensors and RRefs ``values`` hold, where the C pickler with the kept
+    pickler's table makes of them what the kept pickler does: plain values, tensors and
+    RRefs (neither a module's global nor at a patch point, which ``reducer_override``
+    sends by name), in tuples, lists and dicts, ``WALK_LIMIT`` values at most; else None."""
+    todo, left, leaves = list(values), WALK_LIMIT, 0
+    while todo:
+        value = todo.pop()
+        cls = type(value)
+        left -= 1
+        if left < 0:
+            return None
+        if cls in PLAIN_VALUES:
+            continue
+        if cls is tuple or cls is list:
+            todo += value
+        elif cls is dict:
+            todo += value.keys()
+            todo += value.values()
+        elif cls in _TABLE_LEAVES and torch_compat.stand_in(value) is None and module_globals.find(value) is None:
+            leaves += 1
+        else:
+            return None
+    return leaves
+
+
+def pickled_in_c(obj, flat: dict | None) -> tuple[bytes, list] | None:
+    """``obj``'s pickle by this thread's C pickler (with ``flat``, the kept pickler's table,
+    for tensors and RRefs: torch's tensor table, or shared memory, as the kept pickler
+    sends them) and its tensors; None where it fails (the kept pickler then says why)."""
+    kept = _call_pickler
+    kept.use(flat)
+    tables = torch_compat.tensor_tables
+    outer = getattr(tables, "send_tables", None)
+    tables.send_tables = sent = []
+    try:
+        with shared_tensors.PICKLING:
+            kept.pickler.dump(obj)
+        return kept.body.getvalue(), sent
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
+        return None
+    finally:
+        kept.pickler.clear_memo()
+        kept.body.seek(0)
+        kept.body.truncate()
+        if outer is None:
+            del tables.send_tables
+        else:
+            tables.send_tables = outer
+
+
+def reduced_in_c(func: types.FunctionType) -> tuple[Reduced | None, dict | None]:
+    """A notebook function's reduction as the C pickler writes it: one call of plain values,
+    or a function its receiver holds with the notebook functions it uses, each such a call;
+    for any other, None and the reductions made here, by function, for the kept pickler."""
+    reduction = definitions.reduce_function(func)
+    if len(reduction) == 2:
+        return Reduced(reduction), None
+    made = {func: reduction}
+    uses = definitions.held_uses(reduction)
+    for used in uses or ():
+        if type(used) is types.FunctionType and used not in made:  # (a recursive one uses itself)
+            made[used] = definitions.reduce_function(used)
+    if uses is None or any(len(made.get(used, ())) != 2 for used in uses):
+        return None, made
+    return Reduced((*reduction[:2], tuple(Reduced(made[used]) for used in uses), *reduction[3:])), None
