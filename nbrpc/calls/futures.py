@@ -1,27 +1,44 @@
-"""What ``rpc_async`` returns: ``NamedFuture``, and ``collect_all`` over such futures."""
+"""What ``rpc_async`` returns: ``NamedFuture``, and ``collect_all`` over such futures.
+
+A callback (``then``, ``add_done_callback``) gets the call's outcome as torch gives it to
+a script's callback: on a future torch's C++ completes once nbrpc's settling returned, whose
+``wait()`` and ``value()`` raise in C. torch writes the frames of a callback's error into
+its text ("At:", from where the error was raised up the stack), which so hold the user's
+frames only, never nbrpc's.
+"""
 
 from __future__ import annotations
+
+import functools
+import threading
 
 import torch
 
 from .._compat import torch_compat
+from .._compat.future_unwrap import set_unwrap
 from ..recording.pending import PENDING
 from ..wire import remote_errors
 from . import agent_devices, caller_half, interrupts, stopping, waiting
 from .breakpoints import after_pause, failed_on, noting, stepped_through
-from .failures import label, raise_named, stopped
+from .failures import label, named, raise_named, stopped
 from .prompts import asked_for
 
 _torch_collect_all = torch_compat.collect_all
 _CFuture = torch_compat.CppFuture  # torch's C++ future, under torch.futures.Future's Python methods
+_spent = (x for x in ())
+next(_spent, None)
+# Raises the exception it is given, from C (a spent generator's ``throw`` runs no frame):
+# a view's ``unwrap``, so that its ``wait()`` raises with the caller's frame the last one.
+_RAISE = _spent.throw
 
 
 class NamedFuture(torch.futures.Future):
     """What ``rpc_async`` returns: ``wait()`` names failures as ``rpc_sync`` does and,
     on the main thread, can be interrupted, which stops the call on its worker too.
 
-    Futures made from it (``then``), ``value()`` and ``torch.futures.wait_all`` (see
-    ``collect_all``) keep torch's errors; it has torch's future's devices (``agent_devices``).
+    Its callbacks (``then``, ``add_done_callback``: C methods of its view, see the module)
+    get the error ``wait`` names, raised from C; ``value()`` and ``torch.futures.wait_all``
+    (see ``collect_all``) keep torch's errors; it has torch's future's devices (``agent_devices``).
     One is made and settled per call: it calls torch's C++ future directly, where
     ``torch.futures.Future`` adds only a Python layer, and names its call only on failure.
     """
@@ -36,6 +53,13 @@ class NamedFuture(torch.futures.Future):
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
+        self._lock = threading.Lock()
+        self._pair: dict = {}  # the view and, on failure, its error: whichever comes second sets the raise
+        view = _CFuture.then(fut, functools.partial(self._outcome, self._pair))  # after _settle
+        self._paired("view", view)
+        # C methods of the view, so that no frame of nbrpc's is under a callback.
+        self.then = functools.partial(_CFuture.then, view)
+        self.add_done_callback = functools.partial(_CFuture.add_done_callback, view)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
@@ -53,6 +77,36 @@ class NamedFuture(torch.futures.Future):
         else:
             self._record.answered()
             _CFuture.set_result(self, value)
+
+    def _outcome(self, pair: dict, _call):
+        """The view's value: the call's, or its error as ``wait`` names it (without waiting
+        for a stop's answer, nor for a person paused in a debugger), raised by the view."""
+        try:
+            return _CFuture.wait(self)  # settled by now, or soon (a view made while _settle ran)
+        except Exception as e:
+            error = self._named_now(e).with_traceback(None)
+            self._paired("error", error)
+            return error
+
+    def _paired(self, part: str, item) -> None:
+        with self._lock:
+            self._pair[part] = item
+            if len(self._pair) == 2:
+                set_unwrap(self._pair["view"], _RAISE)
+
+    def _named_now(self, error: Exception) -> BaseException:
+        """``error`` as ``wait`` raises it, the stop's answer as far as it came."""
+        to, func, timeout, call_id = self._call
+        if type(error) is not RuntimeError:
+            return error
+        kept = remote_errors.original(error, take=False)  # left for ``wait`` to take
+        if kept is not None:
+            return kept
+        stop = self._stopping
+        outcome = None if stop is None else interrupts.stop_outcome(stop, 0) or stopping.ASKED
+        found = remote_errors.tidy(named(error, to, label("rpc_async", to, func), timeout, self._key, outcome))
+        noting(None, to, call_id)(found)
+        return found
 
     def wait(self):
         to, func, timeout, call_id = self._call
