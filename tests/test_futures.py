@@ -124,3 +124,16 @@ def test_a_callback_gets_the_calls_value(cluster):
     assert fut.then(lambda f: f.value() + 1).wait() == 1
     assert fut.then(lambda f: f.wait()).then(lambda f: f.wait() * 2).wait() == 0
     assert fut.wait() == 0.0
+
+
+def test_a_futures_unwrap_raises_in_its_wait_and_value():
+    """torch's private hook the views use (``_compat/future_unwrap``), still there."""
+    from nbrpc._compat.future_unwrap import set_unwrap
+    from nbrpc.calls.futures import _RAISE
+
+    fut = torch.futures.Future()
+    set_unwrap(fut, _RAISE)
+    fut.set_result(KeyError("held"))
+    for read in (fut.wait, fut.value):
+        with pytest.raises(KeyError, match="held"):
+            read()
