@@ -118,16 +118,7 @@ def cell_frames(cell_name, text: str) -> str:
     ``format_code_name``) knows written as IPython writes a local frame, ``Cell In[N],
     line L``, and without the frames of nbrpc's wrappers and torch's RPC API (a ``File``
     line and the lines indented under it) or the C++ stacks torch's callbacks add."""
-    kept, skipping = [], None
-    for line in _CPP_STACK.sub("\n", text).split("\n"):
-        indent = len(line) - len(line.lstrip())
-        if skipping is not None and indent > skipping:
-            continue
-        frame = _REMOTE_FRAME.search(line)
-        skipping = indent if frame and _call_layer(frame.group(1)) else None
-        if skipping is None:
-            kept.append(line)
-    text = "\n".join(kept)
+    text = _without_frames(text, _call_layer)
 
     def named(match: re.Match) -> str:
         found = cell_name(match.group(1))
@@ -244,16 +235,22 @@ def _without_our_frames(error: BaseException) -> traceback.TracebackException:
 def tidy_text(text: str) -> str:
     """A remote error's text without the C++ stacks torch's callbacks add and without
     frames of nbrpc's (a ``File`` line and the lines indented under it)."""
+    return _without_frames(text, _ours).rstrip("\n")
+
+
+def _without_frames(text: str, dropped) -> str:
+    """``text`` without torch's C++ stacks and without each frame whose file ``dropped``
+    says to leave out (its ``File`` line and the lines indented under it)."""
     kept, skipping = [], None
     for line in _CPP_STACK.sub("\n", text).split("\n"):
         indent = len(line) - len(line.lstrip())
         if skipping is not None and indent > skipping:
             continue
         frame = _REMOTE_FRAME.search(line)
-        skipping = indent if frame and _ours(frame.group(1)) else None
+        skipping = indent if frame and dropped(frame.group(1)) else None
         if skipping is None:
             kept.append(line)
-    return "\n".join(kept).rstrip("\n")
+    return "\n".join(kept)
 
 
 def tidy(error: BaseException) -> BaseException:
