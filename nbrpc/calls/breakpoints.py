@@ -28,6 +28,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
+from ..recording.functions import destination_name
 from ..recording.paused import FAILURES, PAUSED
 from ..recording.pending import OWN_FOLDERS
 from ..wire import remote_errors
@@ -267,7 +268,7 @@ def failed_on(error: BaseException, to, call_id: str | None) -> None:
     """On the caller: ``error`` came from call ``call_id`` to ``to`` (for ``%debug``)."""
     if call_id is None:
         return
-    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    name = destination_name(to)
     try:
         setattr(error, FAILED_CALL, (name, call_id))
     except (AttributeError, TypeError):  # an exception class that takes no attributes

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from .._compat import torch_compat
 from .._compat.torch_compat import RPCExecMode
+from ..recording.functions import destination_name
 from ..wire.receivers import receivers
 from ..wire.serialization import CARRIERS
 
@@ -53,12 +54,12 @@ def require_callable(func) -> None:
 def _sending(to) -> None:
     """The next call this thread pickles goes to ``to``: notebook code the receiver
     holds goes by digest (``definitions.Receivers``)."""
-    receivers.begin(to if isinstance(to, str) else getattr(to, "name", None))
+    receivers.begin(destination_name(to))
 
 
 def _acknowledging(to, fresh: list[bytes]) -> Callable:
     """A done-callback: once ``to`` answered, it holds the codes the call carried."""
-    name = to if isinstance(to, str) else getattr(to, "name", None)
+    name = destination_name(to)
 
     def acknowledge(fut) -> None:
         try:

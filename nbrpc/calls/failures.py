@@ -19,6 +19,7 @@ from .._compat.torch_compat import UNSET_RPC_TIMEOUT
 from .._util import Hooks
 from ..errors import RpcTimeoutError, SerializationError, WorkerDiedError
 from ..recording import pending
+from ..recording.functions import destination_name
 from ..recording.pending import PENDING
 from ..wire import remote_errors
 from . import stopping
@@ -46,7 +47,7 @@ def raise_named(error: RuntimeError, to, label: str, timeout: float, note: Calla
 
 
 def label(how: str, to, func) -> str:
-    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    name = destination_name(to)
     return f"{how}({name!r}, {pending.function_name(func)})"
 
 
@@ -63,7 +64,7 @@ def named(error: RuntimeError, to, label: str, timeout: float, key: str | None =
     original = remote_errors.original(error)
     if original is not None:
         return original
-    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    name = destination_name(to)
     fate = worker_fate(name)
     if not fate and "EOF" in str(error):
         # The worker's process ended (killed, or ended by its scheduler): torch saw its

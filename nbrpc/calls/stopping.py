@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..recording.functions import destination_name
 from . import interrupts
 
 # A stop was asked, and its answer did not come.
@@ -28,7 +29,7 @@ def stopped(to, label: str, call_id: str | None, why: str = "") -> KeyboardInter
     if call_id is None:
         return KeyboardInterrupt(f"{label} was interrupted; only the waiting stopped{why}")
     stopping = interrupts.send_stop(to, call_id)
-    name = to if isinstance(to, str) else getattr(to, "name", str(to))
+    name = destination_name(to)
     if interrupts.served_here() is not None:
         # A nested call, stopped with the call that made it: whoever stopped that one
         # waits for this stop's answer; waiting here too could hold a lock it needs.

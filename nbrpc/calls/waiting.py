@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 
 from .._compat import torch_compat
+from ..recording.functions import destination_name
 from . import fetch_threads, interrupts, stopping
 from .failures import worker_fate
 from .prompts import answer_waiting, poll_interval
@@ -49,12 +50,12 @@ def _releasing(done) -> Callable:
 def await_release(done, to) -> None:
     """Wait until ``done`` (a held lock) is released, in steps Ctrl-C can interrupt,
     giving up if the worker is gone."""
-    name = to if isinstance(to, str) else getattr(to, "name", None)
+    name = destination_name(to)
     while not done.acquire(timeout=poll_interval(FATE_POLL)):
         answer_waiting()  # a member's pdb prompting in this cell
         # A worker whose link went silent never answers, and torch would
         # wait out the whole RPC timeout to say so.
-        if name is not None and worker_fate(name):
+        if worker_fate(name):
             raise RuntimeError("no reply: the worker is gone")
 
 

@@ -1,5 +1,5 @@
 """What ran in a recorded call: a function's name and the kind of call it makes,
-looked up once per function."""
+looked up once per function; where a call went (``destination_name``)."""
 
 from __future__ import annotations
 
@@ -98,3 +98,18 @@ def helper_name(rref, method: str) -> str:
         return f"{torch_compat.rref_type(rref).__qualname__}.{method}"
     except Exception:
         return f"RRef.{method}"
+
+
+def destination_name(to) -> str:
+    """The worker name of a call's destination, given as ``rpc_sync`` and the others take
+    it: a name, a ``WorkerInfo``, or a rank (its name as torch's agent knows it; the rank
+    itself, as text, where no agent knows it)."""
+    if isinstance(to, str):
+        return to
+    name = getattr(to, "name", None)
+    if name is not None:
+        return name
+    try:
+        return torch_compat.current_agent().get_worker_info(to).name
+    except (RuntimeError, TypeError, ValueError):
+        return str(to)

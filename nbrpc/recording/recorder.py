@@ -240,17 +240,6 @@ def failed(half: list, error: BaseException) -> None:
     half[ERROR] = half[ERROR] or _error_text(error)
 
 
-def _name(to) -> str:
-    if isinstance(to, str):
-        return to
-    if hasattr(to, "name"):
-        return to.name
-    try:
-        return torch_compat.current_agent().get_worker_info(to).name
-    except Exception:
-        return str(to)
-
-
 def _context() -> int | None:
     return torch_compat.context_id_or_none()
 
@@ -388,7 +377,7 @@ def _final(half: list, call_id: _CallIds) -> dict:
              "reply": None if half[REPLY_PICKLE] is None else [half[REPLY_TENSOR], half[REPLY_PICKLE]]}
     if half[SIDE] == "caller":
         final.update(
-            caller=_r.me, callee=_name(half[TO]), kind=half[KIND], name=half[NAME], sent=half[T],
+            caller=_r.me, callee=functions.destination_name(half[TO]), kind=half[KIND], name=half[NAME], sent=half[T],
             replied=half[REPLIED], request=[half[REQUEST_TENSOR], half[REQUEST_PICKLE]],
             parent=call_id(half[PARENT]), context=half[CONTEXT], rref=half[RREF])
         if half[ID] is not None:  # the gradients' halves: keyed by autograd message
@@ -413,7 +402,7 @@ class _CallIds:
             return key
         rank = key >> RANK_SHIFT
         if rank not in self.names:
-            self.names[rank] = _name(rank)
+            self.names[rank] = functions.destination_name(rank)
         return f"{self.names[rank]}:{key & _COUNT_MASK}"
 
 
