@@ -135,16 +135,24 @@ def served_here() -> Served | None:
     return _served.by_thread.get(threading.get_ident()) if _served.by_thread else None
 
 
-class _Call(tuple):
+class Carrier(tuple):
     """A Python function sent with a call id, so that ``stop(call_id)`` can reach its
     thread, and a recorded call's ``trace`` (call id, whether a reply is pickled: see
-    ``recorder``; None if not recorded). A tuple, made as ``Stoppable((func, call_id,
-    trace))``, so that it is made, pickled (pickle's own ``NEWOBJ``) and rebuilt all in C,
-    once on each side of every call."""
+    ``recorder``; None if not recorded): the fields ``serialization`` reads by name. A
+    tuple, made as ``Stoppable((func, call_id, trace))``, so that it is made, pickled
+    (pickle's own ``NEWOBJ``) and rebuilt all in C, once on each side of every call (a
+    ``NamedTuple``'s ``__new__`` and ``__getnewargs__`` are Python's, and pickle other bytes)."""
 
     __slots__ = ()
 
+    func = property(operator.itemgetter(0))
     call_id = property(operator.itemgetter(1))
+    trace = property(operator.itemgetter(2))
+
+    def carrying(self, func) -> Carrier:
+        """The same call, of the same class, carrying ``func`` instead (``serialization``'s
+        C path puts a notebook function's reduction in its place)."""
+        return tuple.__new__(type(self), (func, self[1], self[2]))
 
     def __getattr__(self, name: str):
         # torch's RPC profiler names the call by the function it is given.
@@ -180,7 +188,7 @@ class _Call(tuple):
 
 
 @torch_compat.mark_async_execution
-class Stoppable(_Call):
+class Stoppable(Carrier):
     """What the caller sends for a Python function. torch sends it as an
     ``@rpc.functions.async_execution`` function: the callee's RPC thread gets a Future
     back at once (see ``serving``)."""
@@ -192,7 +200,7 @@ class Stoppable(_Call):
         return serving.serve(self.serve, args, kwargs)
 
 
-class Direct(_Call):
+class Direct(Carrier):
     """What the caller sends for a Python function whose reply it waits for at once
     (``rpc_sync``): torch runs it as a plain function on its RPC thread, while fewer
     than the limit of them run calls (``serving.serve_here``), saving the Future of the
@@ -207,7 +215,7 @@ class Direct(_Call):
 
 
 @torch_compat.mark_async_execution
-class Awaited(_Call):
+class Awaited(Carrier):
     """What the caller sends for an ``@async_execution`` function. torch's thread runs it
     as torch would; a future it returns that is not complete is in ``PENDING`` until it
     completes, or its caller gives up (``stop``), so that one nobody completes is named

@@ -47,9 +47,12 @@ _BY_REFERENCE = {types.MethodType: types.MethodType.__reduce__}
 # Functions and classes found to pickle by reference (importable by name: their modules
 # keep them alive anyway).
 _importable: set = set()
-# The types of what carries a call, pickled as they are (``reducer_override``); the calls
-# layer adds its own (``add_carrier``).
-CARRIERS: set = {torch_compat.PythonUDF}
+# The types of what carries a Python function to its callee, added by the calls layer
+# (``add_carrier``): tuples with the fields ``func``, ``call_id`` and ``trace``
+# (``calls.interrupts.Carrier``), and ``carrying(func)``, the same call with another function.
+CARRIERS: set = set()
+# What ``reducer_override`` leaves as it is: torch's PythonUDF and the carriers.
+_AS_THEY_ARE: set = {torch_compat.PythonUDF}
 
 
 def _forget_importable() -> None:
@@ -63,8 +66,9 @@ def _forget_importable() -> None:
 
 
 def add_carrier(cls: type) -> None:
-    """Instances of ``cls`` carry calls: never a module's global, never by value."""
+    """Instances of ``cls`` carry calls (see ``CARRIERS``): never a module's global, never by value."""
     CARRIERS.add(cls)
+    _AS_THEY_ARE.add(cls)
 
 
 class _WireState:
@@ -140,10 +144,10 @@ class RpcPickler(cloudpickle.Pickler):
         # remembered, since the check walks modules and the same few (torch's PythonUDF,
         # the call's function) come in every message. torch's API and nbrpc's
         # replacements go by name (see torch_compat.stand_in), before anything else decides.
-        # What carries every call (``CARRIERS``: torch's PythonUDF, nbrpc's carriers) is none of these,
+        # What carries every call (torch's PythonUDF, nbrpc's ``CARRIERS``) is none of these,
         # and an object found importable is no stand-in (see ``_forget_importable``).
         cls = type(obj)
-        if cls in CARRIERS:
+        if cls in _AS_THEY_ARE:
             return NotImplemented
         is_function = cls is types.FunctionType
         is_class = not is_function and isinstance(obj, type)
@@ -224,11 +228,11 @@ def _call_message(udf, flat) -> tuple[bytes, list] | None:
     carrier = udf.func
     if type(carrier) not in CARRIERS:
         return None
-    trace = carrier[2]  # a recorded call's: its id and whether its reply is pickled
+    trace = carrier.trace  # a recorded call's: its id and whether its reply is pickled
     leaves = c_pickling.leaves_in_c((udf.args, udf.kwargs) if trace is None else (udf.args, udf.kwargs, trace))
     if leaves is None:
         return None
-    func = carrier[0]
+    func = carrier.func
     if type(func) is not types.FunctionType:
         return None
     _forget_importable()
@@ -239,7 +243,8 @@ def _call_message(udf, flat) -> tuple[bytes, list] | None:
         if func is None:
             _kept.made = made  # each reduced once per message: the kept pickler takes these
             return None
-    call = tuple.__new__(type(udf), (type(carrier)((func, carrier[1], trace)), udf.args, udf.kwargs))
+        carrier = carrier.carrying(func)
+    call = tuple.__new__(type(udf), (carrier, udf.args, udf.kwargs))
     return _in_c(call, udf, flat() if leaves else None)
 
 
