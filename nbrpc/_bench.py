@@ -38,8 +38,8 @@ from .recording.pending import PENDING
 from .shared_server.kernel import NAME as KERNEL_NAME
 from .shared_server.kernel import install as install_kernel
 from .wire import c_pickling
+from .wire.cloudpickling import RpcPickler
 from .wire.receivers import receivers
-from .wire.serialization import RpcPickler
 
 __all__ = ["KERNEL_NAME", "OUTPUT_SINKS", "PARTS", "PENDING", "RpcPickler", "install_kernel", "left_out",
            "mark_and_check", "recording", "rref_tracking", "sent_bytes", "set_inline_limit", "set_pickler",
@@ -65,7 +65,7 @@ def set_inline_limit(limit: int | None) -> None:
     serving.pool.inline_limit = limit
 
 
-class _InlineStoppable(interrupts._Call):
+class _InlineStoppable(interrupts.Carrier):
     """A ``Stoppable`` that torch runs as a plain function on its own RPC thread, always
     (``interrupts.Direct`` without its limit: the reference of the hand-off rows)."""
 

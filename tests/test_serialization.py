@@ -19,9 +19,9 @@ from torch.distributed.rpc import internal
 import nbrpc
 from nbrpc._compat import torch_compat
 from nbrpc.calls import interrupts
-from nbrpc.wire import c_pickling, definitions, serialization, shared_tensors
+from nbrpc.wire import c_pickling, cloudpickling, definitions, shared_tensors, signing
+from nbrpc.wire.cloudpickling import RpcPickler
 from nbrpc.wire.receivers import receivers
-from nbrpc.wire.serialization import RpcPickler
 
 
 def pid_of(cluster, name: str) -> int:
@@ -222,10 +222,10 @@ def measure(held, t):
     held, small = shell.user_ns["Held"](5), torch.ones(3)
     udf = internal.PythonUDF(shell.user_ns["measure"], (held, small), {})
     payload, tensors = pickler.serialize(udf)
-    kept = serialization._kept.pickler
+    kept = cloudpickling.kept()
     # the same bytes and tensors as torch's serialize with a new RpcPickler
     assert (payload, tensors) == torch_compat.torch_serialize(pickler, udf)
-    assert pickler.serialize(udf)[0] == payload and serialization._kept.pickler is kept
+    assert pickler.serialize(udf)[0] == payload and cloudpickling.kept() is kept
     gone = weakref.ref(held)
     del udf, held
     assert gone() is None, "the kept pickler still holds a value of its last message"
@@ -259,12 +259,12 @@ class _Text(str):
 
 def test_a_plain_reply_is_plain_pickle_signed_like_every_message(cluster):
     pickler = internal._internal_rpc_pickler
-    key = serialization._wire.key
+    key = signing.KEY.key
     assert key is not None  # the cluster's members sign
     for value in (None, True, 7, 2**70, 0.5, "héllo", b"\x00bytes"):
         payload, tensors = pickler.serialize(value)
         body = pickle.dumps(value, protocol=5)
-        assert payload == serialization._SIGNED + serialization._mac(body) + body and tensors == []
+        assert payload == signing.SIGNED + signing.mac(body) + body and tensors == []
         assert pickler.deserialize(payload, []) == value
         forged = payload[:-1] + bytes([payload[-1] ^ 1])
         with pytest.raises(pickle.UnpicklingError, match="not signed with this cluster's key"):
@@ -280,13 +280,13 @@ def test_a_function_found_importable_goes_by_its_patch_point_once_one_holds_it(c
 
     pickler = internal._internal_rpc_pickler
     pickler.serialize(internal.PythonUDF(colorsys.rgb_to_hsv, (0, 0, 0), {}))
-    assert colorsys.rgb_to_hsv in serialization._importable
+    assert colorsys.rgb_to_hsv in cloudpickling.importable
     colorsys.point, owner = None, colorsys
     torch_compat.patch(((owner, "point"),), colorsys.rgb_to_hsv)
     try:
         payload, _ = pickler.serialize(internal.PythonUDF(colorsys.rgb_to_hsv, (0, 0, 0), {}))
         assert b"rgb_to_hsv" not in payload and b"point" in payload
-        assert colorsys.rgb_to_hsv not in serialization._importable
+        assert colorsys.rgb_to_hsv not in cloudpickling.importable
         assert RpcPickler(io.BytesIO()).reducer_override(colorsys.rgb_to_hsv) == (getattr, (owner, "point"))
     finally:
         del colorsys.point
@@ -392,12 +392,12 @@ def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
     udf = internal.PythonUDF(interrupts.Direct((shell.user_ns["triple"], "1-1", None)), (2,), {})
     receivers.begin("worker1")
     try:
-        payload, tensors = serialization._call_message(udf, None)  # (no tensors: no table asked for)
-        assert tensors == []
+        (payload, tensors), made = c_pickling.call_message(udf, None)  # (no tensors: no table asked for)
+        assert tensors == [] and made is None
     finally:
         receivers.end()
-    body = payload[len(serialization._SIGNED) + serialization._MAC_SIZE:]
-    assert payload == serialization._SIGNED + serialization._mac(body) + body
+    body = payload[len(signing.SIGNED) + signing.MAC_SIZE:]
+    assert payload == signing.SIGNED + signing.mac(body) + body
     forged = payload[:-1] + bytes([payload[-1] ^ 1])
     with pytest.raises(pickle.UnpicklingError, match="not signed with this cluster's key"):
         internal._internal_rpc_pickler.deserialize(forged, [])

@@ -3,7 +3,7 @@
 ``remote_to`` and ``invoke_to`` are torch's ``remote`` and ``_invoke_rpc`` for the call
 wrappers, with the destination set for the pickler while the call is pickled
 (``definitions.receivers``); once the destination answered a call that carried a code in
-full, it holds that code (``_acknowledging``). A call's carrier (``serialization.CARRIERS``)
+full, it holds that code (``_acknowledging``). A call's carrier (``cloudpickling.CARRIERS``)
 goes to torch's C++ call directly while no profiler runs (``_send``).
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from .._compat import torch_compat
 from .._compat.torch_compat import RPCExecMode
 from ..recording.functions import destination_name
+from ..wire.cloudpickling import CARRIERS
 from ..wire.receivers import receivers
-from ..wire.serialization import CARRIERS
 
 _torch_remote = torch_compat.remote
 

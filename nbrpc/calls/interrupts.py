@@ -45,7 +45,7 @@ from ..errors import RpcTimeoutError, WorkerDiedError
 from ..recording import functions, futures, recorder
 from ..recording.paused import FAILURES, PAUSED
 from ..recording.pending import PENDING
-from ..wire import remote_errors, serialization
+from ..wire import cloudpickling, remote_errors
 from . import output, serving
 
 # What ``stop`` answers.
@@ -138,7 +138,7 @@ def served_here() -> Served | None:
 class Carrier(tuple):
     """A Python function sent with a call id, so that ``stop(call_id)`` can reach its
     thread, and a recorded call's ``trace`` (call id, whether a reply is pickled: see
-    ``recorder``; None if not recorded): the fields ``serialization`` reads by name. A
+    ``recorder``; None if not recorded): the fields ``c_pickling`` reads by name. A
     tuple, made as ``Stoppable((func, call_id, trace))``, so that it is made, pickled
     (pickle's own ``NEWOBJ``) and rebuilt all in C, once on each side of every call (a
     ``NamedTuple``'s ``__new__`` and ``__getnewargs__`` are Python's, and pickle other bytes)."""
@@ -150,8 +150,8 @@ class Carrier(tuple):
     trace = property(operator.itemgetter(2))
 
     def carrying(self, func) -> Carrier:
-        """The same call, of the same class, carrying ``func`` instead (``serialization``'s
-        C path puts a notebook function's reduction in its place)."""
+        """The same call, of the same class, carrying ``func`` instead (``c_pickling``
+        puts a notebook function's reduction in its place)."""
         return tuple.__new__(type(self), (func, self[1], self[2]))
 
     def __getattr__(self, name: str):
@@ -233,9 +233,9 @@ class Awaited(Carrier):
         return fut
 
 
-serialization.add_carrier(Stoppable)
-serialization.add_carrier(Direct)
-serialization.add_carrier(Awaited)
+cloudpickling.add_carrier(Stoppable)
+cloudpickling.add_carrier(Direct)
+cloudpickling.add_carrier(Awaited)
 
 
 def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):

@@ -1,6 +1,10 @@
-"""The C path of ``serialization``: messages pickled by a plain C pickler, no Python code
-run per object but the reducers in its table.
+"""The second route of ``serialization``: the usual call, or a reply, pickled all in C by a
+plain C pickler, no Python code run per object but the reducers in its table.
 
+- ``call_message``: a call's message, where its carrier's function is importable or a
+  notebook function ``reduced_in_c`` reduces, and ``leaves_in_c`` takes its arguments;
+  else the reductions made on the way, for the kept pickler (``cloudpickling``).
+- ``value_message``: a reply's (or any message's) message, where ``leaves_in_c`` takes it.
 - ``leaves_in_c``: whether a message's values can go this way (plain values, tensors and
   RRefs, in small tuples, lists and dicts), and how many tensors and RRefs they hold.
 - ``reduced_in_c``: a notebook function's reduction made ready for the C pickler.
@@ -20,13 +24,8 @@ import torch
 import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
-from . import definitions, module_globals, shared_tensors
-
-# What the C pickler writes itself, asking no reducer and no dispatch table: a small
-# call's reply (None, a number, a string) is pickled as plain ``pickle`` does, without a
-# kept pickler's set-up for tensors and RRefs, which cost such a reply about half of its
-# pickling. The same bytes either way.
-PLAIN_VALUES = frozenset({type(None), bool, int, float, str, bytes})
+from . import cloudpickling, definitions, module_globals, shared_tensors, signing
+from .plain_values import PLAIN_VALUES
 
 
 class Reduced(tuple):
@@ -37,7 +36,7 @@ class Reduced(tuple):
     __slots__ = ()
 
 
-class _CallPickler(threading.local):
+class _CPickler(threading.local):
     """This thread's plain C pickler for ``pickled_in_c``: its table for plain values, and
     for tensors and RRefs the kept pickler's flattened table (``table``, made from
     ``source``) with the reductions ``reduced_in_c`` makes."""
@@ -59,12 +58,57 @@ class _CallPickler(threading.local):
         self.pickler.dispatch_table = self.table
 
 
-_call_pickler = _CallPickler()
+_c_pickler = _CPickler()
 # How many values a message's arguments (or its reply) are looked through for the C path
 # at most: past it, the kept pickler, which pickles a big container of plain values in C too.
 WALK_LIMIT = 64
 # What the C path takes besides plain values: the kept pickler's table reduces them.
 _TABLE_LEAVES = frozenset({torch.Tensor, rpc.PyRRef, rpc.RRef})
+
+
+def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
+    """The message of the usual call and the tensors sent beside it, pickled all in C, as
+    the kept pickler would pickle them: a carrier of a function found importable, or of a
+    notebook function ``reduced_in_c`` reduces, with arguments ``leaves_in_c`` takes;
+    else None, and the notebook functions' reductions made on the way (each made once per
+    message: the kept pickler takes them), if any. The kept pickler asks a Python
+    ``reducer_override`` for each of the call's objects, about half of a small call's
+    pickling. ``flat()`` gives the kept pickler's table, for tensors and RRefs."""
+    carrier = udf.func
+    if type(carrier) not in cloudpickling.CARRIERS:
+        return None, None
+    trace = carrier.trace  # a recorded call's: its id and whether its reply is pickled
+    leaves = leaves_in_c((udf.args, udf.kwargs) if trace is None else (udf.args, udf.kwargs, trace))
+    if leaves is None:
+        return None, None
+    func = carrier.func
+    if type(func) is not types.FunctionType:
+        return None, None
+    cloudpickling.forget_importable()
+    if func not in cloudpickling.importable:  # (an importable one goes by reference, as the kept pickler sends it)
+        if not definitions.is_notebook_definition(func):
+            return None, None
+        func, made = reduced_in_c(func)
+        if func is None:
+            return None, made
+        carrier = carrier.carrying(func)
+    call = tuple.__new__(type(udf), (carrier, udf.args, udf.kwargs))
+    return _in_c(call, udf, flat() if leaves else None), None
+
+
+def value_message(obj, flat) -> tuple[bytes, list] | None:
+    """The message of a reply (or any message) ``leaves_in_c`` takes, pickled all in C,
+    and its tensors; None for any other."""
+    leaves = leaves_in_c((obj,))
+    if leaves is None:
+        return None
+    return _in_c(obj, obj, flat() if leaves else None)
+
+
+def _in_c(obj, counted, flat: dict | None) -> tuple[bytes, list] | None:
+    """``obj`` pickled all in C (``pickled_in_c``), signed, counted as ``counted``."""
+    pickled = pickled_in_c(obj, flat)
+    return None if pickled is None else (signing.message(counted, pickled[0]), pickled[1])
 
 
 def leaves_in_c(values) -> int | None:
@@ -97,21 +141,21 @@ def pickled_in_c(obj, flat: dict | None) -> tuple[bytes, list] | None:
     """``obj``'s pickle by this thread's C pickler (with ``flat``, the kept pickler's table,
     for tensors and RRefs: torch's tensor table, or shared memory, as the kept pickler
     sends them) and its tensors; None where it fails (the kept pickler then says why)."""
-    kept = _call_pickler
-    kept.use(flat)
+    c_pickler = _c_pickler
+    c_pickler.use(flat)
     tables = torch_compat.tensor_tables
     outer = getattr(tables, "send_tables", None)
     tables.send_tables = sent = []
     try:
         with shared_tensors.PICKLING:
-            kept.pickler.dump(obj)
-        return kept.body.getvalue(), sent
+            c_pickler.pickler.dump(obj)
+        return c_pickler.body.getvalue(), sent
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
         return None
     finally:
-        kept.pickler.clear_memo()
-        kept.body.seek(0)
-        kept.body.truncate()
+        c_pickler.pickler.clear_memo()
+        c_pickler.body.seek(0)
+        c_pickler.body.truncate()
         if outer is None:
             del tables.send_tables
         else:
