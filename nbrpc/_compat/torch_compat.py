@@ -101,7 +101,7 @@ def update_group_membership(agent, info, devices: list, maps: dict, joined: bool
 
 # -- torch's threads running Python ------------------------------------------------
 
-_kept: set[int] = set()  # idents of threads whose Python thread state is kept
+_threads_with_kept_state: set[int] = set()  # idents of threads whose Python thread state is kept
 
 
 def keep_thread_state() -> None:
@@ -116,8 +116,8 @@ def keep_thread_state() -> None:
     torch 2.11 to 2.15 (pybind11's gil_scoped_acquire) and CPython 3.11.
     """
     me = threading.get_ident()
-    if me not in _kept:
-        _kept.add(me)
+    if me not in _threads_with_kept_state:
+        _threads_with_kept_state.add(me)
         ctypes.pythonapi.PyGILState_Ensure()
 
 

@@ -34,8 +34,9 @@ from .._compat import torch_compat
 from ..errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError, with_torch_class
 
 _torch_handle_exception = torch_compat.handle_exception
-_KEPT = 256  # exceptions re-created but not yet claimed by a waiting call
-_kept: collections.OrderedDict = collections.OrderedDict()
+_UNCLAIMED_LIMIT = 256
+# Exceptions re-created (by their text) but not yet claimed by a waiting call.
+_unclaimed: collections.OrderedDict = collections.OrderedDict()
 _lock = threading.Lock()
 
 
@@ -51,9 +52,9 @@ def _handle_exception(result):
         if isinstance(result, torch_compat.RemoteException) and type(e).__module__ != "builtins":
             tidy(e)
             with _lock:
-                _kept[str(e)] = e
-                while len(_kept) > _KEPT:
-                    _kept.popitem(last=False)
+                _unclaimed[str(e)] = e
+                while len(_unclaimed) > _UNCLAIMED_LIMIT:
+                    _unclaimed.popitem(last=False)
         raise
 
 
@@ -148,11 +149,11 @@ def original(error: BaseException, take: bool = True) -> BaseException | None:
     name, _, message = str(error).split("\n\nAt:", 1)[0].partition(": ")
     message = tidy_text(message)
     with _lock:
-        found = _kept.get(message)
+        found = _unclaimed.get(message)
         if found is None or type(found).__name__ != name:
             return None
         if take:
-            del _kept[message]
+            del _unclaimed[message]
     return with_torch_class(found)  # also the RuntimeError torch raised in its place
 
 
