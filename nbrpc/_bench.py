@@ -67,7 +67,7 @@ def set_inline_limit(limit: int | None) -> None:
 
 class _InlineStoppable(interrupts.Carrier):
     """A ``Stoppable`` that torch runs as a plain function on its own RPC thread, always
-    (``interrupts.Direct`` without its limit: the reference of the hand-off rows)."""
+    (without ``serving``'s limit: the reference of the hand-off rows)."""
 
     __slots__ = ()
 

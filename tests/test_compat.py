@@ -346,7 +346,6 @@ def _callables() -> dict:
         "bound method": (Adder().add, (torch.ones(2), 1)),
         "class": (torch.nn.Identity, ()),
         "Stoppable": (interrupts.Stoppable((python_add, interrupts.new_call_id(), None)), (torch.ones(2), 1)),
-        "Direct": (interrupts.Direct((python_add, interrupts.new_call_id(), None)), (torch.ones(2), 1)),
         "Awaited": (interrupts.Awaited((async_python_add, interrupts.new_call_id(), None)), (torch.ones(2), 1)),
     }
 
@@ -390,7 +389,6 @@ def test_send_python_call_takes_torchs_branch_for_every_kind_of_callable(cluster
     assert kinds["Python function"] == (f"{prefix}_python_udf", False)
     assert kinds["async_execution of a Python function"] == (f"{prefix}_python_udf", True)
     assert kinds["Stoppable"] == kinds["Awaited"] == (f"{prefix}_python_udf", True)
-    assert kinds["Direct"] == (f"{prefix}_python_udf", False)
 
 
 def test_call_kind_names_each_kind_as_torch_sends_it():

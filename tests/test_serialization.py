@@ -389,7 +389,7 @@ def test_plain_arguments_pickled_all_in_c_arrive_as_they_were_sent(shell, monkey
 def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
     run(shell, "def triple(x):\n    return 3 * x")
     assert run(shell, 'rpc.rpc_sync("worker1", triple, args=(2,))') == 6
-    udf = internal.PythonUDF(interrupts.Direct((shell.user_ns["triple"], "1-1", None)), (2,), {})
+    udf = internal.PythonUDF(interrupts.Stoppable((shell.user_ns["triple"], "1-1", None)), (2,), {})
     receivers.begin("worker1")
     try:
         (payload, tensors), made = c_pickling.call_message(udf, None)  # (no tensors: no table asked for)
@@ -421,7 +421,7 @@ def test_tensors_and_containers_pickled_in_c_go_as_the_kept_pickler_sends_them(c
     shared_tensors.enable(False)  # torch's tensor table (test_shared_tensors has the shared memory one)
     try:
         for args, kwargs in calls:
-            udf = internal.PythonUDF(interrupts.Direct((_echo, "1-1", None)), args, kwargs)
+            udf = internal.PythonUDF(interrupts.Stoppable((_echo, "1-1", None)), args, kwargs)
             in_c = pickler.serialize(udf)
             monkeypatch.setattr(c_pickling, "WALK_LIMIT", 0)  # the kept pickler for all
             kept = pickler.serialize(udf)

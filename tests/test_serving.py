@@ -158,9 +158,9 @@ def test_more_blocking_calls_than_rpc_threads_complete(cluster):
 
 
 def test_a_waited_call_runs_on_torch_thread_until_the_limit_then_is_served(cluster):
-    """``rpc_sync`` sends its function to run on torch's thread (a plain function); a member
-    whose torch threads may run no more calls answers that it is busy, and the call is
-    sent again and handed to a serving thread: its value comes back, and it ran once."""
+    """``rpc_sync``'s function runs on torch's thread while the member's torch threads may
+    run more calls; past that limit it is handed to a serving thread: its value comes
+    back, and it ran once."""
     assert not rpc.rpc_sync("worker1", _where, args=("direct",)).startswith("nbrpc-serve")
     rpc.rpc_sync("worker1", _set_inline_limit, args=(0,))
     try:

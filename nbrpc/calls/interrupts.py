@@ -17,8 +17,6 @@ Parts:
   answers, after at most ``STOP_GRACE`` s, what became of the call: ``STOPPED``,
   ``STILL_RUNNING``, ``NOT_RUNNING``, ``ENDED`` and the error it had ended with, or
   ``UNSET`` (an ``Awaited`` call's future).
-- ``Direct``: a ``Stoppable`` for a call whose caller waits on it at once, run by
-  torch as a plain function while torch's threads may (``serving.serve_here``).
 - ``Awaited``: what the caller sends for an ``@async_execution`` function, whose future
   not yet complete is kept in ``PENDING``.
 - ``send_stop``: the caller's side of it; a Future of that answer.
@@ -200,20 +198,6 @@ class Stoppable(Carrier):
         return serving.serve(self.serve, args, kwargs)
 
 
-class Direct(Carrier):
-    """What the caller sends for a Python function whose reply it waits for at once
-    (``rpc_sync``): torch runs it as a plain function on its RPC thread, while fewer
-    than the limit of them run calls (``serving.serve_here``), saving the Future of the
-    ``@async_execution`` protocol. Past the limit it does not run and answers
-    ``serving.Busy``; the caller sends the same call again as a ``Stoppable``."""
-
-    __slots__ = ()
-
-    def __call__(self, *args, **kwargs):
-        torch_compat.keep_thread_state()
-        return serving.serve_here(self.serve, args, kwargs)
-
-
 @torch_compat.mark_async_execution
 class Awaited(Carrier):
     """What the caller sends for an ``@async_execution`` function. torch's thread runs it
@@ -234,7 +218,6 @@ class Awaited(Carrier):
 
 
 cloudpickling.add_carrier(Stoppable)
-cloudpickling.add_carrier(Direct)
 cloudpickling.add_carrier(Awaited)
 
 

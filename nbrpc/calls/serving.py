@@ -24,9 +24,6 @@ Parts:
 - ``serve(run, args, kwargs)``: from torch's thread, a Future of
   ``run(*args, **kwargs)`` (which must not raise: it returns what torch sends back, a
   ``RemoteException`` included), run here or handed off (``hand_off``).
-- ``serve_here(run, args, kwargs)``: for a call its caller waits on at once
-  (``interrupts.Direct``), sent as a plain function: its value, run here, or ``Busy``
-  when the limit is reached (the caller sends it again, to ``serve``).
 - ``ON_CALL``: callables run on the serving thread as each call begins (a debugger
   attached to this member makes the thread known to it: torch's threads are made by
   C++, so no Python debugger saw them start); while it is empty a call pays one check.
@@ -169,12 +166,6 @@ def serve_on_torch_threads(on: bool = True) -> None:
     pool.serve_on_torch_threads(on)
 
 
-class Busy:
-    """What a call sent to run on torch's thread (``serve_here``) answers when this
-    member's torch threads already run as many calls as they may: it did not run, and
-    its caller sends it again to be served as ``serve`` serves (a class: it travels by name)."""
-
-
 def _beginning() -> None:
     for hook in ON_CALL:
         hook()
@@ -209,20 +200,6 @@ def serve(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
     fut = torch_compat.new_future(_devices(ThreadState()) if torch.cuda.is_initialized() else [])
     fut.set_result(value)
     return fut
-
-
-def serve_here(run: Callable, args: tuple, kwargs: dict):
-    """``run(*args, **kwargs)`` on this torch thread while fewer than the limit run calls
-    on torch's threads, else ``Busy``: a plain function's value, without the Future of
-    torch's ``@async_execution`` protocol (about 1% of a small call here)."""
-    if not _take_torch_thread():
-        return Busy
-    try:
-        if ON_CALL:
-            _beginning()
-        return run(*args, **kwargs)
-    finally:
-        _give_back_torch_thread()
 
 
 def hand_off(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:

@@ -11,9 +11,6 @@ Wrappers, installed in every member by ``group.join``:
   could not pickle and in failures of workers whose process has ended (``failures``;
   the wait itself: ``waiting``). An
   interrupted or timed-out call is stopped on its worker too, nested calls included.
-  Its Python function goes as an ``interrupts.Direct``, which torch runs as a plain
-  function; a callee whose torch threads are taken answers ``serving.Busy``, and the call
-  goes again as a ``Stoppable``, to be handed to a serving thread.
 - ``rpc.rpc_async``: returns a ``NamedFuture`` (``futures``), whose ``wait`` does the same.
 - ``remote``: sends a Python function as a ``Stoppable`` too (its output reaches the
   driver, see ``output``).
@@ -38,7 +35,7 @@ from ..errors import SerializationError, UnknownWorkerError, WorkerDiedError
 from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
-from . import caller_half, destinations, interrupts, output, serving, stopping
+from . import caller_half, destinations, interrupts, output, stopping
 from .breakpoints import after_pause, failed_on, noting, stepped_through
 from .failures import label, raise_named, stopped, worker_fate
 from .futures import NamedFuture, collect_all
@@ -93,17 +90,13 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     def send(f):
         return destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout)
 
-    fut, sent = _send(send, func, args, record, replies=True, direct=True)
+    fut, sent = _send(send, func, args, record, replies=True)
     call_id = None if sent is None else sent.call_id
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key, served = PENDING.calling(to, what, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
     try:
         _wait(fut, to, served)
         value = fut.wait()
-        if value is serving.Busy:  # the callee's torch threads were taken: sent to be served as others are
-            fut = send(interrupts.Stoppable(sent))
-            _wait(fut, to, served)
-            value = fut.wait()
     except RuntimeError as e:
         if stepped_through(e, to, call_id):  # a person stepped through it: no timeout
             value = after_pause(to, call_id)
@@ -247,10 +240,9 @@ def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unreco
 
 
 def _send(send: Callable, func, args, record: caller_half.Record | caller_half.Unrecorded, replies: bool,
-          call_id: str | None = None, direct: bool = False):
+          call_id: str | None = None):
     """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
-    ``Stoppable`` (a ``Direct`` one if ``direct``: its caller waits for the reply at
-    once; an ``@async_execution`` one as an ``Awaited``) with a new call id (or
+    ``Stoppable`` (an ``@async_execution`` one as an ``Awaited``) with a new call id (or
     ``call_id``, given only for such a function), so that an interrupt can stop it (a
     recorded call's carries the record's id, and whether its reply is pickled:
     ``replies``). Returns what ``send`` returned and the carrier sent (None: the function
@@ -263,8 +255,6 @@ def _send(send: Callable, func, args, record: caller_half.Record | caller_half.U
         trace = None
         if carrier is interrupts.Stoppable:
             trace = record.trace(replies)
-            if direct:
-                carrier = interrupts.Direct
         stoppable = carrier((func, call_id or interrupts.new_call_id(), trace))
         try:
             return send(stoppable), stoppable
