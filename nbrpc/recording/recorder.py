@@ -322,13 +322,15 @@ def _thread() -> str:
 # -- bytes, counted by the pickler ---------------------------------------------------
 
 
-def count(obj, pickled: int) -> None:
-    """The RPC pickler wrote ``obj`` in ``pickled`` bytes on this thread."""
+def count(obj, pickled: int, tensors: list | None = None) -> None:
+    """The RPC pickler wrote ``obj`` in ``pickled`` bytes on this thread, with ``tensors``
+    beside it (by default the tensor table torch's pickling fills)."""
     me = _get_ident()
+    if tensors is None:
+        tensors = getattr(torch_compat.tensor_tables, "send_tables", None)
     half = _r.sending.pop(me, None) if _r.sending else None
     if half is not None:
         half[REQUEST_PICKLE] = pickled
-        tensors = getattr(torch_compat.tensor_tables, "send_tables", None)
         if tensors:
             half[REQUEST_TENSOR] = _size(tensors)
             # As torch does: a message joins the autograd context only with a tensor that
@@ -338,7 +340,6 @@ def count(obj, pickled: int) -> None:
         return
     half = _r.replies.pop(me, None) if _r.replies else None
     if half is not None:
-        tensors = getattr(torch_compat.tensor_tables, "send_tables", None)
         half[REPLY_TENSOR], half[REPLY_PICKLE] = _size(tensors), pickled
 
 

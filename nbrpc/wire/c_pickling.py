@@ -108,7 +108,7 @@ def value_message(obj, flat) -> tuple[bytes, list] | None:
 def _in_c(obj, counted, flat: dict | None) -> tuple[bytes, list] | None:
     """``obj`` pickled all in C (``pickled_in_c``), signed, counted as ``counted``."""
     pickled = pickled_in_c(obj, flat)
-    return None if pickled is None else (signing.message(counted, pickled[0]), pickled[1])
+    return None if pickled is None else (signing.message(counted, pickled[0], pickled[1]), pickled[1])
 
 
 def leaves_in_c(values) -> int | None:

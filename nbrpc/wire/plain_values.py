@@ -19,4 +19,4 @@ PLAIN_VALUES = frozenset({type(None), bool, int, float, str, bytes})
 
 def message(obj) -> bytes:
     """``obj``'s message (``obj`` of a ``PLAIN_VALUES`` type), signed and counted."""
-    return signing.message(obj, pickle.dumps(obj, cloudpickle.DEFAULT_PROTOCOL))
+    return signing.message(obj, pickle.dumps(obj, cloudpickle.DEFAULT_PROTOCOL), [])

@@ -49,11 +49,12 @@ def signed(body) -> bytes:
     return b"".join((SIGNED, mac(body), body))
 
 
-def message(obj, body) -> bytes:
-    """``body``, ``obj``'s pickle, as the message sent: signed, and counted if calls are recorded."""
+def message(obj, body, tensors: list | None = None) -> bytes:
+    """``body``, ``obj``'s pickle, as the message sent with ``tensors``: signed, and
+    counted if calls are recorded."""
     payload = signed(body)
     if recorder.RECORDER.armed:
-        recorder.count(obj, len(payload))
+        recorder.count(obj, len(payload), tensors)
     return payload
 
 
