@@ -41,8 +41,8 @@ NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadscope)
 
 test: $(READY)
 	bash .ci/system-packages.sh
-	$(PY) -m pytest tests -m "not serial" $(XDIST)
-	$(PY) -m pytest tests -m serial
+	$(PY) -m pytest tests -m "not serial" $(XDIST) --durations=25
+	$(PY) -m pytest tests -m serial --durations=25
 	$(NBVAL) $(NBVAL_XDIST) $(addprefix --deselect=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
 	$(NBVAL) $(HANG_NOTEBOOKS)
 
@@ -68,8 +68,8 @@ test-newest:
 RUNTIME := torch_version and not gpu and not browser and not netns and not hub
 test-runtime: $(READY)
 	$(PY) -c "import torch; print('torch', torch.__version__)"
-	$(PY) -m pytest tests -m "$(RUNTIME) and not serial" $(XDIST)
-	$(PY) -m pytest tests -m "$(RUNTIME) and serial"
+	$(PY) -m pytest tests -m "$(RUNTIME) and not serial" $(XDIST) --durations=15
+	$(PY) -m pytest tests -m "$(RUNTIME) and serial" --durations=15
 
 # Writes benchmarks/results.json and prints its table (missed targets show there); exits
 # non-zero only when a part failed to run. Then the CUDA recipe (it says "skipped" without a GPU).
