@@ -29,7 +29,7 @@ def run_notebook(path: str, output: str, timeout: int = 600) -> float:
 
     notebook = nbformat.read(path, as_version=4)
     # The kernel on Unix sockets in a folder only this user can enter, not on TCP ports.
-    sockets = scratch.make("run")
+    sockets = scratch.make("run", sockets=True)
     kernel = AsyncKernelManager(kernel_name="python3", transport="ipc",
                                 ip=os.path.join(sockets, "kernel"))
     client = NotebookClient(

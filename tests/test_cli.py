@@ -16,13 +16,16 @@ def test_run_executes_a_notebook_over_unix_sockets_and_ends_its_kernel(tmp_path,
         nbformat.v4.new_code_cell("%load_ext nbrpc\n%rpc_init -n 1"),
         nbformat.v4.new_code_cell("import torch.distributed.rpc as rpc\n"
                                   "rpc.rpc_sync('worker1', lambda: 6 * 7)"),
+        nbformat.v4.new_code_cell("from nbrpc.cluster.cluster import current\n"
+                                  "print(current().workers[0].connection_file)"),
         nbformat.v4.new_code_cell("%rpc_shutdown"),
     ])
     source, output = tmp_path / "in.ipynb", tmp_path / "out" / "done.ipynb"
     nbformat.write(notebook, source)
-    # A temporary folder of its own: other runs on the machine make folders meanwhile.
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    # A temporary folder of its own (other runs on the machine make folders meanwhile),
+    # too deep for a kernel's Unix sockets: the worker's sockets go to /tmp.
+    scratch = tmp_path / ("deep-" * 12) / "tmp"
+    scratch.mkdir(parents=True)
     cli = subprocess.Popen([sys.executable, "-m", "nbrpc.cli", "run", str(source), "--output", str(output)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "TMPDIR": str(scratch)})
@@ -33,5 +36,8 @@ def test_run_executes_a_notebook_over_unix_sockets_and_ends_its_kernel(tmp_path,
     assert "without encryption" not in err  # not on TCP
     done = nbformat.read(output, as_version=4)
     assert done.cells[1].outputs[0]["data"]["text/plain"] == "42"
-    assert not glob.glob(f"{scratch}/nbrpc-*")  # its kernel's sockets, its worker's folder
+    assert not glob.glob(f"{scratch}/nbrpc-*")  # its kernel's sockets
+    worker_folder = os.path.dirname(done.cells[2].outputs[0]["text"].strip())
+    assert worker_folder.startswith("/tmp/nbrpc-worker1-")
+    assert not os.path.exists(worker_folder)
     assert not wait_gone(kernel_pids(), timeout=10)

@@ -211,7 +211,7 @@ def launch(worker: LocalWorker, env: dict[str, str], workdir: str, warm_start: b
     The process is forked from the warm template (``nbrpc.launchers.template``) unless warm
     start is off or the template cannot serve it; then it is a fresh Python.
     """
-    folder = scratch.make(worker.name)  # only this user can enter it
+    folder = scratch.make(worker.name, sockets=True)  # only this user can enter it
     worker.connection_file = os.path.join(folder, "kernel.json")
     # The kernel's sockets are files in that directory, out of other local users' reach.
     write_unbound_connection_file(worker.connection_file, os.path.join(folder, "kernel"), "ipc")

@@ -31,6 +31,12 @@ OWNERS = "owners"
 # this log; it is stale once no process names it and it is this old.
 LEGACY_LOG = "output.log"
 LEGACY_AGE = 600.0
+# A Unix socket's path fits in 107 bytes (sockaddr_un); a kernel names its sockets
+# "kernel-N" inside its folder, N a port number of up to 5 digits.
+SOCKET_PATH_MAX = 107
+SOCKET_NAME_MAX = len("kernel-65535")
+# Where a folder for sockets goes when the temporary folder is too deep for them.
+SHORT_BASE = "/tmp"
 
 
 class _Sweeper:
@@ -48,10 +54,19 @@ class _Sweeper:
 SWEEPER = _Sweeper()
 
 
-def make(label: str, owners: tuple[int, ...] = ()) -> str:
-    """A new folder only this user can enter, owned by this process and ``owners``."""
+def make(label: str, owners: tuple[int, ...] = (), sockets: bool = False) -> str:
+    """A new folder only this user can enter, owned by this process and ``owners``.
+
+    With ``sockets`` the folder is one a kernel's Unix sockets fit in: in ``/tmp`` when
+    the temporary folder (``TMPDIR``) is too deep for their paths.
+    """
     SWEEPER.once()
-    folder = tempfile.mkdtemp(prefix=f"{PREFIX}{label}-")  # mode 0700
+    prefix = f"{PREFIX}{label[:24]}-"
+    base = tempfile.gettempdir()
+    # mkdtemp adds 8 characters to the prefix.
+    if sockets and len(os.path.join(base, prefix + "x" * 8, "")) + SOCKET_NAME_MAX > SOCKET_PATH_MAX:
+        base = SHORT_BASE
+    folder = tempfile.mkdtemp(prefix=prefix, dir=base)  # mode 0700
     # Written whole, then renamed: a sweep never sees a record without this process.
     record = os.path.join(folder, OWNERS + ".new")
     with os.fdopen(os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
@@ -92,8 +107,13 @@ def owners_alive(folder: str) -> bool | None:
 
 
 def sweep(base: str | None = None) -> list[str]:
-    """Remove this user's stale nbrpc folders in ``base`` (the temporary folder); return them."""
-    base = base or tempfile.gettempdir()
+    """Remove this user's stale nbrpc folders in ``base``; return them.
+
+    Without ``base``: in the temporary folder and in ``/tmp``, where ``make`` puts
+    folders for sockets when the temporary folder is too deep.
+    """
+    if base is None:
+        return [f for b in dict.fromkeys([tempfile.gettempdir(), SHORT_BASE]) for f in sweep(b)]
     try:
         names = [n for n in os.listdir(base) if n.startswith(PREFIX)]
     except OSError:
