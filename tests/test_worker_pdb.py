@@ -173,6 +173,18 @@ def test_debug_after_a_remote_error_opens_the_workers_frames(notebook):
     assert 'raise ValueError(f"boom with {x}")' in out, out
 
 
+def test_debug_after_to_here_raised_opens_the_owners_frames(notebook):
+    messages, reply = execute(notebook, 'rref = rpc.remote("worker2", boom, args=(4,))\nrref.to_here()')
+    assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
+    messages, reply, prompts = typed(notebook, "%debug", ["p secret", "p x", "q"])
+    assert reply["status"] == "ok", reply
+    assert prompts == ["(Pdb) [worker2] "] * 3, prompts
+    out = streamed(messages)
+    assert "nbrpc: ValueError was raised on worker2" in out, out
+    assert "\n28\n4\n" in out, out
+    assert 'raise ValueError(f"boom with {x}")' in out, out
+
+
 def test_debug_after_a_local_error_is_ipythons(notebook):
     _, reply = execute(notebook, "def local(v):\n    inside = v + 100\n    raise KeyError(v)\nlocal(1)")
     assert reply["status"] == "error", reply

@@ -13,15 +13,19 @@ Parts:
   of the last failed call of that caller (``paused.FAILURES``), through the same prompts.
 - ``failed_on`` / ``failure_of``: the driver's note on a remote error of which member and
   call it came from, which ``%debug`` reads.
+- ``REMOTES``: the call id of each of the last remotes made here, by RRef: a ``to_here``
+  that raises the error the remote's function raised on the owner notes that call.
 """
 
 from __future__ import annotations
 
+import collections
 import inspect
 import os
 import pdb
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -40,6 +44,8 @@ SKIP = ("nbrpc.*", "torch.*", "threading", "concurrent.*")
 ASK_TIMEOUT = 10.0
 # The attribute a remote error carries on the driver: (member, call id).
 FAILED_CALL = "_nbrpc_failed_call"
+# Remotes whose call id a later to_here's error can name: at most this many, the newest.
+REMOTES_KEPT = 256
 
 
 class MemberPdb(pdb.Pdb):
@@ -278,3 +284,26 @@ def failed_on(error: BaseException, to, call_id: str | None) -> None:
 def failure_of(error: BaseException | None) -> tuple[str, str] | None:
     """(member, call id) of the call a remote ``error`` came from, if known."""
     return getattr(error, FAILED_CALL, None)
+
+
+class Remotes:
+    """The call id of each of the last ``REMOTES_KEPT`` remotes made here, by their RRef."""
+
+    def __init__(self) -> None:
+        self._made: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+
+    def made(self, rref, call_id: str) -> None:
+        self._made[id(rref)] = (weakref.ref(rref), call_id)
+        if len(self._made) > REMOTES_KEPT:
+            try:
+                self._made.popitem(last=False)
+            except KeyError:  # another thread took the oldest meanwhile
+                pass
+
+    def call_of(self, rref) -> str | None:
+        """The call id of the remote that made ``rref`` here, if it is among the last."""
+        ref, call_id = self._made.get(id(rref), (None, None))
+        return call_id if ref is not None and ref() is rref else None
+
+
+REMOTES = Remotes()

@@ -36,7 +36,7 @@ from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
 from . import caller_half, destinations, interrupts, output, stopping
-from .breakpoints import after_pause, failed_on, noting, stepped_through
+from .breakpoints import REMOTES, after_pause, failed_on, noting, stepped_through
 from .failures import label, raise_named, stopped, worker_fate
 from .futures import NamedFuture, collect_all
 from .waiting import in_background
@@ -157,6 +157,8 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
         PENDING.answered(key)
         raise
     PENDING.remote_made(key, rref)
+    if call_id is not None:  # a to_here that raises its function's error names it (%debug)
+        REMOTES.made(rref, call_id)
     record.made_rref(rref)
     if rref_ledger.is_tracking():
         rref_ledger.created(rref, to, site)
@@ -176,9 +178,11 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
         else:
             value = _fetch(rref, timeout, record)
     except RuntimeError as e:
-        raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, record.answered, key)
+        note = noting(record.answered, owner, REMOTES.call_of(rref))
+        raise_named(e, owner, f"to_here() of an RRef owned by {owner!r}", timeout, note, key)
     except Exception as e:  # a remote exception of its own class (see remote_errors)
         remote_errors.tidy(e)
+        failed_on(e, owner, REMOTES.call_of(rref))
         raise
     except KeyboardInterrupt:
         record.failed(KeyboardInterrupt("interrupted"))
