@@ -32,11 +32,10 @@ class AutogradGraph(GraphWidget):
 
     def update(self, snapshot: dict) -> None:
         """Show ``snapshot``; the front end swaps the drawing in place."""
-        drawing = svg.autograd_svg(snapshot, titles=False)
-        details = describe.autograd_details(snapshot)
+        state = autograd_state(snapshot)
         with self._sync_lock(), self.hold_sync():
             self.snapshot = snapshot
-            self.svg, self.details = drawing, details
+            self.svg, self.details = state["svg"], state["details"]
             self.status = self.summary()
 
     def refresh(self) -> None:
@@ -49,6 +48,13 @@ class AutogradGraph(GraphWidget):
 
     def to_svg(self) -> str:
         return svg.autograd_svg(self.snapshot)
+
+
+def autograd_state(snapshot: dict) -> dict:
+    """What ``graph.js`` reads of an autograd graph showing ``snapshot`` (the widget's synced
+    traits, the side panel's docked view)."""
+    return {"kind": "autograd", "svg": svg.autograd_svg(snapshot, titles=False),
+            "details": describe.autograd_details(snapshot)}
 
 
 def autograd_static(context_or_snapshot: int | dict | None = None) -> StaticView:

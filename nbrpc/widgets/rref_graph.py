@@ -60,13 +60,10 @@ class RRefGraph(LiveGraph):
 
     def update(self, snapshot: dict) -> None:
         """Show ``snapshot``; the front end swaps the drawing in place."""
-        # Fork arcs get their band over the lanes only while shown: no empty space above.
-        drawing = svg.rref_svg(snapshot, show_forks=self.show_forks, bundle_above=self.aggregate_above,
-                               titles=False)
-        details = describe.rref_details(snapshot)
+        state = rref_state(snapshot, show_forks=self.show_forks, aggregate_above=self.aggregate_above)
         with self._sync_lock(), self.hold_sync():
             self.snapshot = snapshot
-            self.svg, self.details = drawing, details
+            self.svg, self.details = state["svg"], state["details"]
             self.status = self._status_line()
 
     @traitlets.observe("show_forks")
@@ -85,6 +82,14 @@ class RRefGraph(LiveGraph):
     def to_svg(self) -> str:
         return svg.rref_svg(self.snapshot, show_forks=self.show_forks, worker=self.worker or None,
                             aggregate_above=self.aggregate_above)
+
+
+def rref_state(snapshot: dict, *, show_forks: bool = False, aggregate_above: int = 200) -> dict:
+    """What ``graph.js`` reads of an RRef graph showing ``snapshot``: the widget's synced
+    traits, and what the side panel's docked view is fed."""
+    # Fork arcs get their band over the lanes only while shown: no empty space above.
+    drawing = svg.rref_svg(snapshot, show_forks=show_forks, bundle_above=aggregate_above, titles=False)
+    return {"kind": "rref", "svg": drawing, "details": describe.rref_details(snapshot)}
 
 
 def rref_static(snapshot: dict | None = None, aggregate_above: int = 200) -> StaticView:

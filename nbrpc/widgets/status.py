@@ -14,6 +14,12 @@ from ._live import Refresher, SyncLock, cluster_running
 from .base import HERE
 
 
+def status_state(rows: list[dict]) -> dict:
+    """What ``status.js`` reads of a status table of ``rows`` (the widget's synced trait,
+    the side panel's docked view)."""
+    return {"html": StatusTable(rows)._repr_html_()}
+
+
 class ClusterStatus(SyncLock, anywidget.AnyWidget):
     """Every member's name, rank, host, pid, state, busy threads and owned RRefs, live.
 
@@ -51,7 +57,7 @@ class ClusterStatus(SyncLock, anywidget.AnyWidget):
     def update(self, rows: list[dict]) -> None:
         with self._sync_lock():
             self.rows = rows
-            self.html = StatusTable(rows)._repr_html_()
+            self.html = status_state(rows)["html"]
 
     @property
     def live(self) -> bool:

@@ -28,6 +28,13 @@ def running_recording(last: float | None = None) -> dict:
     return trace_snapshot(last=last)
 
 
+def timeline_state(snapshot: dict, place: tl.TimelineLayout) -> dict:
+    """What ``timeline.js`` reads of a timeline showing ``snapshot`` laid out as ``place``
+    (the widget's synced traits, the side panel's docked view)."""
+    details = ts.busy_details(place) if place.aggregated else ts.call_details(snapshot)
+    return {"svg": ts.draw(snapshot, place, titles=False), "details": details, "table": ts.summary_html(snapshot)}
+
+
 class TimelineStatic:
     """A timeline as static HTML and text only (saved notebooks, ``%rpc_timeline --static``)."""
 
@@ -119,11 +126,10 @@ class Timeline(LiveView, SyncLock, anywidget.AnyWidget):
     def update(self, snapshot: dict) -> None:
         """Show ``snapshot``; the front end swaps the drawing in place and keeps its zoom."""
         place = tl.timeline_layout(snapshot, threads=self._threads, aggregate_above=self._aggregate_above)
-        drawing = ts.draw(snapshot, place, titles=False)
-        details = ts.busy_details(place) if place.aggregated else ts.call_details(snapshot)
+        state = timeline_state(snapshot, place)
         with self._sync_lock(), self.hold_sync():
             self.snapshot, self.place = snapshot, place
-            self.svg, self.details, self.table = drawing, details, ts.summary_html(snapshot)
+            self.svg, self.details, self.table = state["svg"], state["details"], state["table"]
             self.status = self._status_line()
 
     def refresh(self) -> None:

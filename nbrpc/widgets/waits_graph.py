@@ -55,11 +55,10 @@ class WaitsGraph(LiveGraph):
 
     def update(self, snapshot: dict) -> None:
         """Show ``snapshot``; the front end swaps the drawing in place."""
-        drawing = waits_svg.waits_svg(snapshot, titles=False)
-        details = waits_svg.waits_details(snapshot)
+        state = waits_state(snapshot)
         with self._sync_lock(), self.hold_sync():
             self.snapshot = snapshot
-            self.svg, self.details = drawing, details
+            self.svg, self.details = state["svg"], state["details"]
             self.status = self._status_line()
 
     def refresh(self) -> None:
@@ -74,6 +73,13 @@ class WaitsGraph(LiveGraph):
 
     def static(self) -> StaticView:
         return WaitsStatic(self.snapshot)
+
+
+def waits_state(snapshot: dict) -> dict:
+    """What ``graph.js`` reads of a wait-for graph showing ``snapshot`` (the widget's synced
+    traits, the side panel's docked view)."""
+    return {"kind": "waits", "svg": waits_svg.waits_svg(snapshot, titles=False),
+            "details": waits_svg.waits_details(snapshot)}
 
 
 class WaitsStatic(StaticView):
