@@ -131,8 +131,11 @@ class Drivers:
                         "name": session.get("name"), **answer})
         return out
 
-    async def view(self, kernel_id: str, name: str) -> dict | None:
-        return await self.ask(kernel_id, {"what": "view", "view": name}, VIEW_TIMEOUT)
+    async def view(self, kernel_id: str, name: str, front_end: bool = False,
+                   options: dict | None = None) -> dict | None:
+        """One view's state (and, with ``front_end``, its widget's ES module and CSS)."""
+        question = {"what": "view", "view": name, "front_end": front_end, "options": options or {}}
+        return await self.ask(kernel_id, question, VIEW_TIMEOUT)
 
     async def shutdown(self, kernel_id: str) -> dict | None:
         """``%rpc_shutdown``, run on the control channel: it works while a cell is stuck."""

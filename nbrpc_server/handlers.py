@@ -3,7 +3,9 @@ authentication (a token or a login), its XSRF check for a POST, and its authoriz
 for the "kernels" resource (``auth_resource``), as jupyter_server's own kernel handlers.
 
 - ``GET  nbrpc/clusters``: every cluster of this server's kernels (``Drivers.clusters``).
-- ``GET  nbrpc/clusters/<kernel_id>/views/<view>``: one view as HTML, drawn by the kernel.
+- ``GET  nbrpc/clusters/<kernel_id>/views/<view>``: one view, drawn by the kernel: the state
+  its widget's traits would hold (the stacks: HTML); ``?front_end=1`` adds the widget's ES
+  module and CSS, and each of ``VIEW_OPTIONS`` (``?show_forks=1``) is passed on.
 - ``POST nbrpc/clusters/<kernel_id>/start``: run the form's ``%rpc_init`` line (JSON
   ``{"line": ...}``) in that kernel, as a cell.
 - ``POST nbrpc/clusters/<kernel_id>/shutdown``: ``%rpc_shutdown``, on the control channel.
@@ -24,11 +26,11 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from .drivers import Drivers
-from .protocol import VIEWS
+from .protocol import VIEW_OPTIONS, VIEWS
 
 KERNEL = r"(?P<kernel_id>[0-9a-f-]{1,64})"
 VIEW = r"(?P<view>[a-z]{1,16})"
-ENDED = {"ended": True, "html": "", "summary": "the cluster has ended"}
+ENDED = {"ended": True, "summary": "the cluster has ended"}
 
 
 class _Handler(APIHandler):
@@ -63,7 +65,8 @@ class ViewHandler(_Handler):
         self._owned(kernel_id)
         if view not in VIEWS:
             raise tornado.web.HTTPError(404, f"no view named {view!r}; the views are: {', '.join(VIEWS)}")
-        answer = await self.drivers.view(kernel_id, view)
+        options = {name: self.get_argument(name, "0") == "1" for name in VIEW_OPTIONS}
+        answer = await self.drivers.view(kernel_id, view, self.get_argument("front_end", "0") == "1", options)
         # A view of a cluster that ended says so (and stops asking).
         self.finish(json.dumps(answer if answer is not None else ENDED))
 

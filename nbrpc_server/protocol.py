@@ -8,7 +8,9 @@ Parts:
   what a request may ask (``content["what"]``).
 - ``BEACON_PREFIX`` and ``beacon_path``: the file a driver writes beside its connection
   file while a cluster runs (``nbrpc-kernel-<id>.json`` beside ``kernel-<id>.json``).
-- ``VIEWS``: the views a kernel draws; ``MEMBER_COLUMNS``: the keys of a member's row.
+- ``VIEWS``: the views a kernel draws; ``VIEW_OPTIONS``: what a view's request may ask of
+  the drawing (the front end's own choices that Python draws, as a widget syncs them);
+  ``MEMBER_COLUMNS``: the keys of a member's row.
 - ``START_MAGIC`` and ``start_code``: the one line the panel's start form may run.
 
 Plain Python, no imports of nbrpc's runtime: the server imports this without torch.
@@ -19,13 +21,14 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = ["BEACON_PREFIX", "MEMBER_COLUMNS", "QUESTIONS", "REPLY", "REQUEST", "START_MAGIC", "VIEWS",
-           "beacon_path", "start_code"]
+           "VIEW_OPTIONS", "beacon_path", "start_code"]
 
 REQUEST = "nbrpc_panel_request"
 REPLY = "nbrpc_panel_reply"
 QUESTIONS = ("summary", "view", "shutdown")
 BEACON_PREFIX = "nbrpc-"
 VIEWS = ("rref", "timeline", "waits", "autograd", "status", "stacks")
+VIEW_OPTIONS = ("show_forks",)
 MEMBER_COLUMNS = ("name", "rank", "host", "pid", "state", "devices", "busy", "owned_rrefs")
 START_MAGIC = "%rpc_init"
 

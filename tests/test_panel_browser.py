@@ -121,6 +121,7 @@ def test_side_panel(page, theme):
     # The RRef graph and the timeline as panels, drawn by the widgets' code.
     entry.locator(".nbrpc-open-rref-graph").click()
     page.locator(".nbrpc-view svg[data-kind=rref]").wait_for()
+    hover_pin_and_filter_docked(page)
     entry.locator(".nbrpc-open-timeline").click()
     page.locator(".nbrpc-view svg[data-kind=timeline]").wait_for()
     if theme == "light":
@@ -155,6 +156,40 @@ def test_side_panel(page, theme):
     assert timings["red after the cell began"] < 3.0, timings
     assert timings["notification after the cell began"] < 3.0, timings
     assert not page.errors, page.errors
+
+
+def hover_pin_and_filter_docked(page) -> None:
+    """The docked RRef graph is the widget's own front end: hovering the RRef shows its card
+    (naming its owner), a click pins it and the pin outlives the view's refreshes, the worker
+    filter dims it, and fit / 1:1 switches the drawing's size."""
+    view = page.locator(".nbrpc-view", has=page.locator("svg[data-kind=rref]"))
+    rref = view.locator(".nbrpc-host [data-id]")
+    assert rref.count() == 1
+    assert view.locator("title").count() == 0  # the widget's cards, not the browser's tooltips
+    rref.hover()
+    tip = view.locator(".nbrpc-tip")
+    wait_for(lambda: tip.is_visible() and "owner" in tip.inner_text(), "the hover card", 10)
+    rows = dict(line.split("\t", 1) for line in tip.inner_text().splitlines() if "\t" in line)
+    assert rows["owner"] == "worker2" and rows["holders"] == "master", rows
+    rref.click()
+    pin = view.locator(".nbrpc-pin")
+    wait_for(lambda: pin.is_visible() and "worker2" in pin.inner_text(), "the pinned card", 10)
+    asked = page.evaluate("() => performance.getEntriesByType('resource').filter("
+                          "e => e.name.includes('/views/rref')).length")
+    wait_for(lambda: page.evaluate("() => performance.getEntriesByType('resource').filter("
+                                   "e => e.name.includes('/views/rref')).length") >= asked + 2,
+             "two refreshes of the docked view", 10)
+    assert pin.is_visible() and "nbrpc-selected" in rref.get_attribute("class")
+    view.locator("select.nbrpc-filter").select_option("worker1")
+    wait_for(lambda: "nbrpc-off" in rref.get_attribute("class"), "the filter to dim the RRef", 5)
+    view.locator("select.nbrpc-filter").select_option("")
+    assert view.locator(".nbrpc-host.nbrpc-fit").count() == 1
+    view.locator(".nbrpc-fit-toggle").click()
+    assert view.locator(".nbrpc-host.nbrpc-fit").count() == 0
+    view.locator(".nbrpc-fit-toggle").click()
+    assert view.locator(".nbrpc-host.nbrpc-fit").count() == 1
+    rref.click()  # unpinned again
+    wait_for(lambda: not pin.is_visible(), "the pin to go", 5)
 
 
 @pytest.mark.parametrize("lab", ["notebook"], indirect=True)

@@ -26,6 +26,11 @@ def test_the_typescript_views_are_the_protocols():
     assert tuple(re.findall(r"name:\s*'([a-z]+)'", views)) == protocol.VIEWS
 
 
+def test_the_typescript_view_options_are_the_protocols():
+    options = ts_list((SOURCE / "protocol.ts").read_text(), "VIEW_OPTIONS")
+    assert tuple(re.findall(r"'([a-z_]+)'", options)) == protocol.VIEW_OPTIONS
+
+
 def test_the_typescript_member_columns_are_the_protocols():
     columns = ts_list((SOURCE / "protocol.ts").read_text(), "MEMBER_COLUMNS")
     assert tuple(re.findall(r"'([a-z_]+)'", columns)) == protocol.MEMBER_COLUMNS

@@ -164,12 +164,41 @@ def test_a_running_cluster_is_listed_with_its_members(server, driver):
 
 def test_views_are_drawn_by_the_kernel(server, driver):
     kernel_id, _ = driver
-    for view, mark in [("rref", 'data-kind="rref"'), ("waits", 'data-kind="waits"'),
-                       ("status", "nbrpc-status"), ("stacks", "master")]:
+    for view, trait, mark in [("rref", "svg", 'data-kind="rref"'), ("waits", "svg", 'data-kind="waits"'),
+                              ("status", "html", "nbrpc-status")]:
         answer = server.api(f"/nbrpc/clusters/{kernel_id}/views/{view}")
-        assert mark in answer["html"], (view, answer)
+        assert mark in answer["state"][trait], (view, answer)
+        assert answer["state"]["status"] == answer["summary"] and "front_end" not in answer
+    assert "master" in server.api(f"/nbrpc/clusters/{kernel_id}/views/stacks")["html"]
     answer = server.api(f"/nbrpc/clusters/{kernel_id}/views/timeline")
-    assert "--trace" in answer["summary"]
+    assert "--trace" in answer["summary"] and "state" not in answer
+
+
+def test_a_view_is_its_widgets_own_front_end_and_state(server, driver):
+    """What a docked view shows: the widget's ES module and CSS as anywidget sends them, and
+    the state its traits would hold; the fork history, a choice Python draws, passed on."""
+    from nbrpc.widgets.base import GraphWidget
+    from nbrpc.widgets.status import ClusterStatus
+
+    kernel_id, kc = driver
+    _, reply = execute(kc, "import torch\nr = rpc.remote('worker1', torch.ones, args=((2, 3),))\nr.to_here()",
+                       timeout=60)
+    assert reply["status"] == "ok", reply
+    answer = server.api(f"/nbrpc/clusters/{kernel_id}/views/rref?front_end=1")
+    assert answer["front_end"] == {"esm": GraphWidget._esm, "css": GraphWidget._css}
+    state = answer["state"]
+    assert state["kind"] == "rref" and state["status"] == answer["summary"], state
+    (rref_id,) = state["details"]
+    rows = dict(state["details"][rref_id]["rows"])
+    assert rows["owner"] == "worker1" and rows["holders"] == "master"
+    assert f'data-id="{rref_id}"' in state["svg"] and "nbrpc-forks" not in state["svg"]
+    forks = server.api(f"/nbrpc/clusters/{kernel_id}/views/rref?show_forks=1")["state"]["svg"]
+    assert "nbrpc-forks" in forks
+    status = server.api(f"/nbrpc/clusters/{kernel_id}/views/status?front_end=1")
+    assert status["front_end"] == {"esm": str(ClusterStatus._esm), "css": str(ClusterStatus._css)}
+    assert "worker1" in status["state"]["html"]
+    assert "front_end" not in server.api(f"/nbrpc/clusters/{kernel_id}/views/stacks?front_end=1")
+    execute(kc, "del r", timeout=60)
 
 
 def test_no_token_is_refused_and_a_post_needs_xsrf(server, driver):
@@ -216,11 +245,11 @@ def test_a_stuck_cell_turns_its_cluster_red_while_the_kernel_is_busy(server, dri
     assert took < 3.0, f"the finding came {took:.1f} s after the cell began"
     # While stuck: the wait-for graph and the stacks.
     waits = server.api(f"/nbrpc/clusters/{kernel_id}/views/waits")
-    assert "nbrpc-alarm" in waits["html"]
+    assert "nbrpc-alarm" in waits["state"]["svg"]
     assert "outer" in server.api(f"/nbrpc/clusters/{kernel_id}/views/stacks")["html"]
     # Views asked over RPC keep their last drawing meanwhile: no RPC queues behind the stuck ones.
     paused = server.api(f"/nbrpc/clusters/{kernel_id}/views/rref")
-    assert "html" not in paused and "began to wait" in paused["summary"]
+    assert "state" not in paused and "began to wait" in paused["summary"]
     # The stop button: an interrupt ends the stuck call.
     server.api(f"/nbrpc/clusters/{kernel_id}/interrupt", "POST")
     reply = kc.get_shell_msg(timeout=60)

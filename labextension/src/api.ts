@@ -3,6 +3,10 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import type { IFrontEnd } from './frontend';
+import type { State } from './model';
+import { VIEW_OPTIONS } from './protocol';
+
 /** One member of a cluster: a row of %rpc_status. */
 export interface IMember {
   name: string;
@@ -41,9 +45,12 @@ export interface ICluster {
   } | null;
 }
 
-/** A view drawn by the kernel (nbrpc.drawing) as HTML. */
+/** A view drawn by the kernel: the state its widget's traits would hold (and, when asked for,
+ * that widget's ES module and CSS), or HTML (the stacks). */
 export interface IView {
   ended?: boolean;
+  state?: State;
+  front_end?: IFrontEnd;
   html?: string;
   summary?: string;
   error?: string;
@@ -75,9 +82,22 @@ export async function clusters(members: boolean): Promise<ICluster[]> {
   return reply.clusters;
 }
 
-/** One view of a kernel's cluster. */
-export function view(kernelId: string, name: string): Promise<IView> {
-  return request<IView>(URLExt.join('clusters', kernelId, 'views', name));
+/** One view of a kernel's cluster; with ``frontEnd``, its widget's front end too; ``options``:
+ * the front end's choices the kernel draws (VIEW_OPTIONS). */
+export function view(
+  kernelId: string,
+  name: string,
+  frontEnd: boolean,
+  options: State = {}
+): Promise<IView> {
+  const query: Record<string, string> = frontEnd ? { front_end: '1' } : {};
+  for (const option of VIEW_OPTIONS) {
+    if (options[option]) {
+      query[option] = '1';
+    }
+  }
+  const path = URLExt.join('clusters', kernelId, 'views', name);
+  return request<IView>(path + URLExt.objectToQueryString(query));
 }
 
 /** What a start ran in the kernel (the %rpc_init line as a cell), and how it ended. */

@@ -7,9 +7,10 @@ Parts:
   asks only kernels that have a cluster; removed when the cluster ends and at exit.
 - ``Answers``: the answers themselves. ``summary()``: the cluster's members (the rows of
   ``%rpc_status``), its pending calls and the findings of ``nbrpc.waits()`` while a call
-  has waited ``hangs.AFTER`` s; ``view(name)``: one view drawn by ``nbrpc.drawing`` (the
-  widgets' own code) as HTML. Both run in any thread and never over RPC while this
-  kernel has a call in flight, so a stuck cell does not hold them up.
+  has waited ``hangs.AFTER`` s; ``view(name)``: one view as the state its widget's traits
+  would hold, and that widget's front end on request (``panel_views``). Both run in any
+  thread and never over RPC while this kernel has a call in flight, so a stuck cell does
+  not hold them up.
 - ``serve(kernel, answers, beacon)``: a handler for ``nbrpc_panel_request`` on the kernel's
   control channel, which ipykernel serves on a thread of its own: it answers while the
   kernel's main thread is busy (a cell waiting on a hang), as workers answer probes, and
@@ -22,7 +23,6 @@ The protocol's names (request type, beacon prefix, views, member columns) come f
 from __future__ import annotations
 
 import atexit
-import html
 import json
 import os
 import threading
@@ -32,14 +32,10 @@ from nbrpc_server.protocol import MEMBER_COLUMNS, REPLY, REQUEST, VIEWS, beacon_
 
 from ..cluster import cluster as cluster_mod
 from ..cluster import queries
-from ..diagnostics import autograd, stacks
-from ..diagnostics.rrefs import rref_snapshot
-from ..diagnostics.trace import trace_snapshot
-from ..drawing import describe, svg, timeline_svg, waits_svg
-from ..drawing.status_table import StatusTable
+from ..diagnostics import autograd
 from ..errors import AutogradContextError
 from ..recording.pending import PENDING
-from . import hangs
+from . import hangs, panel_views
 
 # Seconds a status row (asked over RPC) serves before it is asked again.
 ROWS_FRESH = 1.0
@@ -117,19 +113,34 @@ class Answers:
                 self._rows, self._rows_of = _plain_rows(cluster), id(cluster)
             return [dict(r) for r in self._rows]
 
-    def view(self, name: str) -> dict:
-        """One view as ``{"html", "summary"}``, drawn by the widgets' drawing code."""
+    def view(self, name: str, front_end: bool = False, options: dict | None = None) -> dict:
+        """One view as ``{"summary", "state"}``, the state its widget's traits would hold
+        (``{"summary", "html"}`` for the stacks); with ``front_end``, the widget's ES module
+        and CSS too (``panel_views``)."""
         cluster = cluster_mod.current()
         if cluster is None or cluster.state != "running":
-            return {"ended": True, "html": "", "summary": "the cluster has ended"}
+            return {"ended": True, "summary": "the cluster has ended"}
         if name not in VIEWS:
             raise ValueError(f"no view named {name!r}; the views are: {', '.join(VIEWS)}")
+        answer = {"ended": False}
+        if front_end and name in panel_views.FRONT_ENDS:
+            answer["front_end"] = panel_views.front_end(name)
         oldest = PENDING.oldest()
         if name in OVER_RPC and oldest is not None and time.time() - oldest >= hangs.AFTER:
-            return {"ended": False, "summary": "drawn before a call of this notebook began to wait; it refreshes "
-                                               "once the call ends (the Wait-for graph and Stacks show the wait)"}
-        drawing, summary = getattr(self, "_" + name)(cluster)
-        return {"ended": False, "html": svg.theme_style() + drawing, "summary": summary}
+            return {**answer, "summary": "drawn before a call of this notebook began to wait; it refreshes "
+                                         "once the call ends (the Wait-for graph and Stacks show the wait)"}
+        if name == "stacks":
+            drawing, summary = panel_views.stacks_html(cluster)
+            return {**answer, "html": drawing, "summary": summary}
+        if name == "status":
+            rows = self._member_rows(cluster, asked=PENDING.oldest() is None)
+            state, summary = panel_views.status_state(rows), f"{len(rows)} members"
+        else:
+            state, summary = panel_views.state(name, cluster, options or {})
+        if state is not None:
+            # The widget's own status line says what it shows, as in a cell's output.
+            answer["state"] = {**state, "status": summary}
+        return {**answer, "summary": summary}
 
     def shutdown(self) -> dict:
         """``%rpc_shutdown``, from the control thread: a stuck cell's calls fail as its
@@ -139,36 +150,6 @@ class Answers:
             return {"shut_down": False, "summary": "nbrpc: no cluster is running"}
         cluster.shutdown()
         return {"shut_down": True, "summary": f"nbrpc: {cluster._summary()} shut down"}
-
-    def _rref(self, cluster) -> tuple[str, str]:
-        snap = rref_snapshot()
-        return svg.rref_svg(snap), describe.rref_summary(snap)
-
-    def _timeline(self, cluster) -> tuple[str, str]:
-        if not cluster.trace:
-            return "", "this cluster does not record its calls: start it with %rpc_init --trace"
-        snap = trace_snapshot(last=60)
-        return timeline_svg.timeline_svg(snap), timeline_svg.headline(snap)
-
-    def _waits(self, cluster) -> tuple[str, str]:
-        snap = queries.waits(cluster)
-        return waits_svg.waits_svg(snap), waits_svg.waits_summary(snap)
-
-    def _autograd(self, cluster) -> tuple[str, str]:
-        try:
-            snap = autograd.last_recorded()
-        except AutogradContextError as e:
-            return "", str(e)
-        return svg.autograd_svg(snap), describe.autograd_summary(snap)
-
-    def _status(self, cluster) -> tuple[str, str]:
-        rows = self._member_rows(cluster, asked=PENDING.oldest() is None)
-        return StatusTable(rows)._repr_html_(), f"{len(rows)} members"
-
-    def _stacks(self, cluster) -> tuple[str, str]:
-        found = queries.stacks(cluster)
-        return f"<pre class='nbrpc-stacks'>{html.escape(stacks.format_stacks(found))}</pre>", \
-            f"{len(found)} members"
 
 
 def _recorded() -> bool:
@@ -196,6 +177,8 @@ def _with_probe(rows: list[dict], members: list[dict]) -> list[dict]:
             row["busy"] = m.get("busy", row.get("busy"))
             if m.get("state") in ("gone", "frozen"):
                 row["state"] = m["state"]
+            elif m.get("paused_at"):  # a person steps through it there: not a hang
+                row["state"] = f"paused in the debugger at {m['paused_at']}"
     return rows
 
 
@@ -207,7 +190,8 @@ def serve(kernel, answers: Answers, beacon: Beacon) -> None:
         try:
             what = content.get("what")
             if what == "view":
-                reply = answers.view(str(content.get("view")))
+                reply = answers.view(str(content.get("view")), bool(content.get("front_end")),
+                                     dict(content.get("options") or {}))
             elif what == "shutdown":
                 reply = answers.shutdown()
                 beacon.update()
