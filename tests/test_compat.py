@@ -20,7 +20,7 @@ from jupyter_client.blocking import BlockingKernelClient
 from torch._C._distributed_rpc import PyRRef
 
 from nbrpc._compat import cloudpickle_compat as cp
-from nbrpc._compat import jupyter_compat, torch_compat
+from nbrpc._compat import debugger_compat, jupyter_compat, torch_compat
 
 
 def test_torchs_private_methods_are_there_and_a_missing_one_is_named(monkeypatch):
@@ -431,3 +431,42 @@ def test_the_mark_the_futures_and_the_pickler_are_torchs(cluster):
         assert rpc.internal._pickler is torch_compat.pickler_class()
     finally:
         torch_compat.set_pickler_class(before)
+
+
+
+def test_pydevds_suspend_is_what_the_cluster_debugger_wraps():
+    # In a process of its own: importing debugpy's server loads pydevd, which sets tracing up.
+    code = ("import inspect, debugpy.server.api\n"
+            "from nbrpc._compat import debugger_compat\n"
+            "cls = debugger_compat.pydevd_debugger_class()\n"
+            "print(list(inspect.signature(cls.do_wait_suspend).parameters)[:4])\n"
+            "print(debugger_compat.on_suspend(print, print), debugger_compat.on_suspend(print, print))\n"
+            "print(cls.do_wait_suspend._nbrpc_plain.__name__)\n")
+    done = subprocess.run([sys.executable, "-Xfrozen_modules=off", "-c", code], capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.splitlines() == ["['self', 'thread', 'frame', 'event']", "True True",
+                                        "do_wait_suspend"], done
+
+
+def test_a_hook_runs_on_the_thread_of_a_custom_functions_backward_and_is_undone():
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("backward", threading.get_ident()))
+            return grad * 2
+
+    seen = []
+    plain = vars(torch.autograd.function.BackwardCFunction)["apply"]
+    undo = debugger_compat.before_backward(lambda: seen.append(("hook", threading.get_ident())))
+    try:
+        x = torch.ones(2, requires_grad=True)
+        Twice.apply(x).sum().backward()
+    finally:
+        undo()
+    assert x.grad.tolist() == [2.0, 2.0]
+    assert [what for what, _ in seen] == ["hook", "backward"] and seen[0][1] == seen[1][1], seen
+    assert vars(torch.autograd.function.BackwardCFunction)["apply"] is plain

@@ -8,11 +8,12 @@ its IOPub; the members' threads must appear there as the driver's.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import pytest
-from conftest import execute, wait_gone
+from conftest import execute, streamed, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +22,23 @@ BOX = ("class Box:\n    def __init__(self, n):\n        self.n = n\n\n"
        "    def grow(self, x):\n        total = self.n + x\n        return total\n")
 G = "def g(x):\n    twice = x * 2\n    return twice\n"
 RPC_ON_CELL = "%%rpc_on worker2\nz = 5\nw = z * 3\nprint('w is', w)"
+BACKWARD = ("import torch\nimport torch.distributed.autograd as dist_autograd\n\n"
+            "def scaled(grad, by):\n    bigger = grad * by\n    return bigger\n\n"
+            "class Twice(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
+            "        return x * 2\n\n    @staticmethod\n    def backward(ctx, grad):\n"
+            "        factor = 2\n        return scaled(grad, factor)\n\n"
+            "def twice(x):\n    return Twice.apply(x)\n\n"
+            "class Doubler(torch.nn.Module):\n    def forward(self, x):\n        return Twice.apply(x)\n")
+SCALED_LINE, BACKWARD_LINE = 5, 16
+OPTIMIZER = ("import torch\nimport torch.distributed.autograd as dist_autograd\n"
+             "from torch.distributed.optim import DistributedOptimizer\n\n"
+             "class Plain(torch.optim.Optimizer):\n    def __init__(self, params, lr):\n"
+             "        super().__init__(params, {'lr': lr})\n\n    def step(self, closure=None):\n"
+             "        for group in self.param_groups:\n            for p in group['params']:\n"
+             "                change = p.grad * group['lr']\n                p.data.sub_(change)\n\n"
+             "def new_weight():\n    return torch.ones(2, requires_grad=True)\n")
+STEP_LINE = 13
+FIRST_OPTIMIZER = "import torch.distributed.optim\n_ = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)"
 
 
 class Dap:
@@ -70,6 +88,26 @@ class Dap:
             assert time.monotonic() < deadline, f"the cell did not end within {timeout} s"
             self._pump(deadline)
 
+    def shown(self, msg_id: str, pattern: str, timeout: float = 60) -> str:
+        """The first text a running cell displayed (or updated) that matches ``pattern``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for m in self.outputs.get(msg_id, []):
+                text = (m["content"].get("data") or {}).get("text/plain") or m["content"].get("text", "")
+                if re.search(pattern, text):
+                    return text
+            assert time.monotonic() < deadline, f"no {pattern!r} in the cell within {timeout} s"
+            self._pump(deadline)
+
+    def panel(self, what: str = "summary") -> dict:
+        """The side panel's question, on the control channel as the Jupyter server asks it."""
+        msg = self.client.session.msg("nbrpc_panel_request", {"what": what})
+        self.client.control_channel.send(msg)
+        while True:
+            reply = self.client.control_channel.get_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply["content"]
+
     def top_frame(self, thread: int) -> dict:
         reply = self.request("stackTrace", threadId=thread)
         assert reply["success"], reply
@@ -103,16 +141,17 @@ def lab():
         kc.wait_for_ready(timeout=120)
         dap = Dap(kc)
         # torch imported first: under a debugger an import of torch takes minutes (debugpy
-        # traces every line), with or without nbrpc.
-        _, reply = execute(kc, "%load_ext nbrpc\nimport os\nimport nbrpc\nimport torch.distributed.rpc as rpc",
-                           timeout=240)
+        # traces every line), with or without nbrpc; so does what a process's first
+        # optimizer imports (torch._dynamo), on the driver and on the workers.
+        _, reply = execute(kc, "%load_ext nbrpc\nimport os\nimport nbrpc\nimport torch.distributed.rpc as rpc\n"
+                               + FIRST_OPTIMIZER, timeout=240)
         assert reply["status"] == "ok", reply
         # The debugger switched on before the cluster starts: its members join it as they come.
         assert dap.request("initialize", clientID="jupyterlab", adapterID="python", pathFormat="path",
                            linesStartAt1=True, columnsStartAt1=True, supportsVariableType=True,
                            locale="en")["success"]
         assert dap.request("attach")["success"]
-        _, reply = execute(kc, "%rpc_init -n 2 --timeout 300", timeout=240)
+        _, reply = execute(kc, "%%rpc_init -n 2 --timeout 300\n" + FIRST_OPTIMIZER, timeout=240)
         assert reply["status"] == "ok", reply
         info = dap.request("debugInfo")
         assert info["success"] and info["body"]["isStarted"]
@@ -126,6 +165,11 @@ def lab():
         dap.source = source
         yield dap
         dap.request("disconnect", restart=False, terminateDebuggee=False)
+        # The default timeout, none while the debugger was on, is the cluster's again.
+        printed, _ = execute(kc, "%%rpc_on worker1\nimport torch.distributed.rpc as rpc\nprint(rpc.get_rpc_timeout())")
+        assert "[worker1] 300.0" in streamed(printed), printed
+        _, reply = execute(kc, "pass", user_expressions={"t": "rpc.get_rpc_timeout()"})
+        assert reply["user_expressions"]["t"]["data"]["text/plain"] == "300.0", reply
         execute(kc, "%rpc_shutdown", timeout=120)
     finally:
         kc.stop_channels()
@@ -260,3 +304,88 @@ def test_the_drivers_own_breakpoints_keep_working(lab):
     assert lab.locals_of(frame)["x"] == "6"
     assert lab.request("continue", threadId=thread)["success"]
     assert _result(lab.idle(cell)) == "14"
+
+
+def test_a_member_stopped_in_the_debugger_is_paused_not_a_hang(lab):
+    default = 'rpc.get_rpc_timeout(), rpc.rpc_sync("worker2", rpc.get_rpc_timeout)'
+    _, reply = execute(lab.client, "pass", user_expressions={"t": default})
+    assert reply["user_expressions"]["t"]["data"]["text/plain"] == "(0.0, 0.0)", reply  # none while debugging
+    cell = lab.client.execute('rpc.rpc_sync("worker1", f, args=(3,), timeout=1)')
+    thread = _stops_in_f(lab, "worker1", 3)
+    # The waiting cell says so by itself, past the call's own timeout; so do the panel's rows.
+    said = lab.shown(cell, r"paused in the debugger at cell \d+, line 2")
+    assert "worker1 runs f, paused in the debugger" in said and "(not a hang)" in said, said
+    assert "stuck" not in said, said
+    rows = {r["name"]: r["state"] for r in lab.panel()["cluster"]["members"]}
+    assert re.fullmatch(r"paused in the debugger at cell \d+, line 2", rows["worker1"]), rows
+    assert rows["worker2"] == "running", rows
+    time.sleep(1.5)  # more than the call's timeout again: a person steps, nothing fails
+    assert lab.request("continue", threadId=thread)["success"]
+    messages = lab.idle(cell)
+    assert _result(messages) == "8", [m["content"] for m in messages]
+    assert not [m for m in messages if m["msg_type"] == "error"]
+
+
+def _stops_at(dap, member: str, source: str, line: int, timeout: float = 60) -> tuple[int, dict, dict]:
+    """The member stopped at ``source``:``line``: its thread, top frame and locals."""
+    thread = dap.event("stopped", timeout)["body"]["threadId"]
+    names = {t["id"]: t["name"] for t in dap.request("threads")["body"]["threads"]}
+    assert names[thread].startswith(f"{member}: "), names
+    frame = dap.top_frame(thread)
+    assert (frame["source"]["path"], frame["line"]) == (source, line), frame
+    return thread, frame, dap.locals_of(frame)
+
+
+def test_a_backward_pass_stops_in_the_cells_functions_on_the_member(lab):
+    source = lab.request("dumpCell", code=BACKWARD)["body"]["sourcePath"]
+    assert lab.request("setBreakpoints", source={"path": source},
+                       breakpoints=[{"line": SCALED_LINE}, {"line": BACKWARD_LINE}])["success"]
+    _, reply = execute(lab.client, BACKWARD)
+    assert reply["status"] == "ok", reply
+    # A function called inside an autograd Function whose forward rpc_sync ran on worker1.
+    cell = lab.client.execute("with dist_autograd.context() as ctx:\n"
+                              "    x = torch.ones(3, requires_grad=True)\n"
+                              "    y = rpc.rpc_sync('worker1', twice, args=(x,))\n"
+                              "    dist_autograd.backward(ctx, [(y * 5).sum()])\n"
+                              "    grads = dist_autograd.get_gradients(ctx)[x].tolist()\n"
+                              "grads")
+    thread, _, found = _stops_at(lab, "worker1", source, BACKWARD_LINE)
+    assert found["grad"] == "tensor([5., 5., 5.])", found
+    assert lab.request("continue", threadId=thread)["success"]
+    thread, _, found = _stops_at(lab, "worker1", source, SCALED_LINE)
+    assert found["by"] == "2" and found["grad"] == "tensor([5., 5., 5.])", found
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "[10.0, 10.0, 10.0]"
+    # A forward that remote ran on worker2, whose backward reaches worker2.
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[{"line": BACKWARD_LINE}])["success"]
+    cell = lab.client.execute("module = rpc.remote('worker2', Doubler)\n"
+                              "with dist_autograd.context() as ctx:\n"
+                              "    x = torch.full((2,), 3.0, requires_grad=True)\n"
+                              "    y = module.rpc_sync().forward(x)\n"
+                              "    dist_autograd.backward(ctx, [(y * 7).sum()])\n"
+                              "    grads = dist_autograd.get_gradients(ctx)[x].tolist()\n"
+                              "grads")
+    thread, frame, found = _stops_at(lab, "worker2", source, BACKWARD_LINE)
+    assert found["grad"] == "tensor([7., 7.])", found
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "[14.0, 14.0]"
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
+
+
+def test_a_distributed_optimizer_step_stops_in_the_cells_optimizer_on_the_member(lab):
+    source = lab.request("dumpCell", code=OPTIMIZER)["body"]["sourcePath"]
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[{"line": STEP_LINE}])["success"]
+    _, reply = execute(lab.client, OPTIMIZER)
+    assert reply["status"] == "ok", reply
+    cell = lab.client.execute("weight = rpc.remote('worker1', new_weight)\n"
+                              "optimizer = DistributedOptimizer(Plain, [weight], lr=0.5)\n"
+                              "with dist_autograd.context() as ctx:\n"
+                              "    dist_autograd.backward(ctx, [(weight.to_here() * 3).sum()])\n"
+                              "    optimizer.step(ctx)\n"
+                              "weight.to_here().tolist()")
+    thread, _, found = _stops_at(lab, "worker1", source, STEP_LINE)
+    assert found["change"] == "tensor([1.5000, 1.5000])", found
+    assert found["p"] == "tensor([1., 1.], requires_grad=True)", found
+    assert lab.request("continue", threadId=thread)["success"]
+    assert _result(lab.idle(cell)) == "[-0.5, -0.5]"
+    assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]

@@ -118,7 +118,8 @@ class Graph:
                     if user is not None:
                         call["at"] = stacks_mod.where(user)
                     call["state"] = "waiting" if call["waits_on"] else "running"
-                    if not call["waits_on"]:
+                    self._pause(call, self.paused.get((call["callee"], main)))
+                    if call["state"] == "running":
                         blocked = stacks_mod.blocked_at(self.frames.get((call["callee"], main), []))
                         if blocked is not None:
                             call["blocked_at"] = blocked
@@ -154,11 +155,26 @@ class Graph:
                 call["state"] = "waiting"
             elif call["waits_on"]:
                 call["state"] = "waiting"
+            elif call["kind"] == "backward" and self._pause(call, self.unserved_pause(call["callee"])):
+                pass  # its gradients run a function that a person steps through there
             elif call["kind"] != "abandoned" and self.now - call["since"] > STUCK / 2 \
                     and self.full(call["callee"]):
                 # Not begun there (a Python function's would be served), or a message
                 # torch serves itself (a fetch, a gradient): every RPC thread is busy.
                 call["state"] = "queued"
+
+    def _pause(self, call: dict, stop: dict | None) -> bool:
+        """Mark ``call`` paused where ``stop`` (a paused thread's entry, or None) stands."""
+        if stop is not None:
+            call["state"] = "paused"
+            call["paused_at"] = self.label(call["callee"], (stop["file"], stop["line"]))
+        return stop is not None
+
+    def unserved_pause(self, member: str) -> dict | None:
+        """A thread of ``member`` paused in a debugger outside the calls it serves (a backward's)."""
+        served = {entry["thread"] for name, entry in self.served.values() if name == member}
+        return next((stop for (name, thread), stop in self.paused.items()
+                     if name == member and thread not in served), None)
 
     def stuck(self, call: dict) -> str | None:
         """Why the chain ends at ``call``: "queued", "blocked", "gone", "frozen" or None."""
@@ -253,6 +269,10 @@ def snapshot_of(graph: Graph) -> dict:
         calls.append(out)
     summary = [{"name": m["name"], "threads": m.get("pool"), "busy": graph.busy(m["name"]),
                 "state": m.get("state", "running")} for m in members]
+    for member in summary:  # a person steps there: "paused in the debugger at cell N, line M"
+        stop = next((s for (name, _), s in graph.paused.items() if name == member["name"]), None)
+        if stop is not None:
+            member["paused_at"] = graph.label(member["name"], (stop["file"], stop["line"]))
     return {"members": summary, "calls": calls, "findings": findings(graph)}
 
 
@@ -417,7 +437,6 @@ def explain(graph: Graph, call_id: str) -> tuple[str | None, bool]:
 def paused_text(call: dict) -> str:
     """Where a paused call stands, in words."""
     return f"paused in the debugger at {call['paused_at']}" if call.get("paused_at") else "paused in the debugger"
-
 
 
 def graph(members: list[dict], now: float | None = None) -> Graph:

@@ -16,7 +16,8 @@ threads were its own. Parts:
   member's own: its breakpoints go there one line up, and its frames come back one down.
 - ``Session``: what JupyterLab set up (``initialize`` and ``attach`` arguments,
   breakpoints), replayed to each member as it comes, before and after every cell, so
-  that a cluster started after the debugger was switched on is debugged too.
+  that a cluster started after the debugger was switched on is debugged too. While it
+  is on, the driver's calls, as the members', have no default timeout (``Unhurried``).
 - ``ClusterDebugger``: the kernel's ``do_debug_request``: a request about a member's
   thread, frame or variable goes to that member; ``threads`` lists the members' threads
   too, named ``worker1: <thread>``; set-up requests go everywhere; anything else is the
@@ -35,7 +36,7 @@ from pathlib import Path
 from .._compat import jupyter_compat
 from ..cluster import cluster as cluster_mod
 from ..cluster.debugger_links import DebuggerLink, Relay
-from ..member.lab_debugger import hide_frames
+from ..member.lab_debugger import Unhurried, hide_frames, watch_pauses
 
 # The first id given to a member's thread, frame or variable: the driver's own are
 # small numbers (threads) or addresses (frames, variables), all below 2**48.
@@ -171,6 +172,7 @@ class ClusterDebugger:
         self.stopped: dict[str, set[int]] = {}
         self.relay = Relay(self._relay_event)
         self.helper = Helper()
+        self.unhurried = Unhurried()  # the driver's calls: no default timeout while debugging
         self._lock = threading.RLock()
         self._seq = itertools.count(1 << 30)
 
@@ -193,6 +195,7 @@ class ClusterDebugger:
             self.sources.cells[reply["body"]["sourcePath"]] = (message.get("arguments") or {}).get("code", "")
         if command == "attach" and reply.get("success"):
             self.session.on = True
+            watch_pauses()
             await self.helper.run(self.sync)
         elif command in EVERYWHERE and self.session.on:
             await self.helper.run(self._everywhere, message)
@@ -249,6 +252,10 @@ class ClusterDebugger:
         workers = ([w for w in cluster.workers if w.state == "running" and w.client is not None]
                    if cluster is not None and cluster.state == "running" else [])
         with self._lock:
+            if workers:
+                self.unhurried.start()
+            else:
+                self.unhurried.stop()
             for name in set(self.links) - {w.name for w in workers}:
                 self._drop(name)
             for worker in workers:
@@ -315,6 +322,7 @@ class ClusterDebugger:
         """The debugger disconnected: every member's debugger too."""
         with self._lock:
             self.session.on = False
+            self.unhurried.stop()
             for name, link in list(self.links.items()):
                 try:
                     self._ask(link, {"command": "disconnect",

@@ -1,0 +1,85 @@
+"""The private parts of debugpy (its vendored pydevd) and of torch's autograd that the
+cluster's debugger uses.
+
+- ``on_suspend``: pydevd stops a thread in ``PyDB.do_wait_suspend``, which runs on that
+  thread until the person lets it go on (continue, or a step, which stops again in a
+  new call); wrapped, it tells nbrpc that the thread is paused and where (debugpy 1.8,
+  both its ``settrace`` and its ``sys.monitoring`` tracing call it by attribute).
+- ``before_backward``: torch runs a Python autograd Function's backward through
+  ``torch.autograd.function.BackwardCFunction.apply`` (``apply_boxed`` too, from torch
+  2.13), on a thread its C++ engine made (a distributed backward: one of ``at::launch``'s
+  threads), holding the GIL afresh for each node: a hook run there, in the same hold,
+  can make that thread known to debugpy before the user's backward runs. Known to work
+  with torch 2.11 to 2.15.
+
+``tests/test_compat.py`` reads both.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable
+
+from torch.autograd import function as autograd_function
+
+_BACKWARD_ENTRIES = ("apply", "apply_boxed")
+_lock = threading.Lock()
+
+
+def pydevd_debugger_class():
+    """pydevd's ``PyDB``, once debugpy has loaded it (a kernel's debugger started), else None."""
+    pydevd = sys.modules.get("pydevd")
+    return getattr(pydevd, "PyDB", None)
+
+
+def on_suspend(pausing: Callable, resuming: Callable) -> bool:
+    """``pausing(frame)`` as pydevd stops a thread at ``frame``, ``resuming()`` as it goes
+    on, both on that thread (once per process: later calls change nothing). False if
+    debugpy has not loaded pydevd."""
+    debugger_class = pydevd_debugger_class()
+    if debugger_class is None:
+        return False
+    with _lock:
+        plain = debugger_class.do_wait_suspend
+        if getattr(plain, "_nbrpc_plain", None) is not None:
+            return True
+
+        @functools.wraps(plain)
+        def do_wait_suspend(self, thread, frame, *args, **kwargs):
+            pausing(frame)
+            try:
+                return plain(self, thread, frame, *args, **kwargs)
+            finally:
+                resuming()
+
+        do_wait_suspend._nbrpc_plain = plain
+        debugger_class.do_wait_suspend = do_wait_suspend
+    return True
+
+
+def before_backward(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run ``hook()`` on the thread of every Python autograd Function's backward, before
+    it; returns the function that undoes it."""
+    cls = autograd_function.BackwardCFunction
+    plains = {name: vars(cls)[name] for name in _BACKWARD_ENTRIES if name in vars(cls)}
+
+    def wrapped(plain):
+        @functools.wraps(plain)
+        def entry(self, *args):
+            hook()
+            return plain(self, *args)
+
+        return entry
+
+    with _lock:
+        for name, plain in plains.items():
+            setattr(cls, name, wrapped(plain))
+
+    def undo() -> None:
+        with _lock:
+            for name, plain in plains.items():
+                setattr(cls, name, plain)
+
+    return undo
