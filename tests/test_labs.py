@@ -649,6 +649,18 @@ def rescale_returning_the_rref(x, scale):
     with held:
         settings["scale"] = scale
     return rpc.remote("worker2", torch.mul, args=(x, scale))
+from nbrpc import lab
+DISCOUNTS = {"eu": 0.2, "us": 0.1}
+def region_stripped():
+    return "eu"
+def region_guessed():
+    return "us"
+def total_unfixed(prices):
+    rate = DISCOUNTS.get(lab.region_here(), 0.0)
+    return round(sum(prices) * (1 - rate), 2)
+def total_unrounded(prices):
+    rate = DISCOUNTS.get(lab.region_here().strip(), 0.0)
+    return sum(prices) * (1 - rate) + 0.001
 """
 
 
@@ -685,6 +697,14 @@ HANG_MISTAKES = [
      "master waits on worker2 while it holds `held`", "pass the value"),
     ("hangs.rescale_fixed", "rescale_returning_the_rref", "rescale_fixed returned an RRef",
      "return rref.to_here()"),
+    ("hangs.worker2_region", "region_stripped", "worker2_region() says 'eu': close, but not exactly "
+     "what worker2 read", "spaces and all"),
+    ("hangs.worker2_region", "region_guessed", "worker2_region() says 'us', which is not the region "
+     "worker2 read", "(Pdb) [worker2] prompt type `p region`"),
+    ("hangs.discounted_total_fixed", "total_unfixed", "discounted_total_fixed([50.0, 50.0]) on worker2 "
+     "is 100.0, not 80.0", "clean the region before the lookup"),
+    ("hangs.discounted_total_fixed", "total_unrounded", "discounted_total_fixed([50.0, 50.0]) on worker1 "
+     "is 80.001, not 80.0", "rounded to cents"),
 ]
 
 

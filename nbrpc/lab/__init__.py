@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from ..cluster import cluster as cluster_mod
 from . import dist_autograd, federated, hangs, hybrid, param_server, pipeline, rl, rnn, rpc_basics
 from ._checking import FILL_IN, CheckFailed, _describe, _Wrong
+from .hangs import region_here
 from .hybrid import ddp_port
 from .param_server import digits
 
-__all__ = ["CheckFailed", "Result", "check", "ddp_port", "digits", "results", "summary"]
+__all__ = ["CheckFailed", "Result", "check", "ddp_port", "digits", "region_here", "results", "summary"]
 
 # The workers each lab's %rpc_init cell starts; checks run on exactly these.
 LAB_WORKERS = {

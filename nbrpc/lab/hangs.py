@@ -10,6 +10,10 @@ Parts:
   findings nbrpc names, so that a fix that still hangs is told what still holds, in a
   line. Each check waits until the calls it made have ended (or gave up) before it
   answers, and turns worker1's torch-only serving back off, so the cluster is usable after.
+- A bug on a worker, found with pdb (``worker2_region``, ``discounted_total_fixed``):
+  ``region_here`` is each worker's region as its configuration says, worker2's with a
+  stray space; the student reads it at a ``breakpoint()`` on worker2, then fixes the
+  function that looked its discount up with it.
 """
 
 from __future__ import annotations
@@ -55,6 +59,13 @@ _POOL_HINTS = [
      "a plain function cannot return a Future: put @rpc.functions.async_execution back above "
      "def wait_for_update_fixed"),
 ]
+# Lab 9's bug on a worker: each worker's region as its configuration says (worker2's file
+# has a stray space), and the discount of each region.
+_REGIONS = {"worker1": "eu", "worker2": "eu "}
+DISCOUNTS = {"eu": 0.2, "us": 0.1}
+_STEP_IN = ("put breakpoint() after the `rate = ...` line of discounted_total (the locked cell "
+            "above has it: discounted_total_stepped), call it on worker2, and at the "
+            "(Pdb) [worker2] prompt type `p region`")
 _PASS = ("pass the value: set the scale under `with held:`, then, after the block, call worker2 "
          "with the scale as an argument (rpc.remote(\"worker2\", scaled_by, args=(x, scale))), "
          "so that it never calls back into master")
@@ -269,3 +280,36 @@ def _check_rescale_fixed(rescale_fixed) -> str:
         raise _Wrong(f"rescale_fixed(x, 5.0) returned {_show(got)}; expected x * 5.0 = "
                      f"{_show(x * scale)}", "return worker2's result: x times the new scale")
     return "master set the scale and got x * scale from worker2 without a call back into master"
+
+
+def region_here() -> str:
+    """This worker's region, as its configuration says (lab 9's bug on a worker)."""
+    return _REGIONS.get(rpc.get_worker_info().name, "eu")
+
+
+@CHECKS.exercise("hangs.worker2_region")
+def _check_worker2_region(worker2_region) -> str:
+    got = _call(worker2_region, what="worker2_region()", none_hint=_STEP_IN)
+    actual = _REGIONS["worker2"]
+    if got == actual:
+        return (f"worker2 read the region {actual!r}: with its stray space it is no key of "
+                "DISCOUNTS, so DISCOUNTS.get gave the rate 0.0")
+    if isinstance(got, str) and got.strip() == actual.strip():
+        raise _Wrong(f"worker2_region() says {got!r}: close, but not exactly what worker2 read",
+                     "pdb's `p region` shows the string in quotes, spaces and all: copy it as it is")
+    raise _Wrong(f"worker2_region() says {_show(got)}, which is not the region worker2 read", _STEP_IN)
+
+
+@CHECKS.exercise("hangs.discounted_total_fixed")
+def _check_discounted_total_fixed(discounted_total_fixed) -> str:
+    for prices in ([50.0, 50.0], [19.99, 5.01, 75.0]):
+        expected = round(sum(prices) * (1 - DISCOUNTS["eu"]), 2)
+        for worker in ("worker1", "worker2"):
+            what = f"discounted_total_fixed({prices}) on {worker}"
+            got = _call(rpc.rpc_sync, worker, discounted_total_fixed, args=(prices,), timeout=LIMIT, what=what)
+            if got != expected:
+                hint = ("clean the region before the lookup: DISCOUNTS.get(region.strip(), 0.0)"
+                        if got == round(sum(prices), 2) else "return the total after the discount, "
+                        "rounded to cents, as discounted_total does")
+                raise _Wrong(f"{what} is {_show(got)}, not {expected}", hint)
+    return "both workers give the eu discount (20%): worker2's region is read without its stray space"
