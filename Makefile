@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
-.PHONY: demo test test-fast test-newest test-runtime bench bench-parts bench-gate lint lab conformance docs clean
+.PHONY: demo test test-fast test-newest newest-env test-runtime bench bench-parts bench-gate lint lab conformance docs clean
 
 # Installing builds the JupyterLab extension (labextension/, with jlpm): Node.js is needed here.
 $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
@@ -64,6 +64,10 @@ test-fast: $(READY)
 # through nbrpc, the differential check), not the whole suite again.
 test-newest:
 	$(MAKE) test-runtime VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
+
+# Only the newest torch's environment (CI installs it while the first tiers run).
+newest-env:
+	$(MAKE) .venv-newest/.nbrpc-installed VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
 
 RUNTIME := torch_version and not gpu and not browser and not netns and not hub
 test-runtime: $(READY)
