@@ -17,6 +17,7 @@ import torch
 import torch.distributed.rpc as rpc
 from conftest import optimizer_steps_sent
 from jupyter_client.blocking import BlockingKernelClient
+from rpc_profiling import release_profiling_key
 from torch._C._distributed_rpc import PyRRef
 
 from nbrpc._compat import cloudpickle_compat as cp
@@ -357,11 +358,14 @@ def _value(got):
 
 @pytest.mark.parametrize("profiled", [False, True], ids=["plain", "profiled"])
 @pytest.mark.parametrize("mode", ["SYNC", "ASYNC", "REMOTE"])
-def test_send_python_call_takes_torchs_branch_for_every_kind_of_callable(cluster, monkeypatch, mode, profiled):
+def test_send_python_call_takes_torchs_branch_for_every_kind_of_callable(cluster, monkeypatch, request, mode,
+                                                                         profiled):
     """torch's ``_invoke_rpc`` (``remote``) and ``send_python_call``, walked for each kind
     of callable to this member itself: the same C++ call, the same is_async, the same value."""
     import contextlib
 
+    if profiled:  # a ScriptFunction's call leaves torch's profiling key set on this thread
+        request.addfinalizer(release_profiling_key)
     taken = _watch_branches(monkeypatch)
     exec_mode = getattr(torch_compat.RPCExecMode, mode)
     kinds = {}

@@ -23,7 +23,7 @@ from torch.distributed.nn.api.remote_module import RemoteModule
 from torch.distributed.optim import DistributedOptimizer
 
 from differential.messages import describe, make_message, tensors_in, write_through
-from differential.scripted import async_add, async_script_receive, my_script_add, script_receive
+from differential.scripted import async_script_receive, docs_async_add, my_script_add, script_receive
 
 # --- what the callees run ---------------------------------------------------------------
 
@@ -287,8 +287,8 @@ def example_async_execution():
     ones = torch.ones(2)
     found = [attempt(lambda: rpc.rpc_sync("worker1", async_add_chained, args=("worker2", ones, 1, 1))),
              # as written (y is 1, not a Tensor: TorchScript refuses), then with a Tensor
-             attempt(lambda: rpc.rpc_sync("worker1", async_add, args=("worker2", ones, 1))),
-             attempt(lambda: rpc.rpc_sync("worker1", async_add, args=("worker2", ones, ones)))]
+             attempt(lambda: rpc.rpc_sync("worker1", docs_async_add, args=("worker2", ones, 1))),
+             attempt(lambda: rpc.rpc_sync("worker1", docs_async_add, args=("worker2", ones, ones)))]
     for method in (AsyncExecutionClass.static_async_add, AsyncExecutionClass.class_async_add):
         found.append(attempt(lambda method=method: rpc.rpc_sync("worker1", method, args=("worker2", ones, 1, 2))))
     rref = rpc.remote("worker1", AsyncExecutionClass)
