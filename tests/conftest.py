@@ -173,7 +173,7 @@ SERIAL = {
     # The machine as a whole: every worker kernel of this user counted, stale scratch
     # folders swept, real local users with fixed names and a hub, a Slurm cluster,
     # network namespaces.
-    "test_limits.py", "test_scratch.py", "test_hub.py", "test_exchange.py", "test_batchspawner.py",
+    "test_limits.py", "test_scratch.py", "test_hub.py", "test_hub_panel.py", "test_exchange.py", "test_batchspawner.py",
     "test_slurm.py", "test_netns.py", "test_private_network.py",
     # A browser and a Jupyter server per test, with timings of their own.
     "test_browser.py", "test_panel_browser.py", "test_views.py",

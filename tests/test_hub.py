@@ -78,12 +78,13 @@ class Hub:
                 "display_name": "Python 3 (nbrpc)", "language": "python"}
         (self.kernels / "kernel.json").write_text(json.dumps(spec))
         # JupyterLab for the students' servers, from this environment's files: its
-        # application, the widgets' front ends, and its server extension turned on.
+        # application, the widgets' front ends and nbrpc's side panel, and the server
+        # extensions turned on (JupyterLab's, and nbrpc's as installing nbrpc enables it).
         ours = Path(sys.prefix) / "share" / "jupyter"
         (folder / "share" / "jupyter" / "labextensions").symlink_to(ours / "labextensions")
         (folder / "etc").mkdir()
         (folder / "etc" / "jupyter_server_config.json").write_text(
-            json.dumps({"ServerApp": {"jpserver_extensions": {"jupyterlab": True}},
+            json.dumps({"ServerApp": {"jpserver_extensions": {"jupyterlab": True, "nbrpc_server": True}},
                         "LabApp": {"expose_app_in_browser": True}}))  # the tests drive the page
         for part in (folder, folder / "share", folder / "share" / "jupyter", folder / "share" / "jupyter" / "kernels",
                      self.kernels, folder / "etc"):
