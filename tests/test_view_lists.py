@@ -54,6 +54,16 @@ def test_every_views_widget_has_its_es_module(name):
         assert f'kind="{name}"' in inspect.getsource(widget), f"{widget.__name__} draws no {name!r} graph"
 
 
+def test_every_docked_view_is_its_widgets_front_end():
+    from nbrpc.kernel_ext import panel_views
+
+    widgets = {name: widget for name, (widget, _) in PARTS.items() if widget}
+    assert set(panel_views.FRONT_ENDS) == set(widgets), "kernel_ext/panel_views.py FRONT_ENDS"
+    for name, widget in widgets.items():
+        cls = getattr(nbrpc.widgets, widget)
+        assert panel_views.front_end(name) == {"esm": str(cls._esm), "css": str(cls._css)}, name
+
+
 def test_the_typescript_lists_every_view_and_makes_a_command_of_each():
     views = _typescript_views()
     assert list(views) == list(protocol.VIEWS), "labextension/src/protocol.ts VIEWS"

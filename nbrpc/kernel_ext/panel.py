@@ -129,18 +129,34 @@ class Answers:
         if name in OVER_RPC and oldest is not None and time.time() - oldest >= hangs.AFTER:
             return {**answer, "summary": "drawn before a call of this notebook began to wait; it refreshes "
                                          "once the call ends (the Wait-for graph and Stacks show the wait)"}
-        if name == "stacks":
-            drawing, summary = panel_views.stacks_html(cluster)
-            return {**answer, "html": drawing, "summary": summary}
-        if name == "status":
-            rows = self._member_rows(cluster, asked=PENDING.oldest() is None)
-            state, summary = panel_views.status_state(rows), f"{len(rows)} members"
-        else:
-            state, summary = panel_views.state(name, cluster, options or {})
-        if state is not None:
+        drawn, summary = getattr(self, "_" + name)(cluster, options or {})
+        if name == "stacks":  # text, no widget's
+            return {**answer, "html": drawn, "summary": summary}
+        if drawn is not None:
             # The widget's own status line says what it shows, as in a cell's output.
-            answer["state"] = {**state, "status": summary}
+            answer["state"] = {**drawn, "status": summary}
         return {**answer, "summary": summary}
+
+    # One per view (nbrpc_server.protocol.VIEWS): (the widget's state or None, a summary line).
+
+    def _rref(self, cluster, options: dict) -> tuple[dict | None, str]:
+        return panel_views.rref_view(cluster, options)
+
+    def _timeline(self, cluster, options: dict) -> tuple[dict | None, str]:
+        return panel_views.timeline_view(cluster, options)
+
+    def _waits(self, cluster, options: dict) -> tuple[dict | None, str]:
+        return panel_views.waits_view(cluster, options)
+
+    def _autograd(self, cluster, options: dict) -> tuple[dict | None, str]:
+        return panel_views.autograd_view(cluster, options)
+
+    def _status(self, cluster, options: dict) -> tuple[dict | None, str]:
+        rows = self._member_rows(cluster, asked=PENDING.oldest() is None)
+        return panel_views.status_state(rows), f"{len(rows)} members"
+
+    def _stacks(self, cluster, options: dict) -> tuple[str, str]:
+        return panel_views.stacks_html(cluster)
 
     def shutdown(self) -> dict:
         """``%rpc_shutdown``, from the control thread: a stuck cell's calls fail as its

@@ -6,9 +6,10 @@ Parts:
 - ``FRONT_ENDS`` and ``front_end(view)``: which widget shows a view, and its ES module and
   CSS, the very text anywidget sends over a comm (the panel loads it and calls its
   ``render`` with a model of its own).
-- ``state(view, cluster, options)``: ``(state, summary)``, where ``state`` is what that
-  widget's synced traits would hold for the cluster now (the widgets' own ``*_state``
-  functions draw it), or None when there is nothing to draw, with a line saying why.
+- ``rref_view``, ``timeline_view``, ``waits_view``, ``autograd_view`` (``(cluster, options)``):
+  ``(state, summary)``, where ``state`` is what the view's widget's synced traits would
+  hold for the cluster now (the widgets' own ``*_state`` functions draw it), or None when
+  there is nothing to draw, and ``summary`` a line saying what is shown or why not.
 - ``status_state(rows)``: the status table's state, of the rows the panel asked
   (``panel.Answers`` keeps them fresh); ``stacks_html(cluster)``: the stacks, which are
   text and no widget's, as HTML.
@@ -56,19 +57,14 @@ def _text(asset) -> str:
     return str(asset)
 
 
-def state(view: str, cluster, options: dict) -> tuple[dict | None, str]:
-    """The synced state of ``view``'s widget for ``cluster`` now, and a summary line."""
-    return _STATES[view](cluster, options)
-
-
-def _rref(cluster, options: dict) -> tuple[dict | None, str]:
+def rref_view(cluster, options: dict) -> tuple[dict | None, str]:
     from ..widgets.rref_graph import rref_state
 
     snap = rref_snapshot()
     return rref_state(snap, show_forks=bool(options.get("show_forks"))), describe.rref_summary(snap)
 
 
-def _timeline(cluster, options: dict) -> tuple[dict | None, str]:
+def timeline_view(cluster, options: dict) -> tuple[dict | None, str]:
     from ..widgets.timeline import timeline_state
 
     if not cluster.trace:
@@ -79,14 +75,14 @@ def _timeline(cluster, options: dict) -> tuple[dict | None, str]:
     return {**timeline_state(snap, place), "follow": True}, ts.headline(snap, place)
 
 
-def _waits(cluster, options: dict) -> tuple[dict | None, str]:
+def waits_view(cluster, options: dict) -> tuple[dict | None, str]:
     from ..widgets.waits_graph import waits_state
 
     snap = queries.waits(cluster)
     return waits_state(snap), waits_svg.waits_summary(snap)
 
 
-def _autograd(cluster, options: dict) -> tuple[dict | None, str]:
+def autograd_view(cluster, options: dict) -> tuple[dict | None, str]:
     from ..widgets.autograd_graph import autograd_state
 
     try:
@@ -94,9 +90,6 @@ def _autograd(cluster, options: dict) -> tuple[dict | None, str]:
     except AutogradContextError as e:
         return None, str(e)
     return autograd_state(snap), describe.autograd_summary(snap)
-
-
-_STATES = {"rref": _rref, "timeline": _timeline, "waits": _waits, "autograd": _autograd}
 
 
 def status_state(rows: list[dict]) -> dict:
