@@ -181,11 +181,11 @@ def call_kind(func) -> tuple[str, bool]:
     return (SCRIPT if isinstance(func, torch.jit.ScriptFunction) else PYTHON), is_async
 
 
-def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode):
-    """torch's ``_invoke_rpc`` with ``mode`` (``REMOTE``: torch's ``remote``), without its lookups
-    and profiling context for a Python function (``call_kind``) while no profiler runs; any
-    other callable, and any call while a profiler runs, goes to torch's own untouched."""
-    kind, is_async = call_kind(func)
+def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode, kind: tuple | None = None):
+    """torch's ``_invoke_rpc`` with ``mode`` (``REMOTE``: torch's ``remote``), without its lookups and
+    profiling context for a Python function (``call_kind``, or ``kind``, its answer known to the caller)
+    while no profiler runs; any other callable, and any call while a profiler runs, goes to torch's own."""
+    kind, is_async = kind or call_kind(func)
     remote = mode == RPCExecMode.REMOTE
     if kind != PYTHON or profiler_enabled():
         if remote:

@@ -18,6 +18,9 @@ from ..wire.cloudpickling import CARRIERS
 from ..wire.receivers import receivers
 
 _torch_remote = torch_compat.remote
+# A carrier class -> torch's branch for its calls (``torch_compat.call_kind``): the same for
+# every call it carries, so asked once, not on each call.
+_CARRIED: dict[type, tuple] = {}
 
 
 def remote_to(to, func, args, kwargs, timeout: float):
@@ -36,8 +39,11 @@ def _send(to, func, args, kwargs, timeout: float, mode: RPCExecMode | None = Non
     """torch's ``_invoke_rpc`` with ``mode`` (``remote``: torch's ``remote``); a carrier
     goes without torch's profiling context and lookups unless a profiler runs
     (``torch_compat.send_python_call``, which hands any other kind of callable to torch)."""
-    if type(func) in CARRIERS:
-        return torch_compat.send_python_call(to, func, args, kwargs, timeout, RPCExecMode.REMOTE if remote else mode)
+    carrier = type(func)
+    if carrier in CARRIERS:
+        kind = _CARRIED.get(carrier) or _CARRIED.setdefault(carrier, torch_compat.call_kind(func))
+        return torch_compat.send_python_call(to, func, args, kwargs, timeout, RPCExecMode.REMOTE if remote else mode,
+                                             kind)
     if remote:
         return _torch_remote(to, func, args, kwargs, timeout)
     return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)

@@ -90,7 +90,7 @@ def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOU
     def send(f):
         return destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout)
 
-    fut, sent = _send(send, func, args, record, replies=True)
+    fut, sent = _send(send, func, interrupts.sent_as(func), args, record, replies=True)
     call_id = None if sent is None else sent.call_id
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key, served = PENDING.calling(to, what, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
@@ -125,7 +125,7 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     destinations.require_callable(func)
     record = caller_half.record("rpc_async", to, func)
     fut, sent = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
-                      func, args, record, replies=True)
+                      func, interrupts.sent_as(func), args, record, replies=True)
     call_id = None if sent is None else sent.call_id
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key = PENDING.calling(to, what, call_id, "rpc_async")
@@ -143,12 +143,13 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     record = caller_half.record("remote", to, func)
     # In flight from before it is sent: what runs between a remote and the to_here after
     # it delays the fetch (see ``Pending.remote_sending``).
-    call_id = interrupts.new_call_id() if interrupts.sent_as(func) is not None else None
+    carrier = interrupts.sent_as(func)
+    call_id = interrupts.new_call_id() if carrier is not None else None
     site = pending.call_site(1)  # for the calls in flight and the RRef ledger
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key = PENDING.remote_sending(to, what, call_id, site)
     try:
-        rref, _ = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, args, record,
+        rref, _ = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, carrier, args, record,
                         replies=False, call_id=call_id)
     except RuntimeError as e:
         PENDING.answered(key)
@@ -243,17 +244,17 @@ def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unreco
         record.fetching(False)
 
 
-def _send(send: Callable, func, args, record: caller_half.Record | caller_half.Unrecorded, replies: bool,
-          call_id: str | None = None):
-    """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes as a
-    ``Stoppable`` (an ``@async_execution`` one as an ``Awaited``) with a new call id (or
-    ``call_id``, given only for such a function), so that an interrupt can stop it (a
-    recorded call's carries the record's id, and whether its reply is pickled:
-    ``replies``). Returns what ``send`` returned and the carrier sent (None: the function
-    went bare and cannot be stopped); the record learns what was sent, and a failure to send."""
+def _send(send: Callable, func, carrier: type | None, args, record: caller_half.Record | caller_half.Unrecorded,
+          replies: bool, call_id: str | None = None):
+    """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes in its
+    ``carrier`` (``interrupts.sent_as``: a ``Stoppable``, an ``@async_execution`` one an
+    ``Awaited``) with a new call id (or ``call_id``, given only for such a function), so
+    that an interrupt can stop it (a recorded call's carries the record's id, and whether
+    its reply is pickled: ``replies``). Returns what ``send`` returned and the carrier sent
+    (None: the function went bare and cannot be stopped); the record learns what was sent,
+    and a failure to send."""
     output.before_call()
     try:
-        carrier = interrupts.sent_as(func)
         if carrier is None:
             return send(func), None
         trace = None
