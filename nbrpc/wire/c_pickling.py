@@ -6,7 +6,8 @@ plain C pickler, no Python code run per object but the reducers in its table.
   else the reductions made on the way, for the kept pickler (``cloudpickling``).
 - ``value_message``: a reply's (or any message's) message, where ``leaves_in_c`` takes it.
 - ``leaves_in_c``: whether a message's values can go this way (plain values, tensors and
-  RRefs, in small tuples, lists and dicts), and how many tensors and RRefs they hold.
+  RRefs, in small tuples, lists and dicts), and how many tensors and RRefs they hold;
+  ``flat_leaves`` the same in one pass for a call's usual arguments and a reply.
 - ``reduced_in_c``: a notebook function's reduction made ready for the C pickler.
 - ``pickled_in_c``: the message pickled by this thread's C pickler, with the kept
   pickler's table where it holds tensors or RRefs: the same bytes and tensors.
@@ -78,7 +79,11 @@ def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
     if type(carrier) not in cloudpickling.CARRIERS:
         return None, None
     trace = carrier.trace  # a recorded call's: its id and whether its reply is pickled
-    leaves = leaves_in_c((udf.args, udf.kwargs) if trace is None else (udf.args, udf.kwargs, trace))
+    args, kwargs = udf.args, udf.kwargs
+    if trace is None and type(kwargs) is dict and not kwargs and type(args) is tuple:
+        leaves = flat_leaves(args, (args, kwargs))  # the usual call: positional arguments only
+    else:
+        leaves = leaves_in_c((args, kwargs) if trace is None else (args, kwargs, trace))
     if leaves is None:
         return None, None
     func = carrier.func
@@ -99,7 +104,7 @@ def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
 def value_message(obj, flat) -> tuple[bytes, list] | None:
     """The message of a reply (or any message) ``leaves_in_c`` takes, pickled all in C,
     and its tensors; None for any other."""
-    leaves = leaves_in_c((obj,))
+    leaves = flat_leaves((obj,), (obj,))
     if leaves is None:
         return None
     return _in_c(obj, obj, flat() if leaves else None)
@@ -132,6 +137,27 @@ def leaves_in_c(values) -> int | None:
             todo += value.values()
         elif cls in _TABLE_LEAVES and torch_compat.stand_in(value) is None and module_globals.find(value) is None:
             leaves += 1
+        else:
+            return None
+    return leaves
+
+
+def flat_leaves(values: tuple, whole: tuple) -> int | None:
+    """``leaves_in_c(whole)``, where ``whole`` is ``values`` and at most one more value (a
+    call's positional arguments and its empty keywords, or a reply alone): told in one pass
+    where each of ``values`` is a plain value, a tensor or an RRef, walked where one is a
+    container."""
+    if len(values) > WALK_LIMIT - 2:
+        return leaves_in_c(whole)
+    leaves = 0
+    for value in values:
+        cls = type(value)
+        if cls in PLAIN_VALUES:
+            continue
+        if cls in _TABLE_LEAVES and torch_compat.stand_in(value) is None and module_globals.find(value) is None:
+            leaves += 1
+        elif cls is tuple or cls is list or cls is dict:
+            return leaves_in_c(whole)
         else:
             return None
     return leaves
