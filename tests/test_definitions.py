@@ -225,7 +225,7 @@ def test_an_unchanged_function_is_pickled_once(shell):
     assert identity.version == 2
 
 
-def _sent_bytes(func, to: str) -> int:
+def _sent_bytes(func, to: str, args: tuple = (1,)) -> int:
     """Bytes of an rpc_sync of ``func`` to ``to`` as nbrpc's wrapper pickles it now."""
     from torch.distributed.rpc import internal
 
@@ -234,7 +234,7 @@ def _sent_bytes(func, to: str) -> int:
 
     receivers.begin(to)
     try:
-        udf = internal.PythonUDF(interrupts.Stoppable((func, "1-1", None)), (1,), {})
+        udf = internal.PythonUDF(interrupts.Stoppable((func, "1-1", None)), args, {})
         return len(internal._internal_rpc_pickler.serialize(udf)[0])
     finally:
         receivers.end()
@@ -334,6 +334,45 @@ def test_an_identity_the_receiver_never_got_is_a_clear_error(shell):
     finally:
         definitions.receivers.known["worker2"].discard(key)
     assert run(shell, 'rpc.rpc_sync("worker2", never_pinned, args=(1,))') == 1
+
+
+def test_a_class_the_receiver_holds_goes_by_identity(shell, cluster):
+    """Once worker1 answered a call that carried a top-level class in full, an instance
+    goes with its class's identity only: the same class arrives there, with the
+    class-level state it has there; a class redefined goes in full again."""
+    run(shell, "class Marker:\n    seen = 0\n    def __init__(self, x):\n        self.x = x\n"
+               "    def twice(self):\n        return 2 * self.x\n"
+               "def count_in(m):\n    type(m).seen += 1\n    return type(m).seen, id(type(m)), m.twice()")
+    count_in, marker = shell.user_ns["count_in"], shell.user_ns["Marker"](3)
+    full = _sent_bytes(count_in, "worker1", (marker,))
+    first = run(shell, 'rpc.rpc_sync("worker1", count_in, args=(Marker(3),))')
+    # the instance's own state and a reference to its class; its methods, dict and skeleton stay home
+    assert _sent_bytes(count_in, "worker1", (marker,)) < _sent_bytes(count_in, "worker1") + 100 < full // 4
+    assert _sent_bytes(count_in, "worker2", (marker,)) == full  # worker2 never answered one
+    second = run(shell, 'rpc.rpc_sync("worker1", count_in, args=(Marker(4),))')
+    assert (first[0], second[0]) == (1, 2) and first[1] == second[1] and second[2] == 8  # one class there
+    assert shell.user_ns["Marker"].seen == 0
+    assert run(shell, 'rpc.remote("worker1", count_in, args=(Marker(5),)).to_here()')[:3:2] == (3, 10)
+    run(shell, "class Marker:\n    seen = 10\n    def __init__(self, x):\n        self.x = x\n"
+               "    def twice(self):\n        return 3 * self.x")
+    third = run(shell, 'rpc.rpc_sync("worker1", count_in, args=(Marker(3),))')
+    assert third[0] == 11 and third[1] != first[1] and third[2] == 9  # the newest definition
+
+
+def test_a_class_identity_the_receiver_never_got_is_a_clear_error(shell):
+    from nbrpc.wire import definitions
+
+    run(shell, "class NeverPinned:\n    pass\ndef kind_of(x):\n    return type(x).__name__")
+    cls = shell.user_ns["NeverPinned"]
+    ident = definitions._identity(cls)
+    key = (ident.origin, ident.token, 0)
+    definitions.receivers.acknowledged("worker2", [key])  # a wrong belief
+    try:
+        with pytest.raises(RuntimeError, match="a notebook class .* was never sent to this process"):
+            run(shell, 'rpc.rpc_sync("worker2", kind_of, args=(NeverPinned(),))')
+    finally:
+        definitions.receivers.known["worker2"].discard(key)
+    assert run(shell, 'rpc.rpc_sync("worker2", kind_of, args=(NeverPinned(),))') == "NeverPinned"
 
 
 def test_a_digest_the_receiver_never_got_is_a_clear_error(shell):

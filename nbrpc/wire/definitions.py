@@ -15,7 +15,8 @@ The parts:
   globals it uses ("fill-ins") travel with every call, as cloudpickle's would.
 - **By digest, by identity** (``receivers``): once the call's destination answered a
   call that carried a code in full, later calls send its digest; a top-level function
-  it holds goes by identity, with the notebook definitions it uses (``_by_identity``).
+  it holds goes by identity, with the notebook definitions it uses (``_by_identity``),
+  and so does a top-level class it holds (``reduce_class``).
   A changed code goes in full again; so do replies and calls before the first answer.
 - **Receiving** (``_function_shell``/``_bind_function``, ``_class_shell``/``_bind_class``):
   a definition coming home is the process's own object. Otherwise it is built once per
@@ -86,9 +87,10 @@ class Registry:
         self.unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
         self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
         self.codes: dict[bytes, types.CodeType] = {}  # digest -> code received in full (never dropped: small)
-        # (origin, token, version) -> a top-level function received (or come home) in
-        # full: kept, so that a sender may name it by identity; one per definition sent here.
-        self.pinned: dict[tuple, types.FunctionType] = {}
+        # (origin, token, version) -> a top-level function or class (version 0) received
+        # (or come home) in full: kept, so that a sender may name it by identity; one per
+        # definition sent here.
+        self.pinned: dict[tuple, types.FunctionType | type] = {}
         receivers.reset()
 
 
@@ -218,10 +220,14 @@ def _fills(func: types.FunctionType, names) -> dict:
 
 
 def reduce_class(cls: type) -> tuple:
-    """Pickle a notebook class: identity and skeleton first, then its attributes."""
+    """Pickle a notebook class: identity and skeleton first, then its attributes; a
+    top-level one its receiver holds, by identity (it keeps its own class-level state)."""
     ident = _identity(cls)
+    stored = _stored_under(cls)
+    if stored is not None and receivers.holds(key := (ident.origin, ident.token, 0)):
+        return _pinned_function, (key, "class")
     _, name, bases, type_kwargs, _, _ = cp.class_skeleton(cls)
-    args = (ident.origin, ident.token, _stored_under(cls), type(cls), name, bases, type_kwargs)
+    args = (ident.origin, ident.token, stored, type(cls), name, bases, type_kwargs)
     return (_class_shell, args, cp.class_state(cls), None, None, _bind_class)
 
 
@@ -287,11 +293,12 @@ def _function_shell_by_digest(origin: str, token: int, version: int, name: str |
         return _pin(built, origin, token, version, name)
 
 
-def _pinned_function(key: tuple):
-    """A top-level function this process was sent in full before (see ``_by_identity``)."""
+def _pinned_function(key: tuple, what: str = "function"):
+    """A top-level function (or ``what``: a class, see ``reduce_class``) this process was
+    sent in full before (see ``_by_identity``)."""
     found = REGISTRY.pinned.get(key)
     if found is None:
-        raise _never_sent(f"a notebook function (origin {key[0]}, token {key[1]})")
+        raise _never_sent(f"a notebook {what} (origin {key[0]}, token {key[1]})")
     return found
 
 
@@ -354,11 +361,11 @@ def _class_shell(origin: str, token: int, name: str | None, metaclass: type, cna
     with REGISTRY.lock:
         found = _known(origin, token)
         if found is not None:
-            return found
+            return _pin(found, origin, token, 0, name)
         cls = types.new_class(cname, bases, {"metaclass": metaclass},
                               lambda body: body.update(type_kwargs))
         _remember(cls, origin, token, 0, name)
-        return cls
+        return _pin(cls, origin, token, 0, name)
 
 
 def _bind_class(cls: type, state: tuple) -> type:
