@@ -177,7 +177,7 @@ def test_pydevds_marks_of_its_own_threads_are_read_by_it():
 
 
 def test_the_patch_points_exist_in_torch():
-    for name in ("PICKLER", "UNPICKLER", "SERIALIZE", "HANDLE_EXCEPTION", "TO_WORKER_INFO", "RPC_SYNC",
+    for name in ("PICKLER", "UNPICKLER", "SERIALIZE", "TO_WORKER_INFO", "RPC_SYNC",
                  "RPC_ASYNC", "REMOTE", "RREF_INIT", "RREF_TO_HERE", "BACKWARD", "COLLECT_ALL",
                  "AGENT_INIT", "AGENT_GROUP_MEMBERSHIP", "FUTURE_INIT"):
         for owner, attribute in getattr(torch_compat, name):
@@ -205,8 +205,8 @@ from nbrpc.wire import serialization
 
 def now():
     return [api._to_worker_info, api.rpc_sync, rpc.rpc_sync, api.rpc_async, api.remote, rpc.remote,
-            internal._pickler, internal._unpickler, internal._handle_exception,
-            internal._InternalRPCPickler.serialize, PyRRef.__init__, PyRRef.to_here, dist_autograd.backward,
+            internal._pickler, internal._unpickler, internal._InternalRPCPickler.serialize,
+            PyRRef.__init__, PyRRef.to_here, dist_autograd.backward,
             TensorPipeAgent.__init__, TensorPipeAgent._update_group_membership]
 
 torch_before = now()
@@ -216,8 +216,8 @@ torch_compat.uninstall()
 print(json.dumps({
     "replaced": [a is not b for a, b in zip(torch_before, installed)],
     "ours": [installed[1] is wrappers.rpc_sync, installed[4] is wrappers.remote,
-             installed[6] is serialization.RpcPickler, installed[9] is serialization.serialize,
-             installed[12] is backward.backward],
+             installed[6] is serialization.RpcPickler, installed[8] is serialization.serialize,
+             installed[11] is backward.backward],
     "restored": [a is b for a, b in zip(torch_before, now())],
 }))
 """

@@ -272,7 +272,8 @@ def pickle_message(message) -> tuple[bytes, list]:
 
 
 # Re-creates a remote exception on the caller (internal.RemoteException, imported
-# above, is what it gets); known to work with torch 2.11 to 2.15.
+# above, is what it gets), calling its ``exception_type`` with the text; known to work
+# with torch 2.11 to 2.15.
 handle_exception = internal._handle_exception
 
 # -- RRefs -------------------------------------------------------------------------
@@ -395,7 +396,6 @@ tensor_tables = internal._thread_local_tensor_tables
 PICKLER = ((internal, "_pickler"),)
 UNPICKLER = ((internal, "_unpickler"),)
 SERIALIZE = ((internal._InternalRPCPickler, "serialize"),)
-HANDLE_EXCEPTION = ((internal, "_handle_exception"),)
 TO_WORKER_INFO = ((api, "_to_worker_info"),)
 RPC_SYNC = ((api, "rpc_sync"), (rpc, "rpc_sync"))
 RPC_ASYNC = ((api, "rpc_async"), (rpc, "rpc_async"))

@@ -2,10 +2,13 @@
 
 torch re-creates a remote exception on the caller (``torch_compat.handle_exception``) but
 does so inside a C++ callback, which turns any class but a few builtins into a
-``RuntimeError`` holding its text. The wrapper below keeps each re-created exception
-for a moment; ``original`` finds it again from the ``RuntimeError``'s text, so the
-caller's wrappers (``calls``) raise the exception itself, of the caller's own class
-(a class defined in a cell comes home as the notebook's class, see ``definitions``).
+``RuntimeError`` holding its text. A failed call's reply carries, in place of the class,
+``recreated`` with the class (``recreating``, as a member pickles the reply): torch's
+handler calls it to make the exception, which it keeps for a moment; ``original`` finds
+it again from the ``RuntimeError``'s text, so the caller's wrappers (``calls``) raise the
+exception itself, of the caller's own class (a class defined in a cell comes home as the
+notebook's class, see ``definitions``). torch's handler raises it from its own frame,
+as in a script: no frame of nbrpc's is under it.
 
 ``show_call_error`` shows an error of nbrpc's call wrappers (a timeout, a worker's
 death) as the cell's frames and its one message. ``show_in_cell`` shows a remote error
@@ -24,6 +27,7 @@ what nbrpc and torch's callbacks add on the caller's side (their frames, C++ sta
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import re
 import sys
@@ -33,29 +37,32 @@ import traceback
 from .._compat import torch_compat
 from ..errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError, with_torch_class
 
-_torch_handle_exception = torch_compat.handle_exception
 _UNCLAIMED_LIMIT = 256
 # Exceptions re-created (by their text) but not yet claimed by a waiting call.
 _unclaimed: collections.OrderedDict = collections.OrderedDict()
 _lock = threading.Lock()
 
 
-def install() -> None:
-    """Wrap torch's handler; must run before this process's first RPC (idempotent)."""
-    torch_compat.patch(torch_compat.HANDLE_EXCEPTION, _handle_exception)
+def recreating(reply):
+    """``reply``, a ``RemoteException`` this member sends, with ``recreated`` and its class
+    in the class's place (once)."""
+    made = reply.exception_type
+    if isinstance(made, functools.partial) and made.func is recreated:
+        return reply
+    return torch_compat.RemoteException(reply.msg, functools.partial(recreated, made))
 
 
-def _handle_exception(result):
-    try:
-        _torch_handle_exception(result)
-    except BaseException as e:
-        if isinstance(result, torch_compat.RemoteException) and type(e).__module__ != "builtins":
-            tidy(e)
-            with _lock:
-                _unclaimed[str(e)] = e
-                while len(_unclaimed) > _UNCLAIMED_LIMIT:
-                    _unclaimed.popitem(last=False)
-        raise
+def recreated(cls: type, message: str) -> BaseException:
+    """``cls(message)``, what torch's handler raises on the caller; kept (tidied) for
+    ``original`` when torch's C++ will raise a ``RuntimeError`` in its place."""
+    error = cls(message)
+    if type(error).__module__ != "builtins":
+        tidy(error)
+        with _lock:
+            _unclaimed[str(error)] = error
+            while len(_unclaimed) > _UNCLAIMED_LIMIT:
+                _unclaimed.popitem(last=False)
+    return error
 
 
 # A frame of a remote traceback's text (Python's traceback module wrote it on the worker).

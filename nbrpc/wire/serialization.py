@@ -26,7 +26,7 @@ import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
 from ..recording import recorder
-from . import c_pickling, cloudpickling, plain_values, signing
+from . import c_pickling, cloudpickling, plain_values, remote_errors, signing
 from .cloudpickling import RpcPickler
 from .signing import set_key  # noqa: F401 (the members' settings set the key here)
 
@@ -51,6 +51,8 @@ def serialize(self, obj):
         return torch_compat.torch_serialize(self, obj)
     if type(obj) in plain_values.PLAIN_VALUES:
         return plain_values.message(obj), []
+    if type(obj) is torch_compat.RemoteException:  # a failed call's reply
+        obj = remote_errors.recreating(obj)
 
     def flat() -> dict:  # the kept pickler's table, as it would pickle this message with
         return cloudpickling.flat_table(cls, _prepared(self))
