@@ -306,6 +306,16 @@ def test_the_drivers_own_breakpoints_keep_working(lab):
     assert _result(lab.idle(cell)) == "14"
 
 
+def test_a_continue_for_the_drivers_thread_resumes_the_stopped_member(lab):
+    # JupyterLab's Continue names thread 1 once it dropped the stopped thread from its model;
+    # DAP's continue resumes every thread, the members' too.
+    cell = lab.client.execute('rpc.rpc_sync("worker2", f, args=(2,))')
+    thread = _stops_in_f(lab, "worker2", 2)
+    assert lab.request("continue", threadId=1)["success"]
+    assert _result(lab.idle(cell)) == "6"
+    assert thread not in lab.request("debugInfo")["body"]["stoppedThreads"]
+
+
 def test_a_member_stopped_in_the_debugger_is_paused_not_a_hang(lab):
     default = 'rpc.get_rpc_timeout(), rpc.rpc_sync("worker2", rpc.get_rpc_timeout)'
     _, reply = execute(lab.client, "pass", user_expressions={"t": default})

@@ -6,11 +6,14 @@ its IOPub. Every worker is an ipykernel with the same debugger, so the driver re
 worker's debugger exactly as JupyterLab reaches the driver's: ``DebuggerLink`` holds a
 control-channel socket (requests, one at a time) and an IOPub subscription (events) to
 one worker kernel. ``Relay`` watches the links' IOPub sockets on a thread of its own and
-hands each ``debug_event`` to a callable, with the worker's name.
+hands each ``debug_event`` to a callable, with the worker's name. ``Helper`` runs the
+driver's requests that wait on members on a thread of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -161,3 +164,43 @@ class Relay:
             self._closing.extend(self._links.values())
             self._links.clear()
             self._close_forgotten()
+
+
+class Helper:
+    """One thread, out of the debugger's sight, for the requests that wait on members: the
+    control channel's loop also carries the driver's own debugger's messages, and a
+    pool's threads would be paused with the rest when the driver stops at a breakpoint."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    async def run(self, function, *args):
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="nbrpc-debugger", daemon=True)
+                jupyter_compat.hide_from_debugger(self._thread)
+                self._thread.start()
+        self._jobs.put((loop, done, function, args))
+        return await done
+
+    def _serve(self) -> None:
+        while True:
+            loop, done, function, args = self._jobs.get()
+            try:
+                result, error = function(*args), None
+            except BaseException as e:  # handed to the awaiting request
+                result, error = None, e
+            loop.call_soon_threadsafe(_settle, done, result, error)
+
+
+def _settle(done: asyncio.Future, result, error) -> None:
+    if done.cancelled():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)

@@ -26,16 +26,14 @@ threads were its own. Parts:
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import itertools
-import queue
 import threading
 from pathlib import Path
 
 from .._compat import jupyter_compat
 from ..cluster import cluster as cluster_mod
-from ..cluster.debugger_links import DebuggerLink, Relay
+from ..cluster.debugger_links import DebuggerLink, Helper, Relay
 from ..member.lab_debugger import Unhurried, hide_frames, watch_pauses
 
 # The first id given to a member's thread, frame or variable: the driver's own are
@@ -186,6 +184,8 @@ class ClusterDebugger:
             # The workers are debugged through their own kernels: debugpy must not also
             # start them (and the warm template) under itself, as it does a child process.
             message.setdefault("arguments", {}).setdefault("subProcess", False)
+        if command == "continue" and not (message.get("arguments") or {}).get("singleThread"):
+            return await self._continue(message)
         reply = await self.plain(message)
         if command in ("initialize", "attach"):
             jupyter_compat.stop_debugging_new_processes()  # debugpy.listen patched them
@@ -233,6 +233,23 @@ class ClusterDebugger:
         if message["command"] in RESUMING and reply.get("success"):
             self._forget_stopped(member, message["arguments"].get("threadId"), reply)
         return reply
+
+    async def _continue(self, message: dict) -> dict:
+        """DAP's continue resumes every thread, the members' too. JupyterLab's names thread 1
+        once it forgot the stopped one, and pydevd never answers a continue while none of its
+        threads is stopped: then the members' resuming is the answer."""
+        await self.helper.run(self._continue_members)
+        if getattr(self.kernel.debugger, "stopped_threads", True):
+            return await self.plain(message)
+        return {"type": "response", "request_seq": message.get("seq"), "success": True,
+                "command": "continue", "body": {"allThreadsContinued": True}}
+
+    def _continue_members(self) -> None:
+        for member, threads in list(self.stopped.items()):
+            if threads:
+                thread = self.ids.inward(next(iter(threads)))[1]
+                self._ask_member(member, {"type": "request", "seq": next(self._seq), "command": "continue",
+                                          "arguments": {"threadId": thread}})
 
     def _with_member_threads(self, reply: dict) -> None:
         threads = reply.setdefault("body", {}).setdefault("threads", [])
@@ -368,46 +385,6 @@ class ClusterDebugger:
 def _failure(message: dict, text: str) -> dict:
     return {"type": "response", "request_seq": message.get("seq"), "success": False,
             "command": message.get("command"), "message": text, "body": {}}
-
-
-class Helper:
-    """One thread, out of the debugger's sight, for the requests that wait on members: the
-    control channel's loop also carries the driver's own debugger's messages, and a
-    pool's threads would be paused with the rest when the driver stops at a breakpoint."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    async def run(self, function, *args):
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="nbrpc-debugger", daemon=True)
-                jupyter_compat.hide_from_debugger(self._thread)
-                self._thread.start()
-        self._jobs.put((loop, done, function, args))
-        return await done
-
-    def _serve(self) -> None:
-        while True:
-            loop, done, function, args = self._jobs.get()
-            try:
-                result, error = function(*args), None
-            except BaseException as e:  # handed to the awaiting request
-                result, error = None, e
-            loop.call_soon_threadsafe(_settle, done, result, error)
-
-
-def _settle(done: asyncio.Future, result, error) -> None:
-    if done.cancelled():
-        return
-    if error is not None:
-        done.set_exception(error)
-    else:
-        done.set_result(result)
 
 
 class LabDebugger:
