@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 import traceback
+import types
 
 import torch
 import torch.distributed.autograd as dist_autograd
@@ -199,6 +200,18 @@ def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode, 
 
 # The decorator torch puts on its calls ("RPC has not been initialized"); known to work with torch 2.11 to 2.15.
 require_initialized = api._require_initialized
+
+
+def rpc_sync_invoking(invoke) -> types.FunctionType:
+    """torch's own ``rpc_sync``, its code run with ``invoke`` for its ``_invoke_rpc``
+    (whose result it returns the ``wait()`` of), behind torch's ``_require_initialized``:
+    a traceback through it lists torch's two frames, as a script's does. Known to work
+    with torch 2.11 to 2.15 (the body is ``fut = _invoke_rpc(...); return fut.wait()``)."""
+    torchs = api.rpc_sync.__wrapped__
+    made = types.FunctionType(torchs.__code__, {**torchs.__globals__, "_invoke_rpc": invoke},
+                              torchs.__name__, torchs.__defaults__)
+    made.__doc__, made.__kwdefaults__ = torchs.__doc__, torchs.__kwdefaults__
+    return require_initialized(made)
 # Per-thread state where torch's _wait_all collects the futures of rpc_async;
 # known to work with torch 2.11 to 2.15.
 call_thread_state = api._thread_local_var

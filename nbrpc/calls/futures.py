@@ -29,7 +29,7 @@ _spent = (x for x in ())
 next(_spent, None)
 # Raises the exception it is given, from C (a spent generator's ``throw`` runs no frame):
 # a view's ``unwrap``, so that its ``wait()`` raises with the caller's frame the last one.
-_RAISE = _spent.throw
+RAISE = _spent.throw
 
 
 class NamedFuture(torch.futures.Future):
@@ -92,7 +92,7 @@ class NamedFuture(torch.futures.Future):
         with self._lock:
             self._pair[part] = item
             if len(self._pair) == 2:
-                set_unwrap(self._pair["view"], _RAISE)
+                set_unwrap(self._pair["view"], RAISE)
 
     def _named_now(self, error: Exception) -> BaseException:
         """``error`` as ``wait`` raises it, the stop's answer as far as it came."""

@@ -22,6 +22,7 @@ Wrappers, installed in every member by ``group.join``:
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -38,7 +39,7 @@ from ..wire import remote_errors
 from . import caller_half, destinations, interrupts, output, stopping
 from .breakpoints import REMOTES, after_pause, failed_on, noting, stepped_through
 from .failures import label, raise_named, stopped, worker_fate
-from .futures import NamedFuture, collect_all
+from .futures import RAISE, NamedFuture, collect_all
 from .waiting import in_background
 from .waiting import wait as _wait
 
@@ -80,10 +81,34 @@ def _to_worker_info(to):
         raise UnknownWorkerError(msg) from e
 
 
-@torch_compat.require_initialized
-def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
-    """``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the
-    worker too) and with named failures."""
+class _Outcome:
+    """A waited-for call's outcome as torch's ``rpc_sync`` takes a future: ``wait()``
+    gives the value, or raises the error from C (no frame of nbrpc's under it)."""
+
+    __slots__ = ("wait",)
+
+    def __init__(self, wait: Callable):
+        self.wait = wait
+
+
+def _waited_call(to, func, mode, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT) -> _Outcome:
+    """What ``rpc_sync`` (torch's own code) calls for its ``_invoke_rpc``: the call made
+    and waited for by ``_call_and_wait``, its outcome for torch's ``fut.wait()``, so that
+    an error's traceback lists torch's frames where a script's does, none of nbrpc's."""
+    try:
+        value = _call_and_wait(to, func, args, kwargs, timeout)
+    except BaseException as e:
+        return _Outcome(functools.partial(RAISE, e.with_traceback(None)))
+    return _Outcome(lambda: value)
+
+
+# ``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the worker too)
+# and with named failures: torch's own, with ``_waited_call`` for its ``_invoke_rpc``.
+rpc_sync = torch_compat.rpc_sync_invoking(_waited_call)
+
+
+def _call_and_wait(to, func, args, kwargs, timeout: float):
+    """``rpc_sync``'s call, waited for interruptibly; its value, or its error as named."""
     destinations.require_callable(func)
     record = caller_half.record("rpc_sync", to, func)
 
