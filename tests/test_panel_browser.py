@@ -7,7 +7,8 @@ deadlocked cell turns the cluster red and raises a notification naming the noteb
 3 s while its kernel is busy; the wait-for graph and the stacks open from the panel while
 the cell is stuck; the stop button ends the stuck call; the RRef graph and the timeline
 open as panels; shutting the cluster down removes it, and its open views say it ended. No
-console errors. The Light run saves docs/_static/side-panel.png. A docked view comes back
+console errors. The Light run saves docs/_static/side-panel.png and, of the docked RRef
+graph's hover card, side-panel-card.png. A docked view comes back
 after a reload; a hidden page asks the server nothing, and a stuck cell's notification
 comes within 3 s of the page being visible again. Every process ends by pid
 (``Server.stop``)."""
@@ -27,6 +28,7 @@ SETUP = "import threading\nimport torch\nimport torch.distributed.rpc as rpc"
 REMOTE_CELL = "r = rpc.remote('worker2', torch.ones, args=((2, 3),))\nr.to_here()"
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 SCREENSHOT = REPO / "docs" / "_static" / "side-panel.png"
+CARD_SCREENSHOT = REPO / "docs" / "_static" / "side-panel-card.png"
 # The notebook's kernel, kept once the page is up: views opened later become the current widget.
 KERNEL = "window.__nbKernel"
 
@@ -121,7 +123,7 @@ def test_side_panel(page, theme):
     # The RRef graph and the timeline as panels, drawn by the widgets' code.
     entry.locator(".nbrpc-open-rref-graph").click()
     page.locator(".nbrpc-view svg[data-kind=rref]").wait_for()
-    hover_pin_and_filter_docked(page)
+    hover_pin_and_filter_docked(page, CARD_SCREENSHOT if theme == "light" else None)
     entry.locator(".nbrpc-open-timeline").click()
     page.locator(".nbrpc-view svg[data-kind=timeline]").wait_for()
     if theme == "light":
@@ -158,10 +160,11 @@ def test_side_panel(page, theme):
     assert not page.errors, page.errors
 
 
-def hover_pin_and_filter_docked(page) -> None:
+def hover_pin_and_filter_docked(page, picture=None) -> None:
     """The docked RRef graph is the widget's own front end: hovering the RRef shows its card
     (naming its owner), a click pins it and the pin outlives the view's refreshes, the worker
-    filter dims it, and fit / 1:1 switches the drawing's size."""
+    filter dims it, and fit / 1:1 switches the drawing's size. ``picture``: where to save the
+    hover card's picture (the docs')."""
     view = page.locator(".nbrpc-view", has=page.locator("svg[data-kind=rref]"))
     rref = view.locator(".nbrpc-host [data-id]")
     assert rref.count() == 1
@@ -171,6 +174,8 @@ def hover_pin_and_filter_docked(page) -> None:
     wait_for(lambda: tip.is_visible() and "owner" in tip.inner_text(), "the hover card", 10)
     rows = dict(line.split("\t", 1) for line in tip.inner_text().splitlines() if "\t" in line)
     assert rows["owner"] == "worker2" and rows["holders"] == "master", rows
+    if picture is not None:
+        page.screenshot(path=str(picture), clip={"x": 764, "y": 30, "width": 482, "height": 420})
     rref.click()
     pin = view.locator(".nbrpc-pin")
     wait_for(lambda: pin.is_visible() and "worker2" in pin.inner_text(), "the pinned card", 10)
