@@ -176,7 +176,7 @@ SERIAL = {
     "test_limits.py", "test_scratch.py", "test_hub.py", "test_hub_panel.py", "test_exchange.py", "test_batchspawner.py",
     "test_slurm.py", "test_netns.py", "test_private_network.py",
     # A browser and a Jupyter server per test, with timings of their own.
-    "test_browser.py", "test_panel_browser.py", "test_views.py",
+    "test_browser.py", "test_panel_browser.py", "test_debugger_browser.py", "test_views.py",
 }
 # What can differ under another torch release (make test-newest runs these under the
 # newest one): the compat layer and every private name it reads, the call path (kinds of
