@@ -124,14 +124,20 @@ export class ViewContent extends Widget {
     }
   }
 
-  /** The widget's front end in the host, once: later states reach it through the model. */
+  /** The widget's front end in the host, once: later states reach it through the model.
+   * Set before any wait, so that a refresh during a tick does not render it twice. */
   private async render(): Promise<void> {
     if (this.cleanup || !this.rendered) {
       return;
     }
-    const render = await this.rendered;
-    this.cleanup = Promise.resolve(render({ model: this.model, el: this.host }));
-    await this.cleanup;
+    const rendering = this.rendered.then(render => render({ model: this.model, el: this.host }));
+    this.cleanup = rendering;
+    try {
+      await rendering;
+    } catch (e) {
+      this.cleanup = null; // the next tick tries again
+      throw e;
+    }
   }
 
   /** The widget's CSS, as anywidget adds it for a cell's output. */
