@@ -361,6 +361,9 @@ def test_a_backward_pass_stops_in_the_cells_functions_on_the_member(lab):
                               "grads")
     thread, _, found = _stops_at(lab, "worker1", source, BACKWARD_LINE)
     assert found["grad"] == "tensor([5., 5., 5.])", found
+    # The cell's backward waits on a paused member, not on a hang.
+    said = lab.shown(cell, rf"dist_autograd.backward, paused in the debugger at cell \d+, line {BACKWARD_LINE}")
+    assert "(not a hang)" in said and "stuck" not in said, said
     assert lab.request("continue", threadId=thread)["success"]
     thread, _, found = _stops_at(lab, "worker1", source, SCALED_LINE)
     assert found["by"] == "2" and found["grad"] == "tensor([5., 5., 5.])", found
