@@ -81,25 +81,36 @@ def _to_worker_info(to):
         raise UnknownWorkerError(msg) from e
 
 
-class _Outcome:
-    """A waited-for call's outcome as torch's ``rpc_sync`` takes a future: ``wait()``
-    gives the value, or raises the error from C (no frame of nbrpc's under it)."""
+class _Done:
+    """A waited-for call's value as torch's ``rpc_sync`` takes a future: ``wait()`` gives it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self):
+        return self.value
+
+
+class _Failed:
+    """A waited-for call's error as torch's ``rpc_sync`` takes a future: ``wait()`` raises
+    it from C (``futures.RAISE``), so that no frame of nbrpc's is under it."""
 
     __slots__ = ("wait",)
 
-    def __init__(self, wait: Callable):
-        self.wait = wait
+    def __init__(self, error: BaseException):
+        self.wait = functools.partial(RAISE, error.with_traceback(None))
 
 
-def _waited_call(to, func, mode, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT) -> _Outcome:
+def _waited_call(to, func, mode, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT) -> _Done | _Failed:
     """What ``rpc_sync`` (torch's own code) calls for its ``_invoke_rpc``: the call made
     and waited for by ``_call_and_wait``, its outcome for torch's ``fut.wait()``, so that
     an error's traceback lists torch's frames where a script's does, none of nbrpc's."""
     try:
-        value = _call_and_wait(to, func, args, kwargs, timeout)
+        return _Done(_call_and_wait(to, func, args, kwargs, timeout))
     except BaseException as e:
-        return _Outcome(functools.partial(RAISE, e.with_traceback(None)))
-    return _Outcome(lambda: value)
+        return _Failed(e)
 
 
 # ``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the worker too)
