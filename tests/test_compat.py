@@ -21,7 +21,7 @@ from rpc_profiling import release_profiling_key
 from torch._C._distributed_rpc import PyRRef
 
 from nbrpc._compat import cloudpickle_compat as cp
-from nbrpc._compat import debugger_compat, jupyter_compat, torch_compat
+from nbrpc._compat import debugger_compat, jupyter_compat, rpc_sync_code, torch_compat
 
 
 def test_torchs_private_methods_are_there_and_a_missing_one_is_named(monkeypatch):
@@ -393,6 +393,22 @@ def test_send_python_call_takes_torchs_branch_for_every_kind_of_callable(cluster
     assert kinds["Python function"] == (f"{prefix}_python_udf", False)
     assert kinds["async_execution of a Python function"] == (f"{prefix}_python_udf", True)
     assert kinds["Stoppable"] == kinds["Awaited"] == (f"{prefix}_python_udf", True)
+
+
+def test_rpc_sync_runs_torchs_own_code_with_another_invoke(cluster):
+    """``rpc_sync_code``: torch's ``rpc_sync`` body (its frames in a traceback), with the
+    ``_invoke_rpc`` given, whose result's ``wait()`` it returns; torch's check first."""
+    sent = []
+
+    class Done:
+        def wait(self):
+            return "waited"
+
+    made = rpc_sync_code.rpc_sync_invoking(lambda *args: sent.append(args) or Done())
+    assert made("worker1", len, args=(1,), timeout=3.0) == "waited"
+    assert sent == [("worker1", len, torch_compat.RPCExecMode.SYNC, (1,), None, 3.0)]
+    assert made.__wrapped__.__code__ is rpc.api.rpc_sync.__wrapped__.__code__
+    assert made.__wrapped__.__defaults__ == rpc.api.rpc_sync.__wrapped__.__defaults__
 
 
 def test_call_kind_names_each_kind_as_torch_sends_it():

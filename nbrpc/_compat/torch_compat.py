@@ -25,7 +25,6 @@ import os
 import sys
 import threading
 import traceback
-import types
 
 import torch
 import torch.distributed.autograd as dist_autograd
@@ -200,18 +199,6 @@ def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode, 
 
 # The decorator torch puts on its calls ("RPC has not been initialized"); known to work with torch 2.11 to 2.15.
 require_initialized = api._require_initialized
-
-
-def rpc_sync_invoking(invoke) -> types.FunctionType:
-    """torch's own ``rpc_sync``, its code run with ``invoke`` for its ``_invoke_rpc``
-    (whose result it returns the ``wait()`` of), behind torch's ``_require_initialized``:
-    a traceback through it lists torch's two frames, as a script's does. Known to work
-    with torch 2.11 to 2.15 (the body is ``fut = _invoke_rpc(...); return fut.wait()``)."""
-    torchs = api.rpc_sync.__wrapped__
-    made = types.FunctionType(torchs.__code__, {**torchs.__globals__, "_invoke_rpc": invoke},
-                              torchs.__name__, torchs.__defaults__)
-    made.__doc__, made.__kwdefaults__ = torchs.__doc__, torchs.__kwdefaults__
-    return require_initialized(made)
 # Per-thread state where torch's _wait_all collects the futures of rpc_async;
 # known to work with torch 2.11 to 2.15.
 call_thread_state = api._thread_local_var
@@ -284,9 +271,8 @@ def pickle_message(message) -> tuple[bytes, list]:
     return api._default_pickler.serialize(message)
 
 
-# Re-creates a remote exception on the caller (internal.RemoteException, imported
-# above, is what it gets), calling its ``exception_type`` with the text; known to work
-# with torch 2.11 to 2.15.
+# Re-creates a remote exception on the caller (internal.RemoteException, imported above):
+# calls its exception_type with its text; known to work with torch 2.11 to 2.15.
 handle_exception = internal._handle_exception
 
 # -- RRefs -------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
+from .._compat.rpc_sync_code import rpc_sync_invoking
 from .._compat.torch_compat import UNSET_RPC_TIMEOUT, RPCExecMode
 from ..errors import SerializationError, UnknownWorkerError, WorkerDiedError
 from ..recording import functions, pending, rref_ledger
@@ -115,7 +116,7 @@ def _waited_call(to, func, mode, args=None, kwargs=None, timeout: float = UNSET_
 
 # ``torch.distributed.rpc.rpc_sync``, interruptible (stopping the call on the worker too)
 # and with named failures: torch's own, with ``_waited_call`` for its ``_invoke_rpc``.
-rpc_sync = torch_compat.rpc_sync_invoking(_waited_call)
+rpc_sync = rpc_sync_invoking(_waited_call)
 
 
 def _call_and_wait(to, func, args, kwargs, timeout: float):
