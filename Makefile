@@ -27,8 +27,9 @@ $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 demo: $(READY)
 	$(VENV)/bin/nbrpc run tutorials/00_quickstart.ipynb --output build/00_quickstart.ipynb
 
-# Two test files at once (pytest-xdist; a file's tests stay in one process), then the
-# ``serial`` ones alone (tests/conftest.py says which and why); PARALLEL=0 runs all serially.
+# Two test files at once (pytest-xdist; a file's tests stay in one process, and the files
+# that share the machine's users and daemons run one at a time), then the ``serial`` ones
+# alone (tests/conftest.py says which and why); PARALLEL=0 runs all serially.
 PARALLEL ?= 2
 XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadfile)
 # The notebooks under nbval, two at once (--dist loadscope keeps a notebook's cells in

@@ -155,11 +155,11 @@ def as_main(shell):
 
 # Where a test runs in CI (make test): the files below are marked here, in one place, by
 # the node id's start (a file, or a file's class). ``serial`` tests run in a pytest call
-# of their own, one at a time; the rest run two files at once (pytest-xdist, --dist
-# loadfile: a module's tests, and its shared cluster, stay in one process). A file that
-# starts its own processes, leaves a listening port to the kernel (port 0) and keeps to
-# its tmp_path can run beside another: each xdist process marks the processes it starts
-# (RUN_MARK), so the leak check never counts another's.
+# of their own, one at a time; the rest run two at once (pytest-xdist, --dist loadfile:
+# a module's tests, and its shared cluster, stay in one process; see xdist_scope). A
+# file that starts its own processes, leaves a listening port to the kernel (port 0) and
+# keeps to its tmp_path can run beside another: each xdist process marks the processes
+# it starts (RUN_MARK), so the leak check never counts another's.
 SERIAL = {
     # How soon something happens: a finding within 3 s, a timeout at its time, a stop
     # that ends the call at once, a worker noticing its driver's death, a fork's speed.
@@ -167,16 +167,21 @@ SERIAL = {
     "test_timeouts.py", "test_tracing.py", "test_template.py", "test_panel_server.py",
     "test_differential.py",  # its timeouts, compared with raw torch's within 0.15 s
     "test_waits.py", "test_waits_attach.py", "test_waits_futures.py", "test_waits_kernel.py",
-    "test_waits_view.py", "test_labs.py::TestHangsMistakes", "test_benchmarks.py",
+    "test_waits_view.py", "test_labs.py::TestHangsMistakes",
     # Debuggers stopping and resuming threads on cue, waited for with deadlines.
     "test_worker_pdb.py", "test_lab_debugger.py",
     # The machine as a whole: every worker kernel of this user counted, stale scratch
-    # folders swept, real local users with fixed names and a hub, a Slurm cluster,
-    # network namespaces.
-    "test_limits.py", "test_scratch.py", "test_hub.py", "test_hub_panel.py", "test_exchange.py", "test_batchspawner.py",
-    "test_slurm.py", "test_netns.py", "test_private_network.py",
+    # folders swept.
+    "test_limits.py", "test_scratch.py",
     # A browser and a Jupyter server per test, with timings of their own.
-    "test_browser.py", "test_panel_browser.py", "test_debugger_browser.py", "test_views.py",
+    "test_browser.py", "test_panel_browser.py", "test_views.py", "test_debugger_browser.py",
+}
+# Files that use shared parts of the machine but assert no timing: real local users with
+# fixed names and a hub, Slurm's daemons, network namespaces. They run beside the other
+# files, one at a time among themselves (one xdist scope).
+ONE_AT_A_TIME = {
+    "test_hub.py", "test_hub_panel.py", "test_exchange.py", "test_batchspawner.py", "test_slurm.py",
+    "test_netns.py", "test_private_network.py",
 }
 # What can differ under another torch release (make test-newest runs these under the
 # newest one): the compat layer and every private name it reads, the call path (kinds of
@@ -196,6 +201,26 @@ def _listed(item, names: set[str]) -> bool:
     nodeid = item.nodeid.removeprefix("tests/")
     return any(nodeid == name or nodeid.startswith(name + "::") or nodeid.startswith(name + "/")
                for name in names)
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit xdist hands one process: a test's file, or all the ONE_AT_A_TIME files."""
+    file = nodeid.split("::")[0]
+    return "one-at-a-time" if file.removeprefix("tests/") in ONE_AT_A_TIME else file
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, with the ONE_AT_A_TIME files as one file (xdist's loadgroup
+    marks do not reach its scheduler under pytest 9)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileAndKind(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ByFileAndKind(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

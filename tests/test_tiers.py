@@ -1,5 +1,6 @@
-"""CI's tiers are lists in tests/conftest.py (``SERIAL``, ``TORCH_VERSION``): each entry names
-a test file (or a file's class) that exists, so a renamed file cannot slip into the wrong tier."""
+"""CI's tiers are lists in tests/conftest.py (``SERIAL``, ``ONE_AT_A_TIME``, ``TORCH_VERSION``):
+each entry names a test file (or a file's class) that exists, so a renamed file cannot slip
+into the wrong tier."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("entry", sorted(conftest.SERIAL | conftest.TORCH_VERSION))
+@pytest.mark.parametrize("entry", sorted(conftest.SERIAL | conftest.ONE_AT_A_TIME | conftest.TORCH_VERSION))
 def test_every_tier_entry_names_a_test_file_or_class(entry):
     file, _, cls = entry.partition("::")
     path = TESTS / file
@@ -28,12 +29,22 @@ def test_a_test_marks_itself_serial_too(request):
     assert any(m.startswith("serial:") for m in markers) and any(m.startswith("torch_version:") for m in markers)
 
 
-def test_files_that_need_a_browser_a_hub_or_namespaces_run_alone():
-    """Chromium with a Jupyter server, real users with fixed names and a hub, network
-    namespaces: such a file never runs beside another."""
-    machine_wide = {"browser", "hub", "netns"}
+def test_files_that_need_a_browser_a_hub_or_namespaces_never_run_beside_their_kind():
+    """Real users with fixed names and a hub, Slurm, network namespaces: such a file runs
+    alone or one at a time among its kind; Chromium's timings, alone (unless it is a hub's)."""
+    assert not conftest.SERIAL & conftest.ONE_AT_A_TIME
     for path in sorted(TESTS.glob("test_*.py")):
         marks = {n.attr for n in ast.walk(ast.parse(path.read_text()))
                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
-        if marks & machine_wide:
-            assert path.name in conftest.SERIAL, f"{path.name} is marked {sorted(marks & machine_wide)}: list it"
+        if marks & {"hub", "netns"}:
+            assert path.name in conftest.SERIAL | conftest.ONE_AT_A_TIME, f"{path.name} is marked {sorted(marks)}: list it"
+        elif "browser" in marks:
+            assert path.name in conftest.SERIAL, f"{path.name} is marked browser: list it in SERIAL"
+
+
+def test_a_file_is_one_xdist_unit_and_the_one_at_a_time_files_one_together():
+    """xdist hands a process a whole file (its tests and its shared cluster stay there),
+    and all the ONE_AT_A_TIME files as one unit, run one after another."""
+    assert conftest.xdist_scope("tests/test_calls.py::test_x[a::b]") == "tests/test_calls.py"
+    assert conftest.xdist_scope("tests/test_hub.py::test_x") == conftest.xdist_scope("tests/test_slurm.py::Cls::t")
+    assert conftest.xdist_scope("tests/test_netns.py::t") != conftest.xdist_scope("tests/test_attach.py::t")
