@@ -37,7 +37,8 @@ def test_files_that_need_a_browser_a_hub_or_namespaces_never_run_beside_their_ki
         marks = {n.attr for n in ast.walk(ast.parse(path.read_text()))
                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
         if marks & {"hub", "netns"}:
-            assert path.name in conftest.SERIAL | conftest.ONE_AT_A_TIME, f"{path.name} is marked {sorted(marks)}: list it"
+            listed = conftest.SERIAL | conftest.ONE_AT_A_TIME
+            assert path.name in listed, f"{path.name} is marked {sorted(marks)}: list it"
         elif "browser" in marks:
             assert path.name in conftest.SERIAL, f"{path.name} is marked browser: list it in SERIAL"
 
