@@ -90,11 +90,13 @@ def test_timeouts_are_named(cluster):
 def test_a_destination_is_named_by_its_worker_name_however_it_is_given(cluster):
     from nbrpc.recording.functions import destination_name
 
-    info = rpc.get_worker_info("worker2")
-    assert [destination_name(to) for to in ("worker1", info, info.id, 1, 99)] == [
-        "worker1", "worker2", "worker2", "worker1", "99"]
+    # A member's rank is its worker id: the order it joined in, not its name's number
+    # (a process that ran clusters before counts on).
+    info, rank1 = rpc.get_worker_info("worker2"), rpc.get_worker_info("worker1").id
+    assert [destination_name(to) for to in ("worker1", info, info.id, rank1, 999)] == [
+        "worker1", "worker2", "worker2", "worker1", "999"]
     with pytest.raises(nbrpc.RpcTimeoutError, match=r"rpc_async\('worker1', sleep\) got no answer within 0.5 s"):
-        rpc.rpc_async(1, time.sleep, args=(1,), timeout=0.5).wait()
+        rpc.rpc_async(rank1, time.sleep, args=(1,), timeout=0.5).wait()
 
 
 def test_unsendable_replies_are_named(cluster):
