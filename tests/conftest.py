@@ -203,6 +203,12 @@ def _listed(item, names: set[str]) -> bool:
                for name in names)
 
 
+# The longest units of the parallel tiers, handed out first so that a tier does not end
+# on one of them with the other process idle (xdist would order units by test count).
+LONGEST_FIRST = ("one-at-a-time", "tests/test_nbgrader.py", "tests/test_conformance.py", "tests/test_upstream.py",
+                 "tests/test_install.py")
+
+
 def xdist_scope(nodeid: str) -> str:
     """The unit xdist hands one process: a test's file, or all the ONE_AT_A_TIME files."""
     file = nodeid.split("::")[0]
@@ -211,7 +217,7 @@ def xdist_scope(nodeid: str) -> str:
 
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile``, with the ONE_AT_A_TIME files as one file (xdist's loadgroup
-    marks do not reach its scheduler under pytest 9)."""
+    marks do not reach its scheduler under pytest 9), the LONGEST_FIRST units first."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -219,6 +225,12 @@ def pytest_xdist_make_scheduler(config, log):
     class ByFileAndKind(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            for scope in reversed(LONGEST_FIRST):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return ByFileAndKind(config, log)
 

@@ -49,3 +49,8 @@ def test_a_file_is_one_xdist_unit_and_the_one_at_a_time_files_one_together():
     assert conftest.xdist_scope("tests/test_calls.py::test_x[a::b]") == "tests/test_calls.py"
     assert conftest.xdist_scope("tests/test_hub.py::test_x") == conftest.xdist_scope("tests/test_slurm.py::Cls::t")
     assert conftest.xdist_scope("tests/test_netns.py::t") != conftest.xdist_scope("tests/test_attach.py::t")
+
+
+def test_the_units_handed_out_first_exist():
+    for scope in conftest.LONGEST_FIRST:
+        assert scope == "one-at-a-time" or (TESTS.parent / scope).is_file(), scope
