@@ -203,6 +203,13 @@ def _listed(item, names: set[str]) -> bool:
                for name in names)
 
 
+def pytest_configure(config):
+    """The stop button (SIGINT) works here and in the processes the tests start, as in a
+    kernel: a shell starts a background job with SIGINT ignored, and Python leaves it so."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # The longest units of the parallel tiers, handed out first so that a tier does not end
 # on one of them with the other process idle (xdist would order units by test count).
 LONGEST_FIRST = ("one-at-a-time", "tests/test_nbgrader.py", "tests/test_conformance.py", "tests/test_upstream.py",
