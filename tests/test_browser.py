@@ -55,6 +55,17 @@ TESTS = Path(__file__).resolve().parent
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 FIRST_PAINT_TARGET, SNAPSHOT_TARGET = 1.0, 0.5
+
+
+def chromium_tab(playwright, profile, timeout: int, width: int = 1280, height: int = 800):
+    """A tab of headless Chromium with a profile folder of its own; ``tab.context.close()``
+    ends the browser."""
+    context = playwright.chromium.launch_persistent_context(
+        str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+        viewport={"width": width, "height": height})
+    tab = context.pages[0] if context.pages else context.new_page()
+    tab.set_default_timeout(timeout)
+    return tab
 # The timed tests run alone (the serial tier): twice a target allows a shared CI machine's
 # noise, not an order of magnitude.
 SLACK = 2
@@ -239,19 +250,15 @@ def page(server, tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
-            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+        tab = chromium_tab(p, tmp_path_factory.mktemp("chromium-profile"), 120_000, 1400, 1000)
         try:
-            tab = context.pages[0] if context.pages else context.new_page()
-            tab.set_default_timeout(120_000)
             tab.goto(f"{server.url}/{server.notebooks}/graph.ipynb?token={server.token}")
             tab.wait_for_function(
                 "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
                 "?.connectionStatus === 'connected'")
             yield tab
         finally:
-            context.close()
+            tab.context.close()
 
 
 # -- talking to the notebook's kernel -------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from test_browser import CHROMIUM, CHROMIUM_ARGS, Server, picture, report, why_no_browser
+from test_browser import Server, chromium_tab, picture, report, why_no_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -50,18 +50,14 @@ def page(lab, tmp_path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+        tab = chromium_tab(p, tmp_path / "chromium-profile", 120_000, 1400, 1000)
         try:
-            tab = context.pages[0] if context.pages else context.new_page()
-            tab.set_default_timeout(120_000)
             tab.goto(f"{lab.url}/{lab.notebooks}/debugging.ipynb?token={lab.token}")
             tab.wait_for_function(
                 f"() => {NOTEBOOK}?.sessionContext?.session?.kernel?.connectionStatus === 'connected'")
             yield tab
         finally:
-            context.close()
+            tab.context.close()
 
 
 def run_cell(page, index: int) -> None:

@@ -31,7 +31,7 @@ import nbformat
 import psutil
 import pytest
 from conftest import free_port, wait_gone, wait_until
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, why_no_browser
+from test_browser import ARTIFACTS, chromium_tab, why_no_browser
 from users import ROOT, SYSTEM_PYTHON, unavailable
 
 pytestmark = pytest.mark.hub
@@ -381,12 +381,8 @@ def test_a_students_rref_graph_renders_through_the_hubs_proxy(hub, pids, tmp_pat
     os.chown(notebook, entry.pw_uid, entry.pw_gid)
 
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 800})
+        tab = chromium_tab(p, tmp_path / "profile", 180_000)
         try:
-            tab = context.pages[0] if context.pages else context.new_page()
-            tab.set_default_timeout(180_000)
             # As a student does: the hub's login page, then the notebook, all through the proxy.
             tab.goto(f"http://127.0.0.1:{hub.port}/hub/login?next=/user/{name}/lab/tree/graph.ipynb")
             tab.fill("#username_input", name)
@@ -406,7 +402,7 @@ def test_a_students_rref_graph_renders_through_the_hubs_proxy(hub, pids, tmp_pat
             assert "live, every 0.5 s" in tab.locator(".nbrpc-status").inner_text()
             tab.screenshot(path=str(ARTIFACTS / "hub-rref-graph.png"))
         finally:
-            context.close()
+            tab.context.close()
 
     # The student's kernel and workers end with the server.
     status, _ = hub.api("DELETE", f"/hub/api/users/{name}/server")

@@ -23,7 +23,7 @@ import nbformat
 import psutil
 import pytest
 from conftest import LOCK_CELL, wait_until
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, why_no_browser
+from test_browser import ARTIFACTS, chromium_tab, why_no_browser
 from test_hub import STUDENTS, _running_hub
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.slow]
@@ -49,11 +49,7 @@ def wait_for(check, what: str, timeout: float = 30):
 
 def log_in(playwright, hub, name: str, path: str, profile: Path):
     """A browser of ``name``'s, logged in at the hub's login page, on ``/user/<name>/<path>``."""
-    context = playwright.chromium.launch_persistent_context(
-        str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-        viewport={"width": 1280, "height": 800})
-    tab = context.pages[0] if context.pages else context.new_page()
-    tab.set_default_timeout(180_000)
+    tab = chromium_tab(playwright, profile, 180_000)
     tab.errors = []
     tab.on("pageerror", lambda e: tab.errors.append(f"{e}: {e.stack}") if "nbrpc" in f"{e}{e.stack}" else None)
     tab.on("response", lambda r: tab.errors.append(f"{r.status} {r.url}")
@@ -67,7 +63,7 @@ def log_in(playwright, hub, name: str, path: str, profile: Path):
     # Once JupyterLab has restored its layout, the panel is in the left area: show it.
     tab.evaluate("async () => { await window.jupyterapp.restored; "
                  "window.jupyterapp.shell.activateById('nbrpc-panel'); }")
-    return context, tab
+    return tab.context, tab
 
 
 def panel_says(tab, what: str, check, timeout: float = 60):

@@ -20,7 +20,7 @@ import time
 import nbformat
 import pytest
 from conftest import LOCK_CELL, wait_until
-from test_browser import CHROMIUM, CHROMIUM_ARGS, REPO, Server, report, why_no_browser
+from test_browser import REPO, Server, chromium_tab, report, why_no_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -58,12 +58,8 @@ def page(lab, tmp_path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+        tab = chromium_tab(p, tmp_path / "chromium-profile", 60_000)
         try:
-            tab = context.pages[0] if context.pages else context.new_page()
-            tab.set_default_timeout(60_000)
             tab.errors = []
             tab.on("console", lambda m: tab.errors.append(m.text) if m.type == "error" else None)
             tab.on("pageerror", lambda e: tab.errors.append(f"{e}: {e.stack}"))
@@ -76,7 +72,7 @@ def page(lab, tmp_path):
             tab.evaluate(f"() => {{ {KERNEL} = {kernel}; }}")
             yield tab
         finally:
-            context.close()
+            tab.context.close()
 
 
 def wait_for(check, what: str, timeout: float = 30):

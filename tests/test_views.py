@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, TESTS, Server, report, why_no_browser
+from test_browser import ARTIFACTS, TESTS, Server, chromium_tab, report, why_no_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -113,12 +113,8 @@ def lab_notebook(playwright, notebook: Path, tmp_path_factory, timeout: int):
     server = Server(notebook.parent, "lab")
     try:
         server.wait_ready()
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
-            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 800})
+        tab = chromium_tab(playwright, tmp_path_factory.mktemp("chromium-profile"), timeout)
         try:
-            tab = context.pages[0] if context.pages else context.new_page()
-            tab.set_default_timeout(timeout)
             tab.goto(f"{server.url}/{server.notebooks}/{notebook.name}?token={server.token}")
             tab.wait_for_function(
                 "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel"
@@ -126,7 +122,7 @@ def lab_notebook(playwright, notebook: Path, tmp_path_factory, timeout: int):
             tab.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
             yield tab
         finally:
-            context.close()
+            tab.context.close()
     finally:
         server.stop()
 
