@@ -6,6 +6,7 @@ cluster; the last tests paste PyTorch's parameter-server example into a real ker
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import nbformat
@@ -225,6 +226,18 @@ def test_an_unchanged_function_is_pickled_once(shell):
     assert identity.version == 2
 
 
+@contextlib.contextmanager
+def _wrongly_believed_held(worker: str, key):
+    """The driver believes ``worker`` holds ``key`` (a definition it was never sent)."""
+    from nbrpc.wire import definitions
+
+    definitions.receivers.acknowledged(worker, [key])
+    try:
+        yield
+    finally:
+        definitions.receivers.known[worker].discard(key)
+
+
 def _sent_bytes(func, to: str, args: tuple = (1,)) -> int:
     """Bytes of an rpc_sync of ``func`` to ``to`` as nbrpc's wrapper pickles it now."""
     from torch.distributed.rpc import internal
@@ -327,12 +340,9 @@ def test_an_identity_the_receiver_never_got_is_a_clear_error(shell):
     ident = definitions._identity(func)
     definitions._cache_code(ident, func)
     key = (ident.origin, ident.token, ident.version)
-    definitions.receivers.acknowledged("worker2", [key])  # a wrong belief
-    try:
-        with pytest.raises(RuntimeError, match="a notebook function .* was never sent to this process"):
-            run(shell, 'rpc.rpc_sync("worker2", never_pinned, args=(1,))')
-    finally:
-        definitions.receivers.known["worker2"].discard(key)
+    with _wrongly_believed_held("worker2", key), \
+            pytest.raises(RuntimeError, match="a notebook function .* was never sent to this process"):
+        run(shell, 'rpc.rpc_sync("worker2", never_pinned, args=(1,))')
     assert run(shell, 'rpc.rpc_sync("worker2", never_pinned, args=(1,))') == 1
 
 
@@ -366,12 +376,9 @@ def test_a_class_identity_the_receiver_never_got_is_a_clear_error(shell):
     cls = shell.user_ns["NeverPinned"]
     ident = definitions._identity(cls)
     key = (ident.origin, ident.token, 0)
-    definitions.receivers.acknowledged("worker2", [key])  # a wrong belief
-    try:
-        with pytest.raises(RuntimeError, match="a notebook class .* was never sent to this process"):
-            run(shell, 'rpc.rpc_sync("worker2", kind_of, args=(NeverPinned(),))')
-    finally:
-        definitions.receivers.known["worker2"].discard(key)
+    with _wrongly_believed_held("worker2", key), \
+            pytest.raises(RuntimeError, match="a notebook class .* was never sent to this process"):
+        run(shell, 'rpc.rpc_sync("worker2", kind_of, args=(NeverPinned(),))')
     assert run(shell, 'rpc.rpc_sync("worker2", kind_of, args=(NeverPinned(),))') == "NeverPinned"
 
 
@@ -382,12 +389,9 @@ def test_a_digest_the_receiver_never_got_is_a_clear_error(shell):
     func = shell.user_ns["never_sent"]
     ident = definitions._identity(func)
     definitions._cache_code(ident, func)
-    definitions.receivers.acknowledged("worker2", [ident.digest])  # a wrong belief
-    try:
-        with pytest.raises(RuntimeError, match="the code of never_sent .* was never sent to this process"):
-            run(shell, 'rpc.rpc_sync("worker2", never_sent, args=(1,))')
-    finally:
-        definitions.receivers.known["worker2"].discard(ident.digest)
+    with _wrongly_believed_held("worker2", ident.digest), \
+            pytest.raises(RuntimeError, match="the code of never_sent .* was never sent to this process"):
+        run(shell, 'rpc.rpc_sync("worker2", never_sent, args=(1,))')
     assert run(shell, 'rpc.rpc_sync("worker2", never_sent, args=(1,))') == 1
 
 
