@@ -1,0 +1,145 @@
+"""Python bytecodes per call on the driver's main thread, by module and function: the
+count that wall time hides on a busy machine (see README.md, "Where the cost goes").
+
+    python benchmarks/bytecodes.py [--calls 200] [--loops NAMES] [--raw] [--top 25]
+
+Runs the loops of ``parts.py`` in a one-worker cluster (``--raw``: between two plain
+processes under ``init_rpc``, the function importable on both sides) with a trace
+(``sys.settrace``, ``f_trace_opcodes``) on the main thread only, after a warm-up, and
+prints the bytecodes per call of each loop, split by the module that ran them (nbrpc's
+by subpackage and module, torch's as one, the rest as "other") and the costliest
+functions. The trace slows everything tenfold: counts, not times, are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+import parts
+import torch
+import torch.distributed.rpc as rpc
+
+import nbrpc
+
+NBRPC = os.path.dirname(os.path.abspath(nbrpc.__file__)) + os.sep
+TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def _where(code) -> str:
+    name = code.co_filename
+    if name.startswith(NBRPC):
+        return "nbrpc/" + name[len(NBRPC):].removesuffix(".py")
+    if name.startswith(TORCH):
+        return "torch"
+    return "other"
+
+
+class Counter:
+    """Bytecodes per (module, function) while on; the trace function is set per frame."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter = collections.Counter()
+
+    def _frame(self, frame, event, arg):
+        frame.f_trace_opcodes = True
+        code = frame.f_code
+        key = (_where(code), code.co_qualname)
+        counts = self.counts
+
+        def local(frame, event, arg):
+            if event == "opcode":
+                counts[key] += 1
+            return local
+
+        return local
+
+    def __enter__(self):
+        sys.settrace(self._frame)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+
+def count(loop, calls: int) -> collections.Counter:
+    with Counter() as counter:
+        loop(calls)
+    counter.counts.pop(("other", "count"), None)
+    return collections.Counter({key: n / calls for key, n in counter.counts.items()})
+
+
+def report(name: str, counts: collections.Counter, top: int) -> str:
+    by_module = collections.Counter()
+    for (module, _), n in counts.items():
+        by_module[module] += n
+    lines = [f"\n{name}: {sum(counts.values()):.0f} bytecodes a call"]
+    lines += [f"  {n:7.0f}  {module}" for module, n in by_module.most_common()]
+    lines.append("  costliest functions:")
+    lines += [f"  {n:7.0f}  {module}:{func}" for (module, func), n in counts.most_common(top)]
+    return "\n".join(lines)
+
+
+def _loops(names: str | None) -> dict:
+    loops = {name: run for name, (run, _) in parts.LOOPS.items()}
+    if names:
+        loops = {name: loops[name] for name in names.split(",")}
+    return loops
+
+
+def _raw_worker(port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rpc.init_rpc(parts.WORKER, rank=1, world_size=2,
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(_transports=["uv"]))
+    rpc.shutdown()
+
+
+def _run_raw(loops: dict, calls: int, top: int) -> None:
+    import multiprocessing
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = multiprocessing.get_context("spawn").Process(target=_raw_worker, args=(port,))
+    worker.start()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rpc.init_rpc("driver", rank=0, world_size=2,
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(_transports=["uv"]))
+    try:
+        _count_all(loops, calls, top)
+    finally:
+        rpc.shutdown()
+        worker.join()
+
+
+def _count_all(loops: dict, calls: int, top: int) -> None:
+    for run in loops.values():
+        run(200)  # connections, threads, the function's first send
+    for name, run in loops.items():
+        print(report(name, count(run, calls), top), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--loops", help="only these loops (parts.py's names), comma separated")
+    parser.add_argument("--raw", action="store_true", help="raw torch between two plain processes")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    loops = _loops(args.loops)
+    if args.raw:
+        _run_raw(loops, args.calls, args.top)
+        return 0
+    cluster = nbrpc.start(1, progress=None)
+    try:
+        _count_all(loops, args.calls, args.top)
+    finally:
+        cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
