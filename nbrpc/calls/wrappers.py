@@ -165,7 +165,8 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
                       func, interrupts.sent_as(func), args, record, replies=True)
     call_id = None if sent is None else sent.call_id
     what = functions.named(func, args)  # an RRef proxy's call: by its method
-    key = PENDING.calling(to, what, call_id, "rpc_async")
+    # Found now: the call outlives this frame (see ``Pending.calling``); from torch's check up.
+    key = PENDING.calling(to, what, call_id, "rpc_async", site=pending.call_site(2))
     named = NamedFuture(fut, (to, what, timeout, call_id), record, key)
     if hasattr(torch_compat.call_thread_state, "future_list"):  # inside torch's _wait_all()
         torch_compat.call_thread_state.future_list.append(named)
@@ -182,7 +183,7 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     # it delays the fetch (see ``Pending.remote_sending``).
     carrier = interrupts.sent_as(func)
     call_id = interrupts.new_call_id() if carrier is not None else None
-    site = pending.call_site(1)  # for the calls in flight and the RRef ledger
+    site = pending.call_site(2)  # for the calls in flight and the RRef ledger
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key = PENDING.remote_sending(to, what, call_id, site)
     try:
@@ -209,7 +210,8 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
     record = caller_half.record("to_here", owner, rref=rref)
-    key = PENDING.calling(owner, "to_here", None, "to_here", PENDING.remote_call(rref))
+    remote_key = PENDING.remote_call(rref)
+    key = PENDING.calling(owner, "to_here", None, "to_here", remote_key)
     try:
         if threading.get_ident() == threading.main_thread().ident and not _this_threads():
             value = _fetch_interruptibly(rref, timeout, record, owner)
@@ -229,6 +231,8 @@ def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
             f"stopped (the fetch ends in the background){PENDING.explained(key)}") from None
     finally:
         PENDING.answered(key)
+    if remote_key is not None:  # its function ran: no longer in flight
+        PENDING.fetched(remote_key)
     record.answered()
     if rref_ledger.is_tracking():
         rref_ledger.fetched(rref)

@@ -10,7 +10,8 @@ Parts:
   ``settled``: ``interrupts.Awaited``). ``report`` copies them for ``diagnostics.waits``,
   which joins every member's copy into a wait-for graph.
 - ``call_site``: the frame that made a call, outside nbrpc's and torch's own modules:
-  a notebook cell's file and line.
+  a notebook cell's file and line. A call answered before its caller returns keeps its
+  caller's frame instead, read only when the table is (``site_of``).
 
 Bookkeeping runs inside every call, so an entry is a tuple in a dict keyed by call
 id (a dict's insert and pop are atomic under the GIL: no lock on the call's path),
@@ -37,8 +38,11 @@ from .._util import Hooks
 OWN_FOLDERS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
                os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
-# The slots of an outgoing entry: call id, callee, what runs, site (file, line),
-# thread ident, since (time.time()), how it was made, the call it waits on instead
+# On every call's path: one global lookup each.
+_getframe, _get_ident, _now = sys._getframe, threading.get_ident, time.time
+
+# The slots of an outgoing entry: call id, callee, what runs, site ((file, line), or the
+# caller's frame: ``site_of``), thread ident, since (time.time()), how it was made, the call it waits on instead
 # (``to_here``: the ``remote`` that makes the value).
 ID, CALLEE, FUNCTION, SITE, THREAD, SINCE, KIND, ON = range(8)
 # The slots of a served entry: call id, what runs, thread ident, since.
@@ -49,9 +53,13 @@ A_ID, A_FUNCTION, A_MADE, A_SINCE = range(4)
 
 
 def call_site(depth: int = 2) -> tuple[str, int] | None:
-    """(file, line) of the first frame above the caller's ``depth`` that is neither
-    nbrpc's nor torch's (a cell, or a module of the user's)."""
-    frame = sys._getframe(depth)
+    """(file, line) of the first frame from the caller's ``depth`` up that is neither
+    nbrpc's nor torch's (a cell, or a module of the user's). A wrapper the user calls
+    directly passes its caller's depth (2), so that the usual call looks at one frame."""
+    return _first_outside(sys._getframe(depth))
+
+
+def _first_outside(frame: types.FrameType | None) -> tuple[str, int] | None:
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(OWN_FOLDERS):
@@ -68,6 +76,18 @@ def site_line(site: tuple | None) -> tuple[str, int] | None:
     code, offset = site
     line = next((line for start, end, line in code.co_lines() if start <= offset < end), None)
     return code.co_filename, line or code.co_firstlineno
+
+
+def site_of(site: tuple | types.FrameType | None) -> tuple[str, int] | None:
+    """An entry's call site as (file, line): as given, or found from the frame the entry
+    keeps (its caller's, still running: the entry goes before that frame returns)."""
+    if type(site) is types.FrameType:
+        return _first_outside(site)
+    return site
+
+
+def _listed(site: tuple | None) -> list | None:
+    return list(site) if site else None
 
 
 def function_name(func: Callable | str) -> str:
@@ -111,11 +131,13 @@ class Pending:
         """A call was sent; returns its key for ``answered``. ``kind``: ``rpc_sync``,
         ``rpc_async``, ``remote``, ``to_here``, ``backward``, or ``rpc_on`` (a cell run on
         the callee's kernel, which waits on whatever that kernel's main thread calls).
-        ``site``: found here (True), none (False), or the one given (file, line)."""
+        ``site``: the one given (file, line), none (False), or (True) the caller's frame,
+        kept and read only when the table is: for a call answered before its caller
+        returns (a frame kept past its return would keep its variables alive)."""
         key = call_id or self.new_id()
-        name = callee if isinstance(callee, str) else getattr(callee, "name", str(callee))
-        where = call_site(2) if site is True else (site or None)
-        self.outgoing[key] = (key, name, func, where, threading.get_ident(), time.time(), kind, on)
+        name = callee if type(callee) is str else getattr(callee, "name", str(callee))
+        where = _getframe(1) if site is True else (site or None)
+        self.outgoing[key] = (key, name, func, where, _get_ident(), _now(), kind, on)
         return key
 
     def answered(self, key: str) -> None:
@@ -163,9 +185,21 @@ class Pending:
         with self._remotes_lock:
             self.remotes[key] = (weakref.ref(rref), id(rref))
 
+    def fetched(self, remote_key: str) -> None:
+        """The value of the ``remote`` ``remote_key`` arrived here (``to_here``): its function
+        ran, so the call is over. Dropped now, the usual ``remote`` + ``to_here`` leaves the
+        next ``remote_sending`` nothing to look at."""
+        with self._remotes_lock:
+            made = self.remotes.pop(remote_key, None)
+            self.outgoing.pop(remote_key, None)
+            if made is not None and self.rrefs.get(made[1]) == remote_key:
+                del self.rrefs[made[1]]
+
     def _drop_created(self, everything: bool = True) -> None:
         """Drop the ``remote`` calls whose RRef their owner confirmed: all of them, or
         (``everything`` False) the oldest ones, up to the first still in flight."""
+        if not self.remotes:
+            return
         with self._remotes_lock:
             over = []
             for key, (ref, rref_id) in self.remotes.items():
@@ -198,7 +232,7 @@ class Pending:
         """Both tables as plain data (function names, no objects)."""
         outgoing = [
             {"id": e[ID], "callee": e[CALLEE], "function": function_name(e[FUNCTION]),
-             "site": list(e[SITE]) if e[SITE] else None, "thread": e[THREAD],
+             "site": _listed(site_of(e[SITE])), "thread": e[THREAD],
              "since": e[SINCE], "kind": e[KIND], "on": e[ON]}
             for e in self.in_flight()
         ]
