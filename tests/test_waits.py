@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -350,6 +352,65 @@ def test_a_remote_is_in_flight_until_its_owner_confirms_the_rref():
     table.remote_made(table.remote_sending("worker2", time.sleep, "d", None), rrefs[3])
     del rrefs[2]  # its RRef dropped: nothing can wait on "c" any more
     assert [e[ID] for e in table.in_flight()] == ["d"]
+
+
+def test_a_fetched_remote_leaves_the_table_with_its_to_here():
+    """Its value arrived: its function ran, whatever its creation future says yet."""
+    from nbrpc.recording.pending import Pending
+
+    class Made:
+        def _get_future(self):
+            return torch.futures.Future()  # never done
+
+    table, rref = Pending(), Made()
+    table.remote_made(table.remote_sending("worker1", time.sleep, "a", None), rref)
+    fetch = table.calling("worker1", "to_here", None, "to_here", table.remote_call(rref))
+    assert set(table.outgoing) == {"a", fetch}
+    table.answered(fetch)
+    table.fetched("a")
+    assert not table.outgoing and not table.remotes and not table.rrefs
+    table.fetched("a")  # twice (an interrupted fetch's helper): nothing left to drop
+
+
+def test_a_call_answered_before_its_caller_returns_reads_its_site_when_asked():
+    from nbrpc.recording.pending import Pending
+
+    table = Pending()
+    # Asked while this frame is on the calling line, as a caller waiting in its call is.
+    line, key, report = sys._getframe().f_lineno, table.calling("worker1", time.sleep, None, "rpc_sync"), table.report()
+    assert type(table.outgoing[key][3]) is types.FrameType  # kept, not formatted
+    assert report["outgoing"][0]["site"] == [__file__, line]
+    table.answered(key)
+    assert table.report()["outgoing"] == []
+
+
+def test_each_form_of_call_names_its_line_of_the_cell(shell):
+    """rpc_sync's and to_here's sites are read from their caller's frame when asked;
+    rpc_async's and remote's are found as they are made (they outlive their frame)."""
+    run(shell, "def in_async():\n    time.sleep(6)\n"
+               "def in_remote():\n    time.sleep(5)\n    return 5\n"
+               "def in_sync():\n    time.sleep(2)\n")
+    cell = Cell(shell, "fut = rpc.rpc_async('worker1', in_async)\n"
+                       "made = rpc.remote('worker2', in_remote)\n"
+                       "rpc.rpc_sync('worker2', in_sync)\n"
+                       "made.to_here()\n"
+                       "fut.wait()")
+    seen = {}
+
+    def every_site() -> bool:
+        for call in nbrpc.waits()["calls"]:
+            if call["caller"] == nbrpc.current().driver_name:
+                seen[call["function"]] = call["site"]
+        return len(seen) == 4
+
+    assert wait_until(every_site, 12, interval=0.2), seen
+    cell.join()
+    assert cell.error is None
+    lines = {function: site.rsplit(", ", 1) for function, site in seen.items()}
+    assert all(cell_name.startswith("cell ") for cell_name, _ in lines.values()), seen
+    assert {function: line for function, (_, line) in lines.items()} == {
+        "in_async": "line 1", "in_remote": "line 2", "in_sync": "line 3", "to_here": "line 4"}
+    assert wait_until(lambda: not nbrpc.waits()["calls"], 5, interval=0.2)
 
 
 def test_a_forked_child_has_its_own_call_ids_and_no_calls_of_its_parent():
