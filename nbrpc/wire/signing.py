@@ -20,6 +20,7 @@ from ..recording import recorder
 
 SIGNED = b"nbrpc-blake2b:"
 MAC_SIZE = 32
+HEADER_SIZE = len(SIGNED) + MAC_SIZE
 
 
 class _Key:
@@ -44,9 +45,10 @@ def mac(body) -> bytes:
 
 def signed(body) -> bytes:
     """``body`` (bytes or a buffer of them) as sent: after its MAC if this process signs."""
-    if KEY.key is None:
+    key = KEY.key
+    if key is None:
         return bytes(body)
-    return b"".join((SIGNED, mac(body), body))
+    return b"".join((SIGNED, hashlib.blake2b(body, key=key, digest_size=MAC_SIZE).digest(), body))
 
 
 def message(obj, body, tensors: list | None = None) -> bytes:
@@ -60,11 +62,12 @@ def message(obj, body, tensors: list | None = None) -> bytes:
 
 def check(file: io.BytesIO) -> None:
     """Read ``file``'s signature, where this process has a key, and refuse it unless valid."""
-    if KEY.key is None:
+    key = KEY.key
+    if key is None:
         return
-    header = file.read(len(SIGNED) + MAC_SIZE)
-    body = file.getbuffer()[len(header):]
-    if not (header.startswith(SIGNED) and hmac.compare_digest(header[len(SIGNED):], mac(body))):
+    header = file.read(HEADER_SIZE)  # one comparison of the whole header: the prefix is no secret
+    expected = hashlib.blake2b(file.getbuffer()[HEADER_SIZE:], key=key, digest_size=MAC_SIZE).digest()
+    if not hmac.compare_digest(header, SIGNED + expected):
         raise pickle.UnpicklingError(
             "nbrpc refused an RPC message not signed with this cluster's key: it "
             "comes from a process outside the cluster")
