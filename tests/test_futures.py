@@ -137,19 +137,39 @@ CALL_FORMS = {"rpc_sync": lambda: rpc.rpc_sync("worker1", _bad_value, args=(3,))
 
 
 @pytest.mark.parametrize("form", sorted(CALL_FORMS))
-def test_a_remote_errors_traceback_in_a_script_lists_raw_torchs_frames(cluster, request, form):
+def test_a_remote_errors_traceback_in_a_script_lists_raw_torchs_frames(cluster, form):
     """In a script driving nbrpc (this process), ``traceback.format_exception`` of a remote
     error shows the frames raw torch's shows, none of nbrpc's."""
-    if form != "rpc_sync":  # nbrpc's wait (interruptible, naming its failures) is a Python method
-        request.applymarker(pytest.mark.xfail(strict=True, reason="nbrpc's wait or to_here frame"))
-    call = CALL_FORMS[form]
     with pytest.raises(ValueError, match="bad value 3") as info:
-        call()
-    text = "".join(traceback.format_exception(info.value))
+        CALL_FORMS[form]()
+    _assert_raw_torchs_frames(info.value, RAW_TORCHS_FRAMES[form])
+
+
+# A timeout's under raw torch: raised in C++ (to_here, a future's wait) or under rpc_sync's.
+RAW_TORCHS_TIMEOUT_FRAMES = {"rpc_sync": [HERE, API, API], "rpc_async().wait()": [HERE],
+                             "remote().to_here()": [HERE]}
+TIMEOUT_FORMS = {
+    "rpc_sync": lambda: rpc.rpc_sync("worker1", _sleep, args=(1.0,), timeout=TIMEOUT),
+    "rpc_async().wait()": lambda: rpc.rpc_async("worker1", _sleep, args=(1.0,), timeout=TIMEOUT).wait(),
+    "remote().to_here()": lambda: rpc.remote("worker1", _sleep, args=(1.0,)).to_here(timeout=TIMEOUT)}
+
+
+@pytest.mark.parametrize("form", sorted(TIMEOUT_FORMS))
+def test_a_timeouts_traceback_in_a_script_lists_raw_torchs_frames(cluster, form):
+    """nbrpc's timeout error (naming the call) and torch's it is chained to: no frame of
+    nbrpc's in either, the caller's frames as under raw torch."""
+    with pytest.raises(RuntimeError, match="got no answer within 0.3 s") as info:
+        TIMEOUT_FORMS[form]()
+    _assert_raw_torchs_frames(info.value, RAW_TORCHS_TIMEOUT_FRAMES[form])
+    assert "RPC ran for more than set timeout" in str(info.value.__cause__)
+
+
+def _assert_raw_torchs_frames(error: BaseException, raw_torchs: list[str]) -> None:
+    text = "".join(traceback.format_exception(error))
     assert "/nbrpc/" not in text, text
-    files = [frame.filename for frame in traceback.extract_tb(info.value.__traceback__)]
-    last_own = len(files) - 1 - files[::-1].index(HERE)  # the lambda of CALL_FORMS
-    assert files[last_own:] == RAW_TORCHS_FRAMES[form], text
+    files = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
+    last_own = len(files) - 1 - files[::-1].index(HERE)  # the lambda of the forms
+    assert files[last_own:] == raw_torchs, text
 
 
 def test_a_futures_unwrap_raises_in_its_wait_and_value():

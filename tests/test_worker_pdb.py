@@ -173,6 +173,19 @@ def test_debug_after_a_remote_error_opens_the_workers_frames(notebook):
     assert 'raise ValueError(f"boom with {x}")' in out, out
 
 
+def test_debug_after_rpc_async_wait_raised_opens_the_workers_frames(notebook):
+    """The future's wait raises with no frame of nbrpc's under the cell's: %debug still
+    knows the call it came from."""
+    messages, reply = execute(notebook, 'rpc.rpc_async("worker1", boom, args=(5,)).wait()')
+    assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
+    messages, reply, prompts = typed(notebook, "%debug", ["p secret", "p x", "q"])
+    assert reply["status"] == "ok", reply
+    assert prompts == ["(Pdb) [worker1] "] * 3, prompts
+    out = streamed(messages)
+    assert "\n35\n5\n" in out, out
+    assert 'raise ValueError(f"boom with {x}")' in out, out
+
+
 def test_debug_after_to_here_raised_opens_the_owners_frames(notebook):
     messages, reply = execute(notebook, 'rref = rpc.remote("worker2", boom, args=(4,))\nrref.to_here()')
     assert reply["status"] == "error" and reply["ename"] == "ValueError", reply

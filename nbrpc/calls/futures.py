@@ -34,7 +34,8 @@ RAISE = _spent.throw
 
 class NamedFuture(torch.futures.Future):
     """What ``rpc_async`` returns: ``wait()`` names failures as ``rpc_sync`` does and,
-    on the main thread, can be interrupted, which stops the call on its worker too.
+    on the main thread, can be interrupted, which stops the call on its worker too; what
+    it raises lists no frame under the caller's, as torch's future's C ``wait``.
 
     Its callbacks (``then``, ``add_done_callback``: C methods of its view, see the module)
     get the error ``wait`` names, raised from C; ``value()`` and ``torch.futures.wait_all``
@@ -111,17 +112,23 @@ class NamedFuture(torch.futures.Future):
     def wait(self):
         to, func, timeout, call_id = self._call
         try:
-            waiting.wait(self, to, interrupts.served_here())
-            return _CFuture.wait(self)
-        except RuntimeError as e:
-            if stepped_through(e, to, call_id):  # a person stepped through it: no timeout
-                return after_pause(to, call_id)
-            raise_named(e, to, label("rpc_async", to, func), timeout, noting(None, to, call_id),
-                        self._key, stopping.outcome(self._stopping))
-        except KeyboardInterrupt:
-            raise stopped(to, label("rpc_async", to, func), call_id, self._key) from None
-        except Exception as e:  # a remote exception of its own class (see remote_errors)
-            failed_on(e, to, call_id)
+            try:
+                waiting.wait(self, to, interrupts.served_here())
+                return _CFuture.wait(self)
+            except RuntimeError as e:
+                if stepped_through(e, to, call_id):  # a person stepped through it: no timeout
+                    return after_pause(to, call_id)
+                raise_named(e, to, label("rpc_async", to, func), timeout, noting(None, to, call_id),
+                            self._key, stopping.outcome(self._stopping))
+            except KeyboardInterrupt:
+                raise stopped(to, label("rpc_async", to, func), call_id, self._key) from None
+            except Exception as e:  # a remote exception of its own class (see remote_errors)
+                failed_on(e, to, call_id)
+                raise
+        except BaseException as e:
+            # As from torch's future, whose wait is C: no frame under the caller's (a bare
+            # raise adds no entry for this one, see ``remote_errors.without_our_frames``).
+            e.__traceback__ = None
             raise
 
 

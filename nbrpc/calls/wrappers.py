@@ -205,7 +205,17 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
 
 
 def to_here(rref, timeout: float = UNSET_RPC_TIMEOUT):
-    """``PyRRef.to_here`` with named failures; on the main thread it can be interrupted."""
+    """``PyRRef.to_here`` with named failures; on the main thread it can be interrupted.
+    What it raises lists torch's frames under the caller's, as a script's, none of nbrpc's."""
+    try:
+        return _named_to_here(rref, timeout)
+    except BaseException as e:
+        # A bare raise adds no entry for this frame: the caller's comes next.
+        e.__traceback__ = remote_errors.without_our_frames(e.__traceback__)
+        raise
+
+
+def _named_to_here(rref, timeout: float):
     if rref.is_owner() or not torch_compat.has_agent():  # after shutdown: torch's own error
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()

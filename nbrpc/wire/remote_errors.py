@@ -21,7 +21,8 @@ extension calls them, and a worker's kernel calls ``show_in_cell`` for its own c
 WorkerInfo(...)``, the error, its traceback) with the user's frames and none of
 nbrpc's; an error that passes on a nested call's remote error folds into it, so that
 a chain across members reads as one traceback, root cause first. ``tidy`` leaves out
-what nbrpc and torch's callbacks add on the caller's side (their frames, C++ stacks).
+what nbrpc and torch's callbacks add on the caller's side (their frames, C++ stacks);
+``without_our_frames`` leaves nbrpc's frames out of a traceback a caller gets.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import re
 import sys
 import threading
 import traceback
+import types
 
 from .._compat import torch_compat
 from ..errors import RpcTimeoutError, SerializationError, UnknownWorkerError, WorkerDiedError, with_torch_class
@@ -146,6 +148,21 @@ def _call_layer(filename: str) -> bool:
 def _ours(filename: str) -> bool:
     """Whether ``filename`` is one of nbrpc's (here, or on a member installed elsewhere)."""
     return filename.startswith(_OURS) or _NBRPC_FRAME.search(filename) is not None
+
+
+def without_our_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without the entries of nbrpc's frames (torch's and the user's kept): what a
+    wrapper of torch's call sets on the error it passes on before a bare ``raise``, which
+    adds no entry for its own frame, so that the caller's frame comes next, as in a script."""
+    kept = []
+    while tb is not None:
+        if not _ours(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    made = None
+    for entry in reversed(kept):
+        made = types.TracebackType(made, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return made
 
 
 def original(error: BaseException, take: bool = True) -> BaseException | None:
