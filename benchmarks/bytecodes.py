@@ -3,8 +3,9 @@ count that wall time hides on a busy machine (see README.md, "Where the cost goe
 
     python benchmarks/bytecodes.py [--calls 200] [--loops NAMES] [--raw] [--top 25]
 
-Runs the loops of ``parts.py`` in a one-worker cluster (``--raw``: between two plain
-processes under ``init_rpc``, the function importable on both sides) with a trace
+Runs the loops of ``parts.py`` in a one-worker cluster, calling a function of
+``__main__`` (``--raw``: between two plain processes under ``init_rpc``, the function
+importable on both sides) with a trace
 (``sys.settrace``, ``f_trace_opcodes``) on the main thread only, after a warm-up, and
 prints the bytecodes per call of each loop, split by the module that ran them (nbrpc's
 by subpackage and module, torch's as one, the rest as "other") and the costliest
@@ -26,6 +27,12 @@ import nbrpc
 
 NBRPC = os.path.dirname(os.path.abspath(nbrpc.__file__)) + os.sep
 TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def echo(value):
+    """The function called: defined in ``__main__``, as a notebook's or a script's, where
+    nbrpc sends it by value once and by identity after (raw torch: ``parts.echo``, importable)."""
+    return value
 
 
 def _where(code) -> str:
@@ -133,6 +140,7 @@ def main() -> int:
     if args.raw:
         _run_raw(loops, args.calls, args.top)
         return 0
+    parts.echo = echo  # the loops call the function of __main__
     cluster = nbrpc.start(1, progress=None)
     try:
         _count_all(loops, args.calls, args.top)

@@ -293,3 +293,35 @@ def test_a_python_functions_call_is_profiled_as_torch_profiles_it(cluster, monke
     assert len(sent) == 2
     names = [e.name for e in prof.function_events if e.name.startswith(("rpc_sync#", "rpc_async#"))]
     assert len(names) == 2 and all("_echo" in n for n in names), names
+
+
+def test_a_function_is_told_its_carrier_once_and_kept_alive_by_nothing():
+    """torch's branches are asked once per function (``interrupts.sent_as``), by identity: a
+    function gone leaves nothing held, and another at its id is asked again."""
+    import gc
+    import weakref
+
+    from nbrpc.calls import interrupts
+
+    def plain():
+        return 1
+
+    @rpc.functions.async_execution
+    def awaited():
+        return torch.futures.Future()
+
+    assert interrupts.sent_as(plain) is interrupts.Stoppable
+    assert interrupts.sent_as(plain) is interrupts.Stoppable  # (the kept answer)
+    assert interrupts.sent_as(awaited) is interrupts.Awaited
+    assert interrupts.sent_as(torch.add) is None
+    # torch's own Python functions are asked each time: its builtin table may grow.
+    assert interrupts.sent_as(torch.jit.is_scripting) is None  # a Python function, an operator to torch
+    assert interrupts.sent_as(torch.nn.functional.relu) is interrupts.Stoppable
+    assert id(torch.nn.functional.relu) not in interrupts._carriers
+    # A stale entry at a function's id (another function, since gone) is not its answer.
+    interrupts._carriers[id(plain)] = (weakref.ref(awaited), interrupts.Awaited)
+    assert interrupts.sent_as(plain) is interrupts.Stoppable
+    gone = weakref.ref(plain)
+    del plain
+    gc.collect()
+    assert gone() is None

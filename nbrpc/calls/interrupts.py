@@ -34,6 +34,8 @@ import itertools
 import operator
 import os
 import threading
+import types
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -72,6 +74,12 @@ class _CallIds:
 
 _ids = _CallIds()
 os.register_at_fork(after_in_child=_ids.__init__)
+# id() of a Python function outside torch -> (a weak reference to it, its carrier: ``sent_as``).
+# The answer is the function's for good (``@async_execution`` makes a new function; torch's
+# builtin table, which may grow as torch's modules are imported, holds torch's functions
+# only); weak, so that no function is kept alive.
+_carriers: dict[int, tuple] = {}
+CARRIERS_KEPT = 1024
 
 
 def new_call_id() -> str:
@@ -82,11 +90,17 @@ def sent_as(func: Callable) -> type | None:
     """What carries ``func`` to its callee: ``Stoppable`` for a Python function torch
     sends as such, ``Awaited`` for an ``@async_execution`` one, None for a builtin
     operator or a TorchScript function, ``@async_execution`` or not (torch runs those
-    itself): torch's own branches (``torch_compat.call_kind``)."""
+    itself): torch's own branches (``torch_compat.call_kind``), asked once per function."""
+    known = _carriers.get(id(func))
+    if known is not None and known[0]() is func:
+        return known[1]
     kind, is_async = torch_compat.call_kind(func)
-    if kind != torch_compat.PYTHON:
-        return None
-    return Awaited if is_async else Stoppable
+    carrier = None if kind != torch_compat.PYTHON else Awaited if is_async else Stoppable
+    if type(func) is types.FunctionType and not str(func.__module__).startswith("torch"):
+        if len(_carriers) >= CARRIERS_KEPT:  # (ids of functions long gone, mostly)
+            _carriers.clear()
+        _carriers[id(func)] = (weakref.ref(func), carrier)
+    return carrier
 
 
 class Served:
