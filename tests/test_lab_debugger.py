@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import execute, streamed, wait_gone
+from dap import Dap, cell_value, stops_at
 
 pytestmark = pytest.mark.slow
 
@@ -39,92 +40,6 @@ OPTIMIZER = ("import torch\nimport torch.distributed.autograd as dist_autograd\n
              "def new_weight():\n    return torch.ones(2, requires_grad=True)\n")
 STEP_LINE = 13
 FIRST_OPTIMIZER = "import torch.distributed.optim\n_ = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)"
-
-
-class Dap:
-    """JupyterLab's side of the debug adapter protocol over one kernel client."""
-
-    def __init__(self, client):
-        self.client = client
-        self.seq = 0
-        self.events: list[dict] = []
-        self.outputs: dict[str, list[dict]] = {}
-
-    def request(self, command: str, timeout: float = 90, **arguments) -> dict:
-        self.seq += 1
-        msg = self.client.session.msg("debug_request", {"type": "request", "seq": self.seq, "command": command,
-                                                         "arguments": arguments})
-        self.client.control_channel.send(msg)
-        deadline = time.monotonic() + timeout
-        while True:
-            reply = self.client.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-                return reply["content"]
-
-    def _pump(self, deadline: float) -> None:
-        msg = self.client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["msg_type"] == "debug_event":
-            self.events.append(msg["content"])
-        else:
-            self.outputs.setdefault(msg["parent_header"].get("msg_id"), []).append(msg)
-
-    def event(self, kind: str, timeout: float = 60) -> dict:
-        """The first ``kind`` event not taken yet."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for i, event in enumerate(self.events):
-                if event.get("event") == kind:
-                    return self.events.pop(i)
-            assert time.monotonic() < deadline, f"no {kind!r} event within {timeout} s: {self.events}"
-            self._pump(deadline)
-
-    def idle(self, msg_id: str, timeout: float = 60) -> list[dict]:
-        """The cell's IOPub messages once it has ended."""
-        deadline = time.monotonic() + timeout
-        while True:
-            got = self.outputs.get(msg_id, [])
-            if any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in got):
-                return got
-            assert time.monotonic() < deadline, f"the cell did not end within {timeout} s"
-            self._pump(deadline)
-
-    def shown(self, msg_id: str, pattern: str, timeout: float = 60) -> str:
-        """The first text a running cell displayed (or updated) that matches ``pattern``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for m in self.outputs.get(msg_id, []):
-                text = (m["content"].get("data") or {}).get("text/plain") or m["content"].get("text", "")
-                if re.search(pattern, text):
-                    return text
-            assert time.monotonic() < deadline, f"no {pattern!r} in the cell within {timeout} s"
-            self._pump(deadline)
-
-    def panel(self, what: str = "summary") -> dict:
-        """The side panel's question, on the control channel as the Jupyter server asks it."""
-        msg = self.client.session.msg("nbrpc_panel_request", {"what": what})
-        self.client.control_channel.send(msg)
-        while True:
-            reply = self.client.control_channel.get_msg(timeout=60)
-            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-                return reply["content"]
-
-    def top_frame(self, thread: int) -> dict:
-        reply = self.request("stackTrace", threadId=thread)
-        assert reply["success"], reply
-        return reply["body"]["stackFrames"][0]
-
-    def locals_of(self, frame: dict) -> dict[str, str]:
-        scopes = self.request("scopes", frameId=frame["id"])
-        assert scopes["success"], scopes
-        reference = scopes["body"]["scopes"][0]["variablesReference"]
-        found = self.request("variables", variablesReference=reference)
-        assert found["success"], found
-        return {v["name"]: v["value"] for v in found["body"]["variables"]}
-
-
-def _result(messages: list[dict]) -> str:
-    return "".join(m["content"]["data"].get("text/plain", "") for m in messages
-                   if m["msg_type"] == "execute_result")
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +127,7 @@ def test_a_breakpoint_in_a_cells_function_stops_on_the_member_rpc_sync_runs_it_o
     assert frame["line"] == 3 and lab.locals_of(frame)["y"] == "4"
 
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "8"
+    assert cell_value(lab.idle(cell)) == "8"
     assert thread not in lab.request("debugInfo")["body"]["stoppedThreads"]
 
 
@@ -220,12 +135,12 @@ def test_rpc_async_and_remote_stop_there_too(lab):
     cell = lab.client.execute('rpc.rpc_async("worker2", f, args=(4,)).wait()')
     thread = _stops_in_f(lab, "worker2", 4)
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "10"
+    assert cell_value(lab.idle(cell)) == "10"
 
     cell = lab.client.execute('rpc.remote("worker1", f, args=(5,)).to_here()')
     thread = _stops_in_f(lab, "worker1", 5)
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "12"
+    assert cell_value(lab.idle(cell)) == "12"
 
 
 def test_a_call_through_an_rref_proxy_stops_in_the_cell_classs_method(lab):
@@ -241,7 +156,7 @@ def test_a_call_through_an_rref_proxy_stops_in_the_cell_classs_method(lab):
     assert (frame["source"]["path"], frame["line"]) == (source, 6), frame
     assert lab.locals_of(frame)["x"] == "5"
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "15"
+    assert cell_value(lab.idle(cell)) == "15"
     assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
 
 
@@ -258,7 +173,7 @@ def test_a_member_without_the_cells_file_gets_its_source_with_the_breakpoints(la
     assert (frame["source"]["path"], frame["line"]) == (source, 2), frame
     assert lab.locals_of(frame)["x"] == "7"
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "14"
+    assert cell_value(lab.idle(cell)) == "14"
     assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
 
 
@@ -273,7 +188,7 @@ def test_two_members_paused_at_once_are_two_threads(lab):
     assert xs == {"worker1": "1", "worker2": "2"}
     for thread in (first, second):
         assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "[4, 6]"
+    assert cell_value(lab.idle(cell)) == "[4, 6]"
 
 
 def test_a_breakpoint_in_an_rpc_on_cell_stops_on_its_member_at_the_cells_line(lab):
@@ -303,7 +218,7 @@ def test_the_drivers_own_breakpoints_keep_working(lab):
     assert (frame["source"]["path"], frame["line"]) == (lab.source, 2)
     assert lab.locals_of(frame)["x"] == "6"
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "14"
+    assert cell_value(lab.idle(cell)) == "14"
 
 
 def test_a_continue_for_the_drivers_thread_resumes_the_stopped_member(lab):
@@ -312,7 +227,7 @@ def test_a_continue_for_the_drivers_thread_resumes_the_stopped_member(lab):
     cell = lab.client.execute('rpc.rpc_sync("worker2", f, args=(2,))')
     thread = _stops_in_f(lab, "worker2", 2)
     assert lab.request("continue", threadId=1)["success"]
-    assert _result(lab.idle(cell)) == "6"
+    assert cell_value(lab.idle(cell)) == "6"
     assert thread not in lab.request("debugInfo")["body"]["stoppedThreads"]
 
 
@@ -332,18 +247,8 @@ def test_a_member_stopped_in_the_debugger_is_paused_not_a_hang(lab):
     time.sleep(1.5)  # more than the call's timeout again: a person steps, nothing fails
     assert lab.request("continue", threadId=thread)["success"]
     messages = lab.idle(cell)
-    assert _result(messages) == "8", [m["content"] for m in messages]
+    assert cell_value(messages) == "8", [m["content"] for m in messages]
     assert not [m for m in messages if m["msg_type"] == "error"]
-
-
-def _stops_at(dap, member: str, source: str, line: int, timeout: float = 60) -> tuple[int, dict, dict]:
-    """The member stopped at ``source``:``line``: its thread, top frame and locals."""
-    thread = dap.event("stopped", timeout)["body"]["threadId"]
-    names = {t["id"]: t["name"] for t in dap.request("threads")["body"]["threads"]}
-    assert names[thread].startswith(f"{member}: "), names
-    frame = dap.top_frame(thread)
-    assert (frame["source"]["path"], frame["line"]) == (source, line), frame
-    return thread, frame, dap.locals_of(frame)
 
 
 def test_a_backward_pass_stops_in_the_cells_functions_on_the_member(lab):
@@ -359,16 +264,16 @@ def test_a_backward_pass_stops_in_the_cells_functions_on_the_member(lab):
                               "    dist_autograd.backward(ctx, [(y * 5).sum()])\n"
                               "    grads = dist_autograd.get_gradients(ctx)[x].tolist()\n"
                               "grads")
-    thread, _, found = _stops_at(lab, "worker1", source, BACKWARD_LINE)
+    thread, _, found = stops_at(lab, "worker1", source, BACKWARD_LINE)
     assert found["grad"] == "tensor([5., 5., 5.])", found
     # The cell's backward waits on a paused member, not on a hang.
     said = lab.shown(cell, rf"dist_autograd.backward, paused in the debugger at cell \d+, line {BACKWARD_LINE}")
     assert "(not a hang)" in said and "stuck" not in said, said
     assert lab.request("continue", threadId=thread)["success"]
-    thread, _, found = _stops_at(lab, "worker1", source, SCALED_LINE)
+    thread, _, found = stops_at(lab, "worker1", source, SCALED_LINE)
     assert found["by"] == "2" and found["grad"] == "tensor([5., 5., 5.])", found
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "[10.0, 10.0, 10.0]"
+    assert cell_value(lab.idle(cell)) == "[10.0, 10.0, 10.0]"
     # A forward that remote ran on worker2, whose backward reaches worker2.
     assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[{"line": BACKWARD_LINE}])["success"]
     cell = lab.client.execute("module = rpc.remote('worker2', Doubler)\n"
@@ -378,10 +283,10 @@ def test_a_backward_pass_stops_in_the_cells_functions_on_the_member(lab):
                               "    dist_autograd.backward(ctx, [(y * 7).sum()])\n"
                               "    grads = dist_autograd.get_gradients(ctx)[x].tolist()\n"
                               "grads")
-    thread, frame, found = _stops_at(lab, "worker2", source, BACKWARD_LINE)
+    thread, frame, found = stops_at(lab, "worker2", source, BACKWARD_LINE)
     assert found["grad"] == "tensor([7., 7.])", found
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "[14.0, 14.0]"
+    assert cell_value(lab.idle(cell)) == "[14.0, 14.0]"
     assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
 
 
@@ -396,9 +301,9 @@ def test_a_distributed_optimizer_step_stops_in_the_cells_optimizer_on_the_member
                               "    dist_autograd.backward(ctx, [(weight.to_here() * 3).sum()])\n"
                               "    optimizer.step(ctx)\n"
                               "weight.to_here().tolist()")
-    thread, _, found = _stops_at(lab, "worker1", source, STEP_LINE)
+    thread, _, found = stops_at(lab, "worker1", source, STEP_LINE)
     assert found["change"] == "tensor([1.5000, 1.5000])", found
     assert found["p"] == "tensor([1., 1.], requires_grad=True)", found
     assert lab.request("continue", threadId=thread)["success"]
-    assert _result(lab.idle(cell)) == "[-0.5, -0.5]"
+    assert cell_value(lab.idle(cell)) == "[-0.5, -0.5]"
     assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
