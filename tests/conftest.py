@@ -181,7 +181,7 @@ SERIAL = {
 # files, one at a time among themselves (one xdist scope).
 ONE_AT_A_TIME = {
     "test_hub.py", "test_hub_panel.py", "test_exchange.py", "test_batchspawner.py", "test_slurm.py",
-    "test_netns.py", "test_private_network.py",
+    "test_netns.py", "test_private_network.py", "test_lab_debugger_hosts.py",
 }
 # What can differ under another torch release (make test-newest runs these under the
 # newest one): the compat layer and every private name it reads, the call path (kinds of
