@@ -332,6 +332,43 @@ def test_a_top_level_function_goes_by_identity_with_the_definitions_it_uses(shel
     assert run(shell, 'rpc.remote("worker1", whole, args=(3,)).to_here()') == 15
 
 
+def test_a_held_function_is_told_once_until_its_name_or_code_changes(shell, cluster):
+    """A top-level function without globals its receiver holds goes by identity from the
+    receivers' table (``Receivers.held``), not asked again per call: a cell run again, a
+    code replaced in place and a holding forgotten each send the function anew."""
+    from nbrpc.wire.definitions import receivers
+
+    def held_there(func, to="worker1"):
+        receivers.begin(to)
+        try:
+            return receivers.held(func) is not None
+        finally:
+            receivers.end()
+
+    run(shell, "def held_once(x):\n    return x + 1")
+    first = shell.user_ns["held_once"]
+    for _ in range(3):  # in full, then by identity (remembered), then from the table
+        assert run(shell, 'rpc.rpc_sync("worker1", held_once, args=(1,))') == 2
+    assert held_there(first) and not held_there(first, "worker2")
+    run(shell, "def held_once(x):\n    return x + 2")  # the cell run again
+    assert not held_there(first)  # no longer stored under its name
+    assert run(shell, 'rpc.rpc_sync("worker1", held_once, args=(1,))') == 3
+    second = shell.user_ns["held_once"]
+    run(shell, 'rpc.rpc_sync("worker1", held_once, args=(1,))')
+    assert held_there(second)
+    second.__code__ = (lambda x: x + 3).__code__
+    assert not held_there(second)
+    assert run(shell, 'rpc.rpc_sync("worker1", held_once, args=(1,))') == 4
+    run(shell, 'rpc.rpc_sync("worker1", held_once, args=(1,))')
+    assert held_there(second)
+    believed = set(receivers.known["worker1"])
+    receivers.known["worker1"].clear()  # what worker1 holds, forgotten
+    try:
+        assert not held_there(second)
+    finally:
+        receivers.known["worker1"].update(believed)
+
+
 def test_an_identity_the_receiver_never_got_is_a_clear_error(shell):
     from nbrpc.wire import definitions
 

@@ -27,6 +27,7 @@ import torch.distributed.rpc as rpc
 from .._compat import torch_compat
 from . import cloudpickling, definitions, module_globals, shared_tensors, signing
 from .plain_values import PLAIN_VALUES
+from .receivers import receivers
 
 
 class Reduced(tuple):
@@ -91,11 +92,15 @@ def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
         return None, None
     cloudpickling.forget_importable()
     if func not in cloudpickling.importable:  # (an importable one goes by reference, as the kept pickler sends it)
-        if not definitions.is_notebook_definition(func):
+        held = receivers.held(func)  # a top-level notebook function its receiver holds, as last sent
+        if held is not None:
+            func = Reduced(held)
+        elif not definitions.is_notebook_definition(func):
             return None, None
-        func, made = reduced_in_c(func)
-        if func is None:
-            return None, made
+        else:
+            func, made = reduced_in_c(func)
+            if func is None:
+                return None, made
         carrier = carrier.carrying(func)
     call = tuple.__new__(type(udf), (carrier, udf.args, udf.kwargs))
     return _in_c(call, udf, flat() if leaves else None), None

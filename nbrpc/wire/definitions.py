@@ -141,6 +141,8 @@ def reduce_function(func: types.FunctionType) -> tuple:
     if name is not None:  # top-level: a receiver that has it keeps it (``REGISTRY.pinned``)
         key = (ident.origin, ident.token, ident.version)
         if receivers.holds(key):
+            if not ident.global_names:  # the identity alone, until the name or code changes
+                receivers.remember(func, name, key, (_pinned_function, (key,)))
             return _by_identity(func, key, ident)
     head = (ident.origin, ident.token, ident.version, name)
     names = (func.__name__, func.__qualname__, func.__doc__)
