@@ -1,7 +1,7 @@
 """Python bytecodes per call on the driver's main thread, by module and function: the
 count that wall time hides on a busy machine (see README.md, "Where the cost goes").
 
-    python benchmarks/bytecodes.py [--calls 200] [--loops NAMES] [--raw] [--top 25]
+    python benchmarks/bytecodes.py [--calls 200] [--loops NAMES] [--raw] [--top 25] [--lines QUALNAME]
 
 Runs the loops of ``parts.py`` in a one-worker cluster, calling a function of
 ``__main__`` (``--raw``: between two plain processes under ``init_rpc``, the function
@@ -47,18 +47,20 @@ def _where(code) -> str:
 class Counter:
     """Bytecodes per (module, function) while on; the trace function is set per frame."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines: str | None = None) -> None:
         self.counts: collections.Counter = collections.Counter()
+        self.lines = lines  # a function's qualified name: its counts by line instead
 
     def _frame(self, frame, event, arg):
         frame.f_trace_opcodes = True
         code = frame.f_code
         key = (_where(code), code.co_qualname)
         counts = self.counts
+        by_line = code.co_qualname == self.lines
 
         def local(frame, event, arg):
             if event == "opcode":
-                counts[key] += 1
+                counts[(key[0], f"{key[1]}:{frame.f_lineno}") if by_line else key] += 1
             return local
 
         return local
@@ -71,8 +73,8 @@ class Counter:
         sys.settrace(None)
 
 
-def count(loop, calls: int) -> collections.Counter:
-    with Counter() as counter:
+def count(loop, calls: int, lines: str | None = None) -> collections.Counter:
+    with Counter(lines) as counter:
         loop(calls)
     counter.counts.pop(("other", "count"), None)
     return collections.Counter({key: n / calls for key, n in counter.counts.items()})
@@ -122,11 +124,11 @@ def _run_raw(loops: dict, calls: int, top: int) -> None:
         worker.join()
 
 
-def _count_all(loops: dict, calls: int, top: int) -> None:
+def _count_all(loops: dict, calls: int, top: int, lines: str | None = None) -> None:
     for run in loops.values():
         run(200)  # connections, threads, the function's first send
     for name, run in loops.items():
-        print(report(name, count(run, calls), top), flush=True)
+        print(report(name, count(run, calls, lines), top), flush=True)
 
 
 def main() -> int:
@@ -135,6 +137,7 @@ def main() -> int:
     parser.add_argument("--loops", help="only these loops (parts.py's names), comma separated")
     parser.add_argument("--raw", action="store_true", help="raw torch between two plain processes")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--lines", metavar="QUALNAME", help="this function's bytecodes by line")
     args = parser.parse_args()
     loops = _loops(args.loops)
     if args.raw:
@@ -143,7 +146,7 @@ def main() -> int:
     parts.echo = echo  # the loops call the function of __main__
     cluster = nbrpc.start(1, progress=None)
     try:
-        _count_all(loops, args.calls, args.top)
+        _count_all(loops, args.calls, args.top, args.lines)
     finally:
         cluster.shutdown()
     return 0

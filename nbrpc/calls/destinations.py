@@ -24,8 +24,8 @@ _CARRIED: dict[type, tuple] = {}
 
 
 def remote_to(to, func, args, kwargs, timeout: float):
-    """torch's ``remote``, telling the pickler where the call goes (see ``_sending``)."""
-    _sending(to)
+    """torch's ``remote``, telling the pickler where the call goes (``_destination``)."""
+    receivers.begin(_destination(to))
     try:
         rref = _send(to, func, args, kwargs, timeout, remote=True)
     finally:
@@ -57,10 +57,10 @@ def require_callable(func) -> None:
                         "function itself, as in rpc.rpc_sync(to, f, args=(x,)), not what it returned")
 
 
-def _sending(to) -> None:
-    """The next call this thread pickles goes to ``to``: notebook code the receiver
-    holds goes by digest (``definitions.Receivers``)."""
-    receivers.begin(destination_name(to))
+def _destination(to) -> str:
+    """The worker name the next call this thread pickles goes to, for ``receivers.begin``:
+    notebook code the receiver holds goes by digest (``definitions.Receivers``)."""
+    return to if type(to) is str else destination_name(to)
 
 
 def _acknowledging(to, fresh: list[bytes]) -> Callable:
@@ -78,8 +78,8 @@ def _acknowledging(to, fresh: list[bytes]) -> Callable:
 
 
 def invoke_to(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
-    """torch's ``_invoke_rpc``, telling the pickler where the call goes."""
-    _sending(to)
+    """torch's ``_invoke_rpc``, telling the pickler where the call goes (``_destination``)."""
+    receivers.begin(_destination(to))
     try:
         fut = _send(to, func, args, kwargs, timeout, mode=mode)
     finally:

@@ -134,7 +134,7 @@ class Pending:
         ``site``: the one given (file, line), none (False), or (True) the caller's frame,
         kept and read only when the table is: for a call answered before its caller
         returns (a frame kept past its return would keep its variables alive)."""
-        key = call_id or self.new_id()
+        key = call_id or self._id_prefix + str(next(self._ids))
         name = callee if type(callee) is str else getattr(callee, "name", str(callee))
         where = _getframe(1) if site is True else (site or None)
         self.outgoing[key] = (key, name, func, where, _get_ident(), _now(), kind, on)
@@ -172,8 +172,12 @@ class Pending:
         RRef is confirmed dropped: each microsecond between a ``remote`` and the
         ``to_here`` after it delays the fetch's request, and on a busy 2-core machine
         8 us there cost the pair about 40 us of latency."""
-        self._drop_created(everything=False)
-        return self.calling(callee, func, call_id, "remote", site=site)
+        if self.remotes:
+            self._drop_created(everything=False)
+        key = call_id or self._id_prefix + str(next(self._ids))
+        name = callee if type(callee) is str else getattr(callee, "name", str(callee))
+        self.outgoing[key] = (key, name, func, site, _get_ident(), _now(), "remote", None)
+        return key
 
     def remote_made(self, key: str, rref) -> None:
         """The ``remote`` ``key`` made ``rref``: it is in flight until its owner confirms
@@ -188,12 +192,12 @@ class Pending:
     def fetched(self, remote_key: str) -> None:
         """The value of the ``remote`` ``remote_key`` arrived here (``to_here``): its function
         ran, so the call is over. Dropped now, the usual ``remote`` + ``to_here`` leaves the
-        next ``remote_sending`` nothing to look at."""
-        with self._remotes_lock:
-            made = self.remotes.pop(remote_key, None)
-            self.outgoing.pop(remote_key, None)
-            if made is not None and self.rrefs.get(made[1]) == remote_key:
-                del self.rrefs[made[1]]
+        next ``remote_sending`` nothing to look at. No lock: ``_drop_created`` walks a copy,
+        and this RRef, alive, keeps its id() from another's."""
+        made = self.remotes.pop(remote_key, None)
+        self.outgoing.pop(remote_key, None)
+        if made is not None and self.rrefs.get(made[1]) == remote_key:
+            self.rrefs.pop(made[1], None)
 
     def _drop_created(self, everything: bool = True) -> None:
         """Drop the ``remote`` calls whose RRef their owner confirmed: all of them, or
@@ -202,17 +206,17 @@ class Pending:
             return
         with self._remotes_lock:
             over = []
-            for key, (ref, rref_id) in self.remotes.items():
+            for key, (ref, rref_id) in list(self.remotes.items()):
                 rref = ref()
                 if rref is None or key not in self.outgoing or torch_compat.creation_future(rref).done():
                     over.append((key, rref_id))
                 elif not everything:
                     break
             for key, rref_id in over:
-                del self.remotes[key]
+                self.remotes.pop(key, None)
                 self.outgoing.pop(key, None)
                 if self.rrefs.get(rref_id) == key:
-                    del self.rrefs[rref_id]
+                    self.rrefs.pop(rref_id, None)
 
     def in_flight(self) -> list[tuple]:
         """The entries of the calls in flight now."""
