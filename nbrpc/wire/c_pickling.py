@@ -174,6 +174,22 @@ def pickled_in_c(obj, flat: dict | None) -> tuple[bytes, list] | None:
     sends them) and its tensors; None where it fails (the kept pickler then says why)."""
     c_pickler = _c_pickler
     c_pickler.use(flat)
+    try:
+        if flat is None:  # plain values (and reductions) only: no tensor table, no shared memory
+            c_pickler.pickler.dump(obj)
+            return c_pickler.body.getvalue(), []
+        return _with_tables(c_pickler, obj)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
+        return None
+    finally:
+        c_pickler.pickler.clear_memo()
+        c_pickler.body.seek(0)
+        c_pickler.body.truncate()
+
+
+def _with_tables(c_pickler: _CPickler, obj) -> tuple[bytes, list]:
+    """``obj`` dumped with torch's tensor table of this message set (the tensors it sends
+    beside it) and its shared-memory segments freed again if it fails."""
     tables = torch_compat.tensor_tables
     outer = getattr(tables, "send_tables", None)
     tables.send_tables = sent = []
@@ -181,12 +197,7 @@ def pickled_in_c(obj, flat: dict | None) -> tuple[bytes, list] | None:
         with shared_tensors.PICKLING:
             c_pickler.pickler.dump(obj)
         return c_pickler.body.getvalue(), sent
-    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
-        return None
     finally:
-        c_pickler.pickler.clear_memo()
-        c_pickler.body.seek(0)
-        c_pickler.body.truncate()
         if outer is None:
             del tables.send_tables
         else:
