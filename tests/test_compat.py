@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from rpc_profiling import release_profiling_key
 from torch._C._distributed_rpc import PyRRef
 
 from nbrpc._compat import cloudpickle_compat as cp
-from nbrpc._compat import debugger_compat, jupyter_compat, rpc_sync_code, torch_compat
+from nbrpc._compat import debugger_compat, jupyter_compat, rpc_sync_code, script_functions, torch_compat
 
 
 def test_torchs_private_methods_are_there_and_a_missing_one_is_named(monkeypatch):
@@ -311,6 +312,24 @@ def test_invoke_rpc_and_remote_have_the_branches_call_kind_follows():
         assert "isinstance(wrapped, torch.jit.ScriptFunction)" in source
 
 
+def test_a_script_functions_source_compiles_under_another_name():
+    """``_compat/script_functions``: torch's Python function behind a ``ScriptFunction``, its
+    source read as torch reads it and compiled again under a name of nbrpc's, the names
+    it uses resolved in its module; a function compiled again gets torch's mangled name."""
+    function = script_functions.python_function(script_add)
+    assert function.__name__ == "script_add"
+    found = script_functions.source_of(script_add)
+    assert found.source.startswith("@torch.jit.script\ndef script_add(x: torch.Tensor"), found
+    assert (found.name, found.module, found.first_line) == ("script_add", __name__, function.__code__.co_firstlineno)
+    name = f"__torch__.compat_test_{id(found)}.script_add"
+    assert script_functions.find(name) is None
+    compiled = script_functions.compile_as(name, found)
+    assert compiled.qualified_name == name and script_functions.find(name) is not None
+    assert torch.equal(compiled(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+    again = torch.jit.script(types.FunctionType(function.__code__, function.__globals__, "script_add"))
+    assert script_functions.MANGLE_MARK in again.qualified_name, again.qualified_name
+
+
 # Each C++ call under torch's branches, and where its is_async argument is (None: it has none).
 BRANCHES = {"_invoke_rpc_builtin": None, "_invoke_rpc_torchscript": 5, "_invoke_rpc_python_udf": 4,
             "_invoke_remote_builtin": None, "_invoke_remote_torchscript": 3, "_invoke_remote_python_udf": 4}
@@ -466,6 +485,23 @@ def test_pydevds_suspend_is_what_the_cluster_debugger_wraps():
                           text=True, timeout=120)
     assert done.stdout.splitlines() == ["['self', 'thread', 'frame', 'event']", "True True",
                                         "do_wait_suspend"], done
+
+
+def test_pydevd_takes_breakpoints_in_the_files_a_worker_holds_in_memory():
+    # pydevd's add_breakpoint refuses a missing file through pydevd_file_utils.exists, read by
+    # attribute; wrapped, a held file passes, any other missing one still does not.
+    code = ("import inspect, debugpy.server.api, pydevd_file_utils\n"
+            "from _pydevd_bundle.pydevd_api import PyDevdAPI\n"
+            "from nbrpc._compat import debugger_compat\n"
+            "print('pydevd_file_utils.exists(' in inspect.getsource(PyDevdAPI.add_breakpoint))\n"
+            "held = lambda path: path == '/nowhere/cell.py'\n"
+            "print(debugger_compat.accept_breakpoints_in(held), debugger_compat.accept_breakpoints_in(held))\n"
+            "exists = pydevd_file_utils.exists\n"
+            "print(exists('/nowhere/cell.py'), exists('/nowhere/other.py'), exists(inspect.__file__))\n"
+            "print(exists._nbrpc_plain.__name__)\n")
+    done = subprocess.run([sys.executable, "-Xfrozen_modules=off", "-c", code], capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.splitlines() == ["True", "True True", "True False True", "exists"], done
 
 
 def test_a_hook_runs_on_the_thread_of_a_custom_functions_backward_and_is_undone():

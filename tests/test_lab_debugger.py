@@ -307,3 +307,20 @@ def test_a_distributed_optimizer_step_stops_in_the_cells_optimizer_on_the_member
     assert lab.request("continue", threadId=thread)["success"]
     assert cell_value(lab.idle(cell)) == "[-0.5, -0.5]"
     assert lab.request("setBreakpoints", source={"path": source}, breakpoints=[])["success"]
+
+
+def test_a_cell_a_member_cannot_write_at_the_drivers_path_is_held_in_memory():
+    """A driver's cell path this host cannot make (a driver on another machine, another user's
+    folder) keeps the cell's lines in linecache, under that path, for the debugger."""
+    import linecache
+
+    from nbrpc.member.lab_debugger import Cells
+
+    cells, path = Cells(), "/proc/nbrpc-no-such-folder/cell.py"  # nothing can be made in /proc
+    reply = cells.dump({"seq": 4}, path, G)
+    assert (reply["success"], reply["body"], reply["request_seq"]) == (True, {"sourcePath": path}, 4)
+    assert cells.held(path) and linecache.getline(path, 2) == "    twice = x * 2\n"
+    frames = {"body": {"stackFrames": [{"source": {"path": path, "sourceReference": 3}},
+                                       {"source": {"path": "/elsewhere.py", "sourceReference": 5}}]}}
+    assert [f["source"]["sourceReference"] for f in cells.as_files(frames)["body"]["stackFrames"]] == [0, 5]
+    linecache.cache.pop(path)

@@ -4,7 +4,8 @@ The driver kernel (an ipykernel with nbrpc) runs on host ``drv``; a worker joins
 host ``w1`` with ``nbrpc worker --join``; each host is a network namespace (``netns``).
 The member's host does not see the driver's cell files: there, the driver's temporary
 folder, where the driver's ipykernel dumps the cells JupyterLab sends it, is an empty
-folder of its own (a tmpfs mounted over it in the worker's mount namespace). The test
+folder of its own (a tmpfs mounted over it in the worker's mount namespace), writable or
+not (as a laptop's temporary folder's path is not, on a Linux server). The test
 reaches the driver kernel over Unix sockets (the ipc transport), the one way into its
 namespace from here, and speaks the debug adapter protocol to it as JupyterLab does.
 
@@ -31,8 +32,10 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(REASON is 
 
 G = "def g(x):\n    twice = x * 2\n    return twice\n"
 START = 180.0
-# Hides the folder named first from the command that follows, in a mount namespace of its own.
-HIDE_FOLDER = 'mount -t tmpfs -o mode=0700 nbrpc-elsewhere "$0" && exec "$@"'
+# Runs the command after its two arguments with the folder named second hidden, in a mount
+# namespace of its own: an empty tmpfs there, mounted with the options named first.
+HIDE_FOLDER = 'mount -t tmpfs -o "$1" nbrpc-elsewhere "$2" && shift 2 && exec "$@"'
+WRITABLE = {"writable": "mode=0700", "read-only": "ro,mode=0700"}
 
 
 @pytest.fixture
@@ -75,18 +78,19 @@ def driver_kernel(network, pids, tmp_path):
         print(f"--- the driver kernel (pid {kernel.pid})\n{kernel.output()[-4000:]}")
 
 
-def _join(dap: Dap, network: Network, pids, folder) -> Process:
-    """``%rpc_init --attach 1`` on the driver, and a worker named trainer joining from w1."""
+def _join(dap: Dap, network: Network, pids, folder, mount: str) -> Process:
+    """``%rpc_init --attach 1`` on the driver, and a worker named trainer joining from w1,
+    where the driver's temporary folder is an empty tmpfs mounted with ``mount``."""
     cell = dap.client.execute(f"%rpc_init --attach 1 --bind {network.address['drv']} --timeout 60 "
                               f"--startup-timeout {START:g}")
     said = dap.shown(cell, r"nbrpc worker --join \S+ --token \S+", START)
     address, token = re.search(r"nbrpc worker --join (\S+) --token (\S+)", said).groups()
     own_tmp = folder / "w1-tmp"
     own_tmp.mkdir()
-    worker = Process(network, "w1", ["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE_FOLDER,
-                                     str(dap.cells_folder), "env", f"TMPDIR={own_tmp}", sys.executable, "-m",
-                                     "nbrpc.cli", "worker", "--join", address, "--token", token,
-                                     "--name", "trainer"],
+    hidden = ["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE_FOLDER, "hide", mount,
+              str(dap.cells_folder)]
+    worker = Process(network, "w1", [*hidden, "env", f"TMPDIR={own_tmp}", sys.executable, "-m", "nbrpc.cli",
+                                     "worker", "--join", address, "--token", token, "--name", "trainer"],
                      pids, folder / "worker.log")
     messages = dap.idle(cell, START)
     assert not [m for m in messages if m["msg_type"] == "error"], [m["content"] for m in messages]
@@ -98,13 +102,16 @@ def _as_seen_by(pid: int, path: str) -> Path:
     return Path(f"/proc/{pid}/root{path}")
 
 
-def test_a_member_on_another_host_stops_at_the_drivers_cell_with_its_source(driver_kernel, network, pids,
-                                                                           tmp_path):
+@pytest.mark.parametrize("there", WRITABLE)
+def test_a_member_on_another_host_stops_at_the_drivers_cell(driver_kernel, network, pids, tmp_path, there):
+    """The member's host has no copy of the driver's cell files: it writes the cell's source
+    sent with the breakpoints at the driver's path, or, where it cannot write there, holds it
+    in memory; either way it stops at the driver's cell and line."""
     dap = driver_kernel
     _, reply = execute(dap.client, "%load_ext nbrpc\nimport os\nimport nbrpc\nimport torch.distributed.rpc as rpc",
                        timeout=240)
     assert reply["status"] == "ok", reply
-    worker = _join(dap, network, pids, tmp_path)
+    worker = _join(dap, network, pids, tmp_path, WRITABLE[there])
     try:
         _, reply = execute(dap.client, "pass", user_expressions={
             "w": "[(w.name, w.ip, w.pid) for w in nbrpc.current().workers]"})
@@ -122,7 +129,10 @@ def test_a_member_on_another_host_stops_at_the_drivers_cell_with_its_source(driv
         breakpoints = dap.request("setBreakpoints", source={"path": source}, breakpoints=[{"line": 2}],
                                   sourceModified=False)
         assert breakpoints["success"] and breakpoints["body"]["breakpoints"][0]["verified"], breakpoints
-        assert _as_seen_by(worker.pid, source).read_text() == G  # sent with the breakpoints
+        if there == "writable":
+            assert _as_seen_by(worker.pid, source).read_text() == G  # sent with the breakpoints
+        else:
+            assert not _as_seen_by(worker.pid, source).exists()
         assert dap.request("configurationDone")["success"]
 
         _, reply = execute(dap.client, G)
@@ -130,6 +140,7 @@ def test_a_member_on_another_host_stops_at_the_drivers_cell_with_its_source(driv
         cell = dap.client.execute('rpc.rpc_sync("trainer", g, args=(7,))')
         thread, frame, found = stops_at(dap, "trainer", source, 2, timeout=120)
         assert found["x"] == "7", found
+        assert frame["source"].get("sourceReference", 0) == 0, frame  # the driver's file, as its own
         here = dap.request("evaluate", expression="__import__('os').getpid()", frameId=frame["id"],
                            context="repl")
         assert here["success"] and here["body"]["result"] == str(worker.pid), here

@@ -11,8 +11,12 @@ cluster's debugger uses.
   threads), holding the GIL afresh for each node: a hook run there, in the same hold,
   can make that thread known to debugpy before the user's backward runs. Known to work
   with torch 2.11 to 2.15.
+- ``accept_breakpoints_in``: pydevd refuses a breakpoint in a file that is not on this
+  machine (``PyDevdAPI.add_breakpoint`` asks ``pydevd_file_utils.exists``, by attribute);
+  wrapped, it also takes one in a file the worker holds in memory (a driver's cell on a
+  host where the driver's path cannot be written), whose code runs under that name.
 
-``tests/test_compat.py`` reads both.
+``tests/test_compat.py`` reads all three.
 """
 
 from __future__ import annotations
@@ -83,3 +87,23 @@ def before_backward(hook: Callable[[], None]) -> Callable[[], None]:
                 setattr(cls, name, plain)
 
     return undo
+
+
+def accept_breakpoints_in(held: Callable[[str], bool]) -> bool:
+    """pydevd takes breakpoints in the files ``held(path)`` names, on disk or not (once
+    per process: later calls change nothing). False if debugpy has not loaded pydevd."""
+    file_utils = sys.modules.get("pydevd_file_utils")
+    if file_utils is None:
+        return False
+    with _lock:
+        plain = file_utils.exists
+        if getattr(plain, "_nbrpc_plain", None) is not None:
+            return True
+
+        @functools.wraps(plain)
+        def exists(filename):
+            return plain(filename) or held(filename)
+
+        exists._nbrpc_plain = plain
+        file_utils.exists = exists
+    return True

@@ -21,13 +21,16 @@ what runs there. Parts:
 - ``Requests``: wraps the kernel's ``do_debug_request``. ``attach`` hides nbrpc's and
   torch's RPC frames from the debugger (they join the kernel's own modules, which
   ipykernel already hides) and starts ``Tracing``; ``disconnect`` stops it; a ``dumpCell``
-  that names a ``path`` writes the driver's cell there unless it is there already (a
-  worker on another host has no copy of the driver's cell files, which the functions sent
-  from those cells name as their file).
+  that names a ``path`` gives ``Cells`` the driver's cell to hold there (a worker on
+  another host has no copy of the driver's cell files, which the functions sent from
+  those cells name as their file).
+- ``Cells``: the driver's cells at the driver's paths, written there, or held in memory
+  where this host cannot write there (pydevd then takes breakpoints in them all the same).
 """
 
 from __future__ import annotations
 
+import linecache
 import os
 import threading
 from pathlib import Path
@@ -124,12 +127,13 @@ class Requests:
         self.kernel = kernel
         self.tracing = tracing
         self.plain = kernel.do_debug_request
+        self.cells = Cells()
 
     async def __call__(self, message: dict) -> dict:
         command = message.get("command")
         arguments = message.get("arguments") or {}
         if command == "dumpCell" and arguments.get("path"):
-            return _dump_at(message, arguments["path"], arguments.get("code", ""))
+            return self.cells.dump(message, arguments["path"], arguments.get("code", ""))
         if command == "attach":
             hide_frames(self.kernel.debugger)
         reply = await self.plain(message)
@@ -139,6 +143,8 @@ class Requests:
             self.tracing.start()
         elif command == "disconnect":
             self.tracing.stop()
+        elif command == "stackTrace":
+            self.cells.as_files(reply)
         return reply
 
 
@@ -149,20 +155,49 @@ def hide_frames(debugger) -> None:
         modules.extend(p for p in HIDDEN if p not in modules)
 
 
-def _dump_at(message: dict, path: str, code: str) -> dict:
-    """The driver's cell ``code`` at the driver's own ``path``, where it is not already."""
-    target = Path(path)
-    try:
-        if not target.is_file() or target.read_text(encoding="utf-8") != code:
-            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}")
-            tmp.write_text(code, encoding="utf-8")
-            tmp.replace(target)
-    except OSError as e:
-        return {"type": "response", "request_seq": message.get("seq"), "success": False,
-                "command": "dumpCell", "message": f"cannot write the cell's source at {path}: {e}"}
-    return {"type": "response", "request_seq": message.get("seq"), "success": True,
-            "command": "dumpCell", "body": {"sourcePath": path}}
+class Cells:
+    """The driver's cells this worker holds, at the driver's own paths (the functions sent
+    from a cell name it as their file): on disk, or, where this host cannot write there
+    (another user's folder, a read-only or missing tree: a driver on a laptop), in
+    memory, in ``linecache``, where pydevd is told breakpoints may go."""
+
+    def __init__(self) -> None:
+        self.in_memory: set[str] = set()
+
+    def dump(self, message: dict, path: str, code: str) -> dict:
+        """The driver's cell ``code`` at ``path``, where it is not already."""
+        target = Path(path)
+        try:
+            if not target.is_file() or target.read_text(encoding="utf-8") != code:
+                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                tmp = target.with_name(f".{target.name}.{os.getpid()}")
+                tmp.write_text(code, encoding="utf-8")
+                tmp.replace(target)
+            self.in_memory.discard(path)
+        except OSError:
+            self._keep(path, code)
+        return {"type": "response", "request_seq": message.get("seq"), "success": True,
+                "command": "dumpCell", "body": {"sourcePath": path}}
+
+    def _keep(self, path: str, code: str) -> None:
+        # No mtime: linecache.checkcache keeps it (so does wire.definitions for a
+        # received function's lines).
+        linecache.cache[path] = (len(code), None, code.splitlines(keepends=True), path)
+        self.in_memory.add(path)
+        debugger_compat.accept_breakpoints_in(self.held)
+
+    def held(self, path: str) -> bool:
+        return path in self.in_memory
+
+    def as_files(self, reply: dict) -> dict:
+        """A ``stackTrace`` reply whose frames in cells held in memory name their file
+        alone: pydevd offers such a frame's source by reference, which only this worker
+        could answer, while the driver has the file."""
+        for frame in (reply.get("body") or {}).get("stackFrames", []):
+            source = frame.get("source") or {}
+            if source.get("path") in self.in_memory:
+                source["sourceReference"] = 0
+        return reply
 
 
 def serve(kernel) -> Tracing | None:
