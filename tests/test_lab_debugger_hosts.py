@@ -55,7 +55,7 @@ def driver_kernel(network, pids, tmp_path):
 
     cells_folder = tmp_path / "drv-tmp"
     cells_folder.mkdir()
-    sockets = tempfile.mkdtemp(prefix="nbrpc-dap-", dir="/tmp")  # short: a Unix socket's path
+    sockets = tempfile.mkdtemp(prefix="dap-kernel-", dir="/tmp")  # short: a Unix socket's path
     connection_file, _ = write_connection_file(str(tmp_path / "kernel.json"), transport="ipc",
                                                ip=os.path.join(sockets, "kernel"))
     kernel = Process(network, "drv", ["env", f"TMPDIR={cells_folder}", sys.executable, "-m",
