@@ -16,6 +16,7 @@ from .._compat.torch_compat import RPCExecMode
 from ..recording.functions import destination_name
 from ..wire.cloudpickling import CARRIERS
 from ..wire.receivers import receivers
+from . import scripted
 
 _torch_remote = torch_compat.remote
 # A carrier class -> torch's branch for its calls (``torch_compat.call_kind``): the same for
@@ -44,6 +45,7 @@ def _send(to, func, args, kwargs, timeout: float, mode: RPCExecMode | None = Non
         kind = _CARRIED.get(carrier) or _CARRIED.setdefault(carrier, torch_compat.call_kind(func))
         return torch_compat.send_python_call(to, func, args, kwargs, timeout, RPCExecMode.REMOTE if remote else mode,
                                              kind)
+    func = scripted.as_sent(to, func, timeout)  # a TorchScript function compiled again: its stand-in
     if remote:
         return _torch_remote(to, func, args, kwargs, timeout)
     return torch_compat.invoke_rpc(to, func, mode, args, kwargs, timeout)
