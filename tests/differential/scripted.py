@@ -24,8 +24,9 @@ def async_script_receive(to: str, write: int, xs: list[Tensor]) -> Future[list[T
 
 # torch.distributed.rpc.functions.async_execution's docstring, and rpc_sync's / remote's.
 # The first two renamed (docs_): a kernel compiles a TorchScript function of a name it
-# compiled before under a mangled name its members lack, and tests/test_call_kinds.py runs
-# the docstring's own in the driver's __main__ (conformance/DIFFERENCES.md)
+# compiled before under a mangled name, sent under a stand-in's name that torch's texts
+# show, and tests/test_call_kinds.py runs the docstring's own in the driver's __main__
+# (conformance/DIFFERENCES.md)
 @torch.jit.script
 def docs_script_add(x: Tensor, y: Tensor) -> Tensor:
     return x + y
