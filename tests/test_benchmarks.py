@@ -266,3 +266,28 @@ def test_a_kernel_a_script_and_the_init_rpc_pair_run_side_by_side(bench):
                    for turn in turns), turns
     assert all(row["ratio"] > 0 for row in bench["user"].beside_rows(found))
     assert not _side_by_side_processes()
+
+
+def _bytecodes(*flags: str) -> dict[str, int]:
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bytecodes.py"), "--calls", "20", "--loops", "rpc_sync",
+                           "--top", "3", *flags], capture_output=True, text=True, timeout=240, cwd=BENCHMARKS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, *rest = done.stdout.strip().split("costliest functions:")[0].splitlines()
+    assert first.startswith("rpc_sync: ") and first.endswith(" bytecodes a call")
+    modules = {}
+    for line in filter(str.strip, rest):
+        count, module = line.split()
+        modules[module] = int(count)
+    return {"total": int(first.split()[1].replace(",", "")), **modules}
+
+
+@pytest.mark.slow
+def test_bytecodes_counts_a_calls_work_on_the_drivers_main_thread_by_module():
+    """bytecodes.py counts what a call runs (nbrpc's modules by name, torch's as one); raw
+    torch runs none of nbrpc's."""
+    nbrpc_side, raw = _bytecodes(), _bytecodes("--raw")
+    by_module = [count for module, count in nbrpc_side.items() if module != "total"]
+    assert abs(sum(by_module) - nbrpc_side["total"]) <= len(by_module)  # (each rounded)
+    assert {"nbrpc/calls/wrappers", "nbrpc/recording/pending", "torch"} <= set(nbrpc_side)
+    assert not any(module.startswith("nbrpc/") for module in raw) and raw["torch"] > 100
+    assert raw["total"] < nbrpc_side["total"] < 10 * raw["total"]
