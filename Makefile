@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
-.PHONY: demo test test-fast test-newest newest-env test-runtime bench bench-parts bench-gate lint lab conformance docs clean
+.PHONY: demo test test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
 
 # Installing builds the JupyterLab extension (labextension/, with jlpm): Node.js is needed here.
 $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
@@ -29,7 +29,8 @@ demo: $(READY)
 
 # Two test files at once (pytest-xdist; a file's tests stay in one process, and the files
 # that share the machine's users and daemons run one at a time), then the ``serial`` ones
-# alone (tests/conftest.py says which and why); PARALLEL=0 runs all serially.
+# one at a time, those about the machine as a whole first and alone (tests/conftest.py
+# says which and why); PARALLEL=0 runs all serially.
 PARALLEL ?= 2
 XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadfile)
 # The notebooks under nbval, two at once (--dist loadscope keeps a notebook's cells in
@@ -40,12 +41,22 @@ NOTEBOOKS := tutorials/*.ipynb tutorials/labs/source
 HANG_NOTEBOOKS := tutorials/07_when_rpc_hangs.ipynb tutorials/labs/source/09_hangs
 NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadscope)
 
+# What runs beside the serial tests, at a lower priority (.ci/beside.sh): the notebooks,
+# but the hang ones, which run alone after. CI adds the docs and the newest torch's
+# parallel tests (.ci/beside-serial.sh). With PARALLEL=0 nothing runs beside.
+BESIDE_SERIAL ?= $(MAKE) test-notebooks
+
 test: $(READY)
 	bash .ci/system-packages.sh
 	$(PY) -m pytest tests -m "not serial" $(XDIST) --durations=25
-	$(PY) -m pytest tests -m serial --durations=25
-	$(NBVAL) $(NBVAL_XDIST) $(addprefix --deselect=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
+	$(PY) -m pytest tests -m "serial and machine_wide" --durations=10
+	bash .ci/beside.sh '$(if $(filter-out 0,$(PARALLEL)),$(BESIDE_SERIAL))' \
+		$(PY) -m pytest tests -m "serial and not machine_wide" --durations=25
+	$(if $(filter 0,$(PARALLEL)),$(MAKE) test-notebooks)
 	$(NBVAL) $(HANG_NOTEBOOKS)
+
+test-notebooks: $(READY)
+	$(NBVAL) $(NBVAL_XDIST) $(addprefix --deselect=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
 
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc nbrpc_server tests benchmarks conformance docs
@@ -63,17 +74,20 @@ test-fast: $(READY)
 # ``torch_version`` (tests/conftest.py: the compat checks, every private name read on this
 # torch, the call path, the upstream corpus, membership, a sample of torch's own RPC tests
 # through nbrpc, the differential check), not the whole suite again.
-test-newest:
-	$(MAKE) test-runtime VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
+test-newest: test-newest-parallel test-newest-serial
+test-newest-parallel test-newest-serial:
+	$(MAKE) $(subst newest,runtime,$@) VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
 
 # Only the newest torch's environment (CI installs it while the first tiers run).
 newest-env:
 	$(MAKE) .venv-newest/.nbrpc-installed VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
 
 RUNTIME := torch_version and not gpu and not browser and not netns and not hub
-test-runtime: $(READY)
+test-runtime: test-runtime-parallel test-runtime-serial
+test-runtime-parallel: $(READY)
 	$(PY) -c "import torch; print('torch', torch.__version__)"
 	$(PY) -m pytest tests -m "$(RUNTIME) and not serial" $(XDIST) --durations=15
+test-runtime-serial: $(READY)
 	$(PY) -m pytest tests -m "$(RUNTIME) and serial" --durations=15
 
 # Writes benchmarks/results.json and prints its table (missed targets show there); exits

@@ -170,12 +170,14 @@ SERIAL = {
     "test_waits_view.py", "test_labs.py::TestHangsMistakes",
     # Debuggers stopping and resuming threads on cue, waited for with deadlines.
     "test_worker_pdb.py", "test_lab_debugger.py",
-    # The machine as a whole: every worker kernel of this user counted, stale scratch
-    # folders swept.
-    "test_limits.py", "test_scratch.py",
     # A browser and a Jupyter server per test, with timings of their own.
     "test_browser.py", "test_panel_browser.py", "test_views.py", "test_debugger_browser.py",
 }
+# Serial files about the machine as a whole (every worker kernel of this user counted,
+# stale scratch folders swept): they run with nothing beside them, where the other
+# serial files have the notebooks beside them at a lower priority (Makefile, test).
+MACHINE_WIDE = {"test_limits.py", "test_scratch.py"}
+SERIAL |= MACHINE_WIDE
 # Files that use shared parts of the machine but assert no timing: real local users with
 # fixed names and a hub, Slurm's daemons, network namespaces. They run beside the other
 # files, one at a time among themselves (one xdist scope).
@@ -243,10 +245,10 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the ``serial`` and ``torch_version`` tests (the lists above); tests marked
+    """Mark the ``serial``, ``machine_wide`` and ``torch_version`` tests (the lists above); tests marked
     ``gpu`` skip where torch sees no CUDA (``-ra`` prints why)."""
     for item in items:
-        for marker, names in (("serial", SERIAL), ("torch_version", TORCH_VERSION)):
+        for marker, names in (("serial", SERIAL), ("machine_wide", MACHINE_WIDE), ("torch_version", TORCH_VERSION)):
             if _listed(item, names):
                 item.add_marker(marker)
     marked = [item for item in items if item.get_closest_marker("gpu")]

@@ -5,6 +5,8 @@ into the wrong tier."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 from pathlib import Path
 
 import conftest
@@ -54,3 +56,18 @@ def test_a_file_is_one_xdist_unit_and_the_one_at_a_time_files_one_together():
 def test_the_units_handed_out_first_exist():
     for scope in conftest.LONGEST_FIRST:
         assert scope == "one-at-a-time" or (TESTS.parent / scope).is_file(), scope
+
+
+def test_what_runs_beside_the_serial_tests_yields_them_the_cpu_and_its_failure_counts(tmp_path):
+    """.ci/beside.sh: the serial tests (the command) at normal priority, BESIDE niced by 10;
+    BESIDE's output after the command's; a failure of either fails the whole."""
+    script = str(TESTS.parent / ".ci" / "beside.sh")
+    niceness = "$(($(ps -o ni= -p $$)))"
+    run = subprocess.run(["bash", script, f"echo beside at {niceness}; exit 3",
+                          "bash", "-c", f"sleep 0.5; echo serial at {niceness}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    own = os.nice(0)
+    assert run.returncode == 3, run
+    assert f"serial at {own}\n" in run.stdout and f"beside at {own + 10}\n" in run.stdout, run.stdout
+    assert run.stdout.index("serial at") < run.stdout.index("beside at"), run.stdout
+    assert subprocess.run(["bash", script, "exit 0", "bash", "-c", "exit 4"], cwd=tmp_path, timeout=30).returncode == 4
