@@ -178,13 +178,16 @@ SERIAL = {
 # serial files have the notebooks beside them at a lower priority (Makefile, test).
 MACHINE_WIDE = {"test_limits.py", "test_scratch.py"}
 SERIAL |= MACHINE_WIDE
-# Files that use shared parts of the machine but assert no timing: real local users with
-# fixed names and a hub, Slurm's daemons, network namespaces. They run beside the other
-# files, one at a time among themselves (one xdist scope).
+# Files that use shared parts of the machine but assert no timing, by kind: real local
+# users with fixed names, a hub and Slurm's daemons; network namespaces (named by pid, so
+# two kinds never meet). They run beside the other files, one at a time among their kind
+# (one xdist scope a kind).
 ONE_AT_A_TIME = {
-    "test_hub.py", "test_hub_panel.py", "test_exchange.py", "test_batchspawner.py", "test_slurm.py",
-    "test_netns.py", "test_private_network.py", "test_lab_debugger_hosts.py",
+    "users and daemons": {"test_hub.py", "test_hub_panel.py", "test_exchange.py", "test_batchspawner.py",
+                          "test_slurm.py", "test_private_network.py"},
+    "namespaces": {"test_netns.py", "test_lab_debugger_hosts.py"},
 }
+ONE_AT_A_TIME_FILES = set().union(*ONE_AT_A_TIME.values())
 # What can differ under another torch release (make test-newest runs these under the
 # newest one): the compat layer and every private name it reads, the call path (kinds of
 # callables, pickling, shared tensors, error classes, timeouts), torch's own examples
@@ -214,18 +217,18 @@ def pytest_configure(config):
 
 # The longest units of the parallel tiers, handed out first so that a tier does not end
 # on one of them with the other process idle (xdist would order units by test count).
-LONGEST_FIRST = ("one-at-a-time", "tests/test_nbgrader.py", "tests/test_conformance.py", "tests/test_upstream.py",
-                 "tests/test_install.py")
+LONGEST_FIRST = ("users and daemons", "tests/test_nbgrader.py", "namespaces", "tests/test_conformance.py",
+                 "tests/test_upstream.py", "tests/test_install.py")
 
 
 def xdist_scope(nodeid: str) -> str:
-    """The unit xdist hands one process: a test's file, or all the ONE_AT_A_TIME files."""
-    file = nodeid.split("::")[0]
-    return "one-at-a-time" if file.removeprefix("tests/") in ONE_AT_A_TIME else file
+    """The unit xdist hands one process: a test's file, or all the ONE_AT_A_TIME files of a kind."""
+    file = nodeid.split("::")[0].removeprefix("tests/")
+    return next((kind for kind, files in ONE_AT_A_TIME.items() if file in files), nodeid.split("::")[0])
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile``, with the ONE_AT_A_TIME files as one file (xdist's loadgroup
+    """``--dist loadfile``, with the ONE_AT_A_TIME files of a kind as one file (xdist's loadgroup
     marks do not reach its scheduler under pytest 9), the LONGEST_FIRST units first."""
     if config.getoption("dist") != "loadfile":
         return None

@@ -15,7 +15,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("entry", sorted(conftest.SERIAL | conftest.ONE_AT_A_TIME | conftest.TORCH_VERSION))
+@pytest.mark.parametrize("entry", sorted(conftest.SERIAL | conftest.ONE_AT_A_TIME_FILES | conftest.TORCH_VERSION))
 def test_every_tier_entry_names_a_test_file_or_class(entry):
     file, _, cls = entry.partition("::")
     path = TESTS / file
@@ -34,12 +34,13 @@ def test_a_test_marks_itself_serial_too(request):
 def test_files_that_need_a_browser_a_hub_or_namespaces_never_run_beside_their_kind():
     """Real users with fixed names and a hub, Slurm, network namespaces: such a file runs
     alone or one at a time among its kind; Chromium's timings, alone (unless it is a hub's)."""
-    assert not conftest.SERIAL & conftest.ONE_AT_A_TIME
+    assert not conftest.SERIAL & conftest.ONE_AT_A_TIME_FILES
+    assert sum(map(len, conftest.ONE_AT_A_TIME.values())) == len(conftest.ONE_AT_A_TIME_FILES)  # one kind each
     for path in sorted(TESTS.glob("test_*.py")):
         marks = {n.attr for n in ast.walk(ast.parse(path.read_text()))
                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
         if marks & {"hub", "netns"}:
-            listed = conftest.SERIAL | conftest.ONE_AT_A_TIME
+            listed = conftest.SERIAL | conftest.ONE_AT_A_TIME_FILES
             assert path.name in listed, f"{path.name} is marked {sorted(marks)}: list it"
         elif "browser" in marks:
             assert path.name in conftest.SERIAL, f"{path.name} is marked browser: list it in SERIAL"
@@ -47,15 +48,17 @@ def test_files_that_need_a_browser_a_hub_or_namespaces_never_run_beside_their_ki
 
 def test_a_file_is_one_xdist_unit_and_the_one_at_a_time_files_one_together():
     """xdist hands a process a whole file (its tests and its shared cluster stay there),
-    and all the ONE_AT_A_TIME files as one unit, run one after another."""
+    and the ONE_AT_A_TIME files of a kind as one unit, run one after another."""
     assert conftest.xdist_scope("tests/test_calls.py::test_x[a::b]") == "tests/test_calls.py"
     assert conftest.xdist_scope("tests/test_hub.py::test_x") == conftest.xdist_scope("tests/test_slurm.py::Cls::t")
-    assert conftest.xdist_scope("tests/test_netns.py::t") != conftest.xdist_scope("tests/test_attach.py::t")
+    assert conftest.xdist_scope("tests/test_netns.py::t") == conftest.xdist_scope("tests/test_lab_debugger_hosts.py::t")
+    assert conftest.xdist_scope("tests/test_netns.py::t") not in {conftest.xdist_scope("tests/test_hub.py::t"),
+                                                                  conftest.xdist_scope("tests/test_attach.py::t")}
 
 
 def test_the_units_handed_out_first_exist():
     for scope in conftest.LONGEST_FIRST:
-        assert scope == "one-at-a-time" or (TESTS.parent / scope).is_file(), scope
+        assert scope in conftest.ONE_AT_A_TIME or (TESTS.parent / scope).is_file(), scope
 
 
 def test_what_runs_beside_the_serial_tests_yields_them_the_cpu_and_its_failure_counts(tmp_path):
