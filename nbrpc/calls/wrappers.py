@@ -220,10 +220,10 @@ def _named_to_here(rref, timeout: float):
         return _torch_to_here(rref, timeout)
     owner = rref.owner_name()
     record = caller_half.record("to_here", owner, rref=rref)
-    remote_key = PENDING.remote_call(rref)
-    key = PENDING.calling(owner, "to_here", None, "to_here", remote_key)
+    key, remote_key = PENDING.fetching(owner, rref)
     try:
-        if threading.get_ident() == threading.main_thread().ident and not _this_threads():
+        # Where no stop button ends the wait (a script), fetched once, as torch does.
+        if _in_a_kernel() and threading.get_ident() == threading.main_thread().ident and not _this_threads():
             value = _fetch_interruptibly(rref, timeout, record, owner)
         else:
             value = _fetch(rref, timeout, record)
@@ -259,13 +259,11 @@ def _this_threads() -> bool:
 
 
 def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded, owner: str):
-    """``to_here`` on the main thread: in a Jupyter kernel, fetched here for up to
+    """``to_here`` on the main thread of a Jupyter kernel: fetched here for up to
     ``DIRECT_FETCH`` s (a stop takes effect once they are over), then again on a helper
     thread, whose wait the stop button ends at once. Sent twice, the first reply is dropped
     unread, RRefs in it left forked (torch's graceful shutdown waits on them for good): so
-    where no stop button ends the wait (a script), fetched once, as torch does."""
-    if not _in_a_kernel():
-        return _fetch(rref, timeout, record)
+    only where a stop button ends the wait (``to_here`` asks ``_in_a_kernel`` first)."""
     limit = rpc.get_rpc_timeout() if timeout == UNSET_RPC_TIMEOUT else timeout  # 0: none
     if 0 < limit <= DIRECT_FETCH:
         return _fetch(rref, timeout, record)

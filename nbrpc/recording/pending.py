@@ -140,6 +140,15 @@ class Pending:
         self.outgoing[key] = (key, name, func, where, _get_ident(), _now(), kind, on)
         return key
 
+    def fetching(self, owner: str, rref) -> tuple[str, str | None]:
+        """A ``to_here`` of ``rref`` from ``owner`` was sent (``calling`` for it, in one step):
+        its key for ``answered``, and that of the ``remote`` making the value, which it
+        waits on (``remote_call``; ``fetched`` once the value came)."""
+        on = self.remote_call(rref)
+        key = self._id_prefix + str(next(self._ids))
+        self.outgoing[key] = (key, owner, "to_here", _getframe(1), _get_ident(), _now(), "to_here", on)
+        return key, on
+
     def answered(self, key: str) -> None:
         self.outgoing.pop(key, None)
 
