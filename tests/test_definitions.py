@@ -406,6 +406,63 @@ def test_a_class_the_receiver_holds_goes_by_identity(shell, cluster):
     assert third[0] == 11 and third[1] != first[1] and third[2] == 9  # the newest definition
 
 
+def _traced(shell, code: str, name: str):
+    """``code``'s value and the pickle bytes of the reply (as the callee's wire layer wrote
+    it) of the one traced call of function ``name`` it made."""
+    import nbrpc
+
+    with nbrpc.trace() as t:
+        value = run(shell, code)
+    replies = [c["reply"]["pickle"] for c in t.snapshot()["calls"] if c["name"].endswith(name)]
+    assert len(replies) == 1, t.snapshot()["calls"]
+    return value, replies[0]
+
+
+_TWO_FIELDS = ("class {name}:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+               "    def total(self):\n        return self.x + self.y\n"
+               "    def __repr__(self):\n        return f'{name}({{self.x}}, {{self.y}})'\n")
+
+
+def test_a_reply_takes_a_class_its_caller_made_home_by_identity(shell, cluster):
+    """An instance of a top-level class the caller made comes back as an instance of the
+    caller's own class object, the class by identity (no skeleton, dict or methods), by
+    rpc_sync, rpc_async and an RRef proxy; a class the caller never made comes in full."""
+    run(shell, _TWO_FIELDS.format(name="Homing") + "def bounce(p):\n    return p\n"
+               "class Holder:\n    def give(self, p):\n        return p\n")
+    cls = shell.user_ns["Homing"]
+    run(shell, 'rpc.rpc_sync("worker1", bounce, args=(Homing(0, 0),))')  # worker1 holds it now
+    forms = {"rpc_sync": 'rpc.rpc_sync("worker1", bounce, args=(Homing(1, 2),))',
+             "rpc_async": 'rpc.rpc_async("worker1", bounce, args=(Homing(1, 2),)).wait()',
+             "proxy": 'rpc.remote("worker1", Holder).rpc_sync().give(Homing(1, 2))'}
+    sizes = {}
+    for form, code in forms.items():
+        value, sizes[form] = _traced(shell, code, "give" if form == "proxy" else "bounce")
+        assert type(value) is cls and (value.x, value.y, value.total()) == (1, 2, 3), form
+    cluster.run(_TWO_FIELDS.format(name="Away") + "away = Away(1, 2)\n", "worker1")
+    away, full = _traced(shell, 'rpc.rpc_sync("worker1", lambda: __import__("__main__").away)', "<lambda>")
+    assert type(away).__name__ == "Away" and away.total() == 3 and shell.user_ns["Away"] is type(away)
+    assert full > 1000 and all(size < full // 4 for size in sizes.values()), (sizes, full)
+    # what goes home by identity is the caller's class as it is: its class-level state its own
+    cls.note = "home"
+    assert run(shell, 'rpc.rpc_sync("worker1", bounce, args=(Homing(5, 6),)).note') == "home"
+
+
+def test_a_class_redefined_in_a_cell_run_again_comes_home_as_the_newest(shell, cluster):
+    """A class redefined comes back as the newest definition, by identity; an instance of
+    the first, kept on the worker, as the first class object (the caller's own, still)."""
+    run(shell, _TWO_FIELDS.format(name="Redone") + "def keep(p):\n    global kept\n    kept = p\n    return p\n"
+               "def get_kept():\n    return kept\n")
+    first = shell.user_ns["Redone"]
+    assert type(run(shell, 'rpc.rpc_sync("worker1", keep, args=(Redone(1, 2),))')) is first
+    run(shell, _TWO_FIELDS.format(name="Redone").replace("self.x + self.y", "10 * (self.x + self.y)"))
+    newest = shell.user_ns["Redone"]
+    for x, total in ((1, 30), (3, 70)):
+        value, size = _traced(shell, f'rpc.rpc_sync("worker1", bounce, args=(Redone({x}, {x + 1}),))', "bounce")
+        assert type(value) is newest and value.total() == total and size < 400, size
+    old = run(shell, 'rpc.rpc_sync("worker1", get_kept)')
+    assert type(old) is first and old.total() == 3
+
+
 def test_a_class_identity_the_receiver_never_got_is_a_clear_error(shell):
     from nbrpc.wire import definitions
 

@@ -46,6 +46,8 @@ from ..recording import functions, futures, recorder
 from ..recording.paused import FAILURES, PAUSED
 from ..recording.pending import PENDING
 from ..wire import cloudpickling, remote_errors
+from ..wire.plain_values import PLAIN_VALUES
+from ..wire.receivers import receivers
 from . import output, serving
 
 # What ``stop`` answers.
@@ -150,8 +152,9 @@ def served_here() -> Served | None:
 class Carrier(tuple):
     """A Python function sent with a call id, so that ``stop(call_id)`` can reach its
     thread, and a recorded call's ``trace`` (call id, whether a reply is pickled: see
-    ``recorder``; None if not recorded): the fields ``c_pickling`` reads by name. A
-    tuple, made as ``Stoppable((func, call_id, trace))``, so that it is made, pickled
+    ``recorder``; None if not recorded): the fields ``c_pickling`` reads by name; a call
+    answered by a reply adds its caller's definitions origin (``receivers.replying``). A
+    tuple, made as ``Stoppable((func, call_id, trace[, origin]))``, so that it is made, pickled
     (pickle's own ``NEWOBJ``) and rebuilt all in C, once on each side of every call (a
     ``NamedTuple``'s ``__new__`` and ``__getnewargs__`` are Python's, and pickle other bytes)."""
 
@@ -164,7 +167,7 @@ class Carrier(tuple):
     def carrying(self, func) -> Carrier:
         """The same call, of the same class, carrying ``func`` instead (``c_pickling``
         puts a notebook function's reduction in its place)."""
-        return tuple.__new__(type(self), (func, self[1], self[2]))
+        return tuple.__new__(type(self), (func, *self[1:]))
 
     def __getattr__(self, name: str):
         # torch's RPC profiler names the call by the function it is given.
@@ -174,21 +177,17 @@ class Carrier(tuple):
 
     def serve(self, *args, **kwargs):
         """Run the call on this thread; its value, or the ``RemoteException`` torch sends."""
-        func, call_id, trace = self
+        func, call_id, trace = self[:3]
         output.begin()
         PENDING.serving(call_id, functions.named(func, args, here=True))
         try:
             if trace is None:
-                return _run(func, call_id, args, kwargs)
-            half = recorder.started(trace, func, args)
-            error = None
-            try:
-                return _run(func, call_id, args, kwargs)
-            except BaseException as e:
-                error = e
-                raise
-            finally:
-                recorder.finished(half, trace, error)
+                value = _run(func, call_id, args, kwargs)
+            else:
+                value = _recorded(func, call_id, trace, args, kwargs)
+            if len(self) > 3 and type(value) not in PLAIN_VALUES:  # its reply goes to the caller of this origin
+                receivers.replying(value, self[3])
+            return value
         except Exception as e:
             FAILURES.keep(call_id, e)  # for %debug on the caller
             # torch would print the error to stderr after this returns, when the call's
@@ -197,6 +196,19 @@ class Carrier(tuple):
         finally:
             PENDING.done(call_id)
             output.end()
+
+
+def _recorded(func: Callable, call_id: str, trace: tuple, args: tuple, kwargs: dict):
+    """``_run`` of a recorded call, its start and end recorded."""
+    half = recorder.started(trace, func, args)
+    error = None
+    try:
+        return _run(func, call_id, args, kwargs)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        recorder.finished(half, trace, error)
 
 
 @torch_compat.mark_async_execution
@@ -222,7 +234,7 @@ class Awaited(Carrier):
     __slots__ = ()
 
     def __call__(self, *args, **kwargs):
-        func, call_id, _ = self
+        func, call_id = self[0], self[1]
         torch_compat.keep_thread_state()
         fut = func(*args, **kwargs)
         if isinstance(fut, torch_compat.CppFuture) and not fut.done():

@@ -39,6 +39,7 @@ import torch
 
 from .._compat import torch_compat
 from .._util import Hooks
+from ..wire.receivers import receivers
 
 # How long a serving thread waits for work before it ends (seconds).
 IDLE_EXIT = 30.0
@@ -222,6 +223,7 @@ def hand_off(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
             fut.set_exception(e)
         finally:
             ThreadState.leave()
+            receivers.reply_home(None)  # pickled here or on torch's thread: the note is done
 
     pool.submit(job)
     return fut

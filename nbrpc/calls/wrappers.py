@@ -37,6 +37,7 @@ from ..errors import SerializationError, UnknownWorkerError, WorkerDiedError
 from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
 from ..wire import remote_errors
+from ..wire.definitions import REGISTRY
 from . import caller_half, destinations, interrupts, output, stopping
 from .breakpoints import REMOTES, after_pause, failed_on, noting, stepped_through
 from .failures import label, raise_named, stopped, worker_fate
@@ -309,7 +310,9 @@ def _send(send: Callable, func, carrier: type | None, args, record: caller_half.
         trace = None
         if carrier is interrupts.Stoppable:
             trace = record.trace(replies)
-        stoppable = carrier((func, call_id or interrupts.new_call_id(), trace))
+        call_id = call_id or interrupts.new_call_id()
+        # A reply takes a class its caller made home by identity (``receivers.replying``).
+        stoppable = carrier((func, call_id, trace, REGISTRY.origin) if replies else (func, call_id, trace))
         try:
             return send(stoppable), stoppable
         except SerializationError:

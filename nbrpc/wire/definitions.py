@@ -17,7 +17,8 @@ The parts:
   call that carried a code in full, later calls send its digest; a top-level function
   it holds goes by identity, with the notebook definitions it uses (``_by_identity``),
   and so does a top-level class it holds (``reduce_class``).
-  A changed code goes in full again; so do replies and calls before the first answer.
+  A changed code goes in full again; so do calls before the first answer, and replies
+  but for a top-level class going home to the caller that made it (it pins what it sends).
 - **Receiving** (``_function_shell``/``_bind_function``, ``_class_shell``/``_bind_class``):
   a definition coming home is the process's own object. Otherwise it is built once per
   origin, token and version, with the process's namespace (``__main__``) as its globals;
@@ -222,12 +223,16 @@ def _fills(func: types.FunctionType, names) -> dict:
 
 
 def reduce_class(cls: type) -> tuple:
-    """Pickle a notebook class: identity and skeleton first, then its attributes; a
-    top-level one its receiver holds, by identity (it keeps its own class-level state)."""
+    """Pickle a notebook class: identity and skeleton first, then its attributes; a top-level
+    one its receiver holds or made (a reply going home), by identity (class-level state stays)."""
     ident = _identity(cls)
     stored = _stored_under(cls)
-    if stored is not None and receivers.holds(key := (ident.origin, ident.token, 0)):
-        return _pinned_function, (key, "class")
+    if stored is not None:
+        key = (ident.origin, ident.token, 0)
+        if receivers.holds(key) or receivers.made_by_receiver(ident.origin):
+            return _pinned_function, (key, "class")
+        if ident.origin == REGISTRY.origin:  # its receivers may send it back by identity
+            REGISTRY.pinned[key] = cls
     _, name, bases, type_kwargs, _, _ = cp.class_skeleton(cls)
     args = (ident.origin, ident.token, stored, type(cls), name, bases, type_kwargs)
     return (_class_shell, args, cp.class_state(cls), None, None, _bind_class)

@@ -1,5 +1,5 @@
 """What each receiver of this process's calls holds of its notebook code, and where the
-call being pickled on this thread goes (``definitions`` asks, the calls layer tells)."""
+call or reply being pickled on this thread goes (``definitions`` asks, the calls layer tells)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,17 @@ import weakref
 
 # How many (function, receiver) pairs ``Receivers.held`` keeps at most.
 FUNCTIONS_KEPT = 1024
+
+
+class _Pickling(threading.local):
+    """Where this thread's message goes: ``to``, a call's receiver by name, with the
+    digests it carried in full (``fresh``); ``reply``, the value a served call answers and
+    its caller's origin (``replying``); ``home``, that origin while the reply is pickled."""
+
+    to: str | None = None
+    fresh: list | None = None
+    reply: tuple | None = None
+    home: str | None = None
 
 
 class Receivers:
@@ -24,7 +35,7 @@ class Receivers:
 
     def __init__(self):
         self.known: dict[str, set] = {}
-        self.local = threading.local()
+        self.local = _Pickling()
         self.lock = threading.Lock()
         # (id() of a function, receiver) -> what ``held`` checks, and the function's reduction.
         self.functions: dict[tuple, tuple] = {}
@@ -42,7 +53,7 @@ class Receivers:
     def holds(self, digest) -> bool:
         """Whether the destination of the call being pickled holds ``digest``; if not,
         the code goes in full and is noted for ``acknowledged``."""
-        to = getattr(self.local, "to", None)
+        to = self.local.to
         if to is None:
             return False
         if digest in self.known.get(to, ()):
@@ -64,7 +75,7 @@ class Receivers:
         """``func``'s reduction as ``remember`` kept it for the destination of the call being
         pickled, while it is still that: the same function, code and name, still held
         there; else None (``definitions.reduce_function`` says)."""
-        to = getattr(self.local, "to", None)
+        to = self.local.to
         entry = self.functions.get((id(func), to))
         if entry is None:
             return None
@@ -73,6 +84,28 @@ class Receivers:
                 and func.__globals__.get(name) is func and key in self.known.get(to, ())):
             return reduction
         return None
+
+    def replying(self, value, origin: str) -> None:
+        """A served call answers ``value`` to the process of definitions origin ``origin``
+        (its caller): the reply pickled next on this thread, if it is ``value``, goes there."""
+        self.local.reply = (value, origin)
+
+    def reply_home(self, obj) -> str | None:
+        """This thread pickles ``obj``, not a call: its caller's origin if it is the reply
+        ``replying`` named, else None; the note is dropped either way, so that no value
+        outlives its reply here."""
+        local = self.local
+        reply, local.reply = local.reply, None
+        return reply[1] if reply is not None and reply[0] is obj else None
+
+    def going_home(self, origin: str | None) -> None:
+        """The reply pickled now goes to the process of ``origin`` (None: no longer)."""
+        self.local.home = origin
+
+    def made_by_receiver(self, origin: str) -> bool:
+        """Whether the reply being pickled goes to the process of ``origin``: there a
+        definition of that origin is the process's own (``definitions.reduce_class``)."""
+        return self.local.home == origin
 
     def acknowledged(self, name: str, digests: list[bytes]) -> None:
         """``name`` answered a call that carried ``digests`` in full: it holds them."""
@@ -88,7 +121,7 @@ class Receivers:
         """A forked child: nothing known, no call being pickled (in place: other
         modules hold this object)."""
         self.known = {}
-        self.local = threading.local()
+        self.local = _Pickling()
         self.lock = threading.Lock()
         self.functions = {}
 

@@ -12,8 +12,9 @@ Each message takes the first of three routes that takes it, the same bytes which
    pickler, a cloudpickle pickler kept per thread; it takes the notebook functions'
    reductions the second route made on its way (``c_pickling.call_message``).
 
-Every message is signed, and ``rpc_unpickler`` checks the signature before it unpickles
-anything (``signing``).
+A reply goes to its caller: a top-level notebook class the caller made goes by identity
+(``receivers.replying``, told by the served call). Every message is signed, and
+``rpc_unpickler`` checks the signature before it unpickles anything (``signing``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .._compat import torch_compat
 from ..recording import recorder
 from . import c_pickling, cloudpickling, plain_values, remote_errors, signing
 from .cloudpickling import RpcPickler
+from .receivers import receivers
 from .signing import set_key  # noqa: F401 (the members' settings set the key here)
 
 
@@ -57,10 +59,11 @@ def serialize(self, obj):
     def flat() -> dict:  # the kept pickler's table, as it would pickle this message with
         return cloudpickling.flat_table(cls, _prepared(self))
 
-    made = None
+    made = home = None
     if type(obj) is torch_compat.PythonUDF:
         message, made = c_pickling.call_message(obj, flat)
-    else:
+    else:  # a reply: to its caller's process, if a served call named it (``receivers.replying``)
+        home = receivers.reply_home(obj)
         message = c_pickling.value_message(obj, flat)
     if message is not None:
         return message
@@ -68,7 +71,13 @@ def serialize(self, obj):
     table = _prepared(self)
     if isinstance(obj, torch.jit.ScriptModule):
         table[obj.__class__] = self._script_module_reducer
-    return cloudpickling.message(obj, cls, table, made)
+    if home is None:
+        return cloudpickling.message(obj, cls, table, made)
+    receivers.going_home(home)  # a class its caller made goes by identity (``definitions.reduce_class``)
+    try:
+        return cloudpickling.message(obj, cls, table, made)
+    finally:
+        receivers.going_home(None)
 
 
 def _prepared(torch_pickler) -> dict:
