@@ -1,10 +1,11 @@
 """The labs as an nbgrader course: real ``nbgrader`` commands on a copy of ``tutorials/labs``.
 
-For each lab, in a course folder of its own: ``generate_assignment`` makes the student
-version; three students submit (the reference solution, the released notebook untouched,
-a partly right one); ``autograde`` runs them in real kernels that start real clusters;
-``export`` gives the scores and ``generate_feedback`` what a student reads. No kernel and
-no worker survives the grading.
+The labs are dealt to a few course folders, graded side by side (each folder's gradebook
+has one writer). In each, ``generate_assignment`` makes the student versions; three
+students submit (the reference solution, the released notebook untouched, a partly right
+one); ``autograde`` runs them in real kernels that start real clusters; ``export`` gives
+the scores and ``generate_feedback`` what a student reads. No kernel and no worker
+survives the grading.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,8 +25,13 @@ import pytest
 from conftest import kernel_pids, wait_gone, wait_until, worker_pids
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
-ASSIGNMENTS = ["01_rpc_basics", "02_dist_autograd", "03_param_server", "04_pipeline", "05_rl",
-               "06_federated", "07_rnn", "08_hybrid", "09_hangs"]
+# Seconds each lab's three submissions take to grade here (2 loaded cores, the lanes
+# beside each other; the fixture prints them): the labs are dealt to LANES course
+# folders by them, graded at once, so that the lanes end together.
+GRADING_SECONDS = {"01_rpc_basics": 74, "02_dist_autograd": 111, "03_param_server": 128, "04_pipeline": 88,
+                   "05_rl": 45, "06_federated": 61, "07_rnn": 85, "08_hybrid": 100, "09_hangs": 86}
+ASSIGNMENTS = list(GRADING_SECONDS)
+LANES = 2
 # Seconds one nbgrader command may take here (2 loaded cores) before the test fails.
 COMMAND_TIMEOUT = 500
 # The first test waits for the course's grading (its fixture): all of nbgrader's commands.
@@ -152,21 +159,42 @@ def outer_fixed(x):
 }
 
 
-def nbgrader(course: Path, *args: str, timeout: float = COMMAND_TIMEOUT) -> str:
+def nbgrader(course: Path, *args: str, timeout: float = COMMAND_TIMEOUT) -> None:
     """Run ``nbgrader ARGS`` in ``course``; fail with its output unless it succeeds."""
+    nbgrader_at_once([course], *args, timeout=timeout)
+
+
+def nbgrader_at_once(courses: list[Path], *args: str, timeout: float = COMMAND_TIMEOUT) -> list[float]:
+    """Run ``nbgrader ARGS`` in each of ``courses`` at once; returns each run's seconds.
+
+    Fails with a run's output if it fails or is still running after ``timeout`` seconds
+    (then every run still going is ended, with the kernels it started)."""
     # nbgrader runs its environment's `alembic` by name: that environment's bin comes first.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=course, text=True,
-                            env={**os.environ, "PATH": path}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    outputs = [tempfile.TemporaryFile("w+") for _ in courses]  # not pipes: no run waits on a full one
+    began = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, stdout=output,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+             for course, output in zip(courses, outputs)]
+    took: dict[int, float] = {}
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # nbgrader and the kernel it runs; their workers follow the kernel
-        out, _ = proc.communicate()
-        pytest.fail(f"nbgrader {' '.join(args)} hung for {timeout} s:\n{out[-3000:]}")
-    assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{out[-3000:]}"
-    return out
+        while len(took) < len(procs) and time.monotonic() - began < timeout:
+            took.update((i, time.monotonic() - began) for i, proc in enumerate(procs)
+                        if i not in took and proc.poll() is not None)
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)  # nbgrader and the kernel it runs; their workers follow the kernel
+                proc.wait()
+    for i, (proc, output) in enumerate(zip(procs, outputs)):
+        output.seek(0)
+        out = output.read()
+        output.close()
+        if i not in took:
+            pytest.fail(f"nbgrader {' '.join(args)} hung for {timeout} s in {courses[i]}:\n{out[-3000:]}")
+        assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed in {courses[i]}:\n{out[-3000:]}"
+    return [took[i] for i in range(len(procs))]
 
 
 def cells(notebook) -> dict[str, nbformat.NotebookNode]:
@@ -185,41 +213,74 @@ def errors(cell) -> str:
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory) -> dict:
-    """The labs course, graded: its folder, and how long grading took.
+    """The labs course, graded: each lab's course folder, and what outlived the grading.
 
-    A fresh course folder (the labs' nbgrader_config.py and source notebooks); every lab
-    released, submitted by three students, autograded, exported, and fed back, with one
-    nbgrader command per step for all the labs.
+    The labs are graded in ``LANES`` course folders at once (a kernel grading a submission
+    mostly waits on its cluster), each with its own gradebook: nbgrader's sqlite database
+    takes one writer. In each folder every lab is released, submitted by three students,
+    autograded, exported and fed back, one nbgrader command per step for all its labs.
     """
-    folder = tmp_path_factory.mktemp("course")
-    shutil.copy(LABS / "nbgrader_config.py", folder)
-    shutil.copytree(LABS / "source", folder / "source")
+    lanes = deal(GRADING_SECONDS, LANES)
+    folders = [tmp_path_factory.mktemp("course") for _ in lanes]
+    for folder, labs in zip(folders, lanes):
+        shutil.copy(LABS / "nbgrader_config.py", folder)
+        for assignment in labs:
+            shutil.copytree(LABS / "source" / assignment, folder / "source" / assignment)
     workers_before, kernels_before = worker_pids(), kernel_pids()
     began = time.monotonic()
-    nbgrader(folder, "generate_assignment", "*")
-    for assignment in ASSIGNMENTS:
-        source, released = notebooks(folder, assignment, "source", "release")
-        submit(folder, "untouched", assignment, released)
-        solved = copy(released)
-        for grade_id, cell in cells(solved).items():
-            if cell.metadata["nbgrader"]["solution"]:
-                cell.source = cells(source)[grade_id].source
-        submit(folder, "solved", assignment, solved)
-        partly = copy(released)
-        for grade_id, answer in PARTLY_RIGHT[assignment]["cells"].items():
-            cells(partly)[grade_id].source = cells(source)[grade_id].source if answer == "solution" else answer
-        submit(folder, "partly", assignment, partly)
-    grading = time.monotonic()
-    nbgrader(folder, "autograde", "*", "--create")
-    grading = time.monotonic() - grading
+    nbgrader_at_once(folders, "generate_assignment", "*")
+    for folder, labs in zip(folders, lanes):
+        for assignment in labs:
+            submit_three(folder, assignment)
+    since = time.time()
+    grading = nbgrader_at_once(folders, "autograde", "*", "--create")
     # Every worker ends with the kernel that started it; no kernel outlives its notebook.
     survivors = wait_gone(worker_pids() - workers_before, timeout=15)
     kernels = wait_until(lambda: not (kernel_pids() - kernels_before), timeout=15)
-    nbgrader(folder, "export")
-    nbgrader(folder, "generate_feedback", "*")
-    print(f"\nnbgrader: autograde of {3 * len(ASSIGNMENTS)} submissions {grading:.0f} s, all commands "
-          f"{time.monotonic() - began:.0f} s", file=sys.stderr)
-    return {"folder": folder, "survivors": survivors, "kernels": kernels}
+    nbgrader_at_once(folders, "export")
+    nbgrader_at_once(folders, "generate_feedback", "*")
+    print(f"\nnbgrader: autograde of {3 * len(ASSIGNMENTS)} submissions in {len(lanes)} lanes "
+          f"{max(grading):.0f} s, all commands {time.monotonic() - began:.0f} s", file=sys.stderr)
+    for folder, labs, seconds in zip(folders, lanes, grading):
+        each = ", ".join(f"{lab} {s:.0f} s" for lab, s in lab_seconds(folder, labs, since).items())
+        print(f"  a lane autograded in {seconds:.0f} s: {each}", file=sys.stderr)
+    return {"folders": {lab: folder for folder, labs in zip(folders, lanes) for lab in labs},
+            "survivors": survivors, "kernels": kernels}
+
+
+def deal(seconds: dict[str, float], count: int) -> list[list[str]]:
+    """The labs dealt to ``count`` lanes, longest first, each to the lane with least so far."""
+    lanes: list[list[str]] = [[] for _ in range(count)]
+    for lab in sorted(seconds, key=seconds.get, reverse=True):
+        min(lanes, key=lambda lane: sum(seconds[other] for other in lane)).append(lab)
+    return lanes
+
+
+def submit_three(folder: Path, assignment: str) -> None:
+    """The three students' submissions of a released lab: solved, untouched, partly right."""
+    source, released = notebooks(folder, assignment, "source", "release")
+    submit(folder, "untouched", assignment, released)
+    solved = copy(released)
+    for grade_id, cell in cells(solved).items():
+        if cell.metadata["nbgrader"]["solution"]:
+            cell.source = cells(source)[grade_id].source
+    submit(folder, "solved", assignment, solved)
+    partly = copy(released)
+    for grade_id, answer in PARTLY_RIGHT[assignment]["cells"].items():
+        cells(partly)[grade_id].source = cells(source)[grade_id].source if answer == "solution" else answer
+    submit(folder, "partly", assignment, partly)
+
+
+def lab_seconds(folder: Path, labs: list[str], since: float) -> dict[str, float]:
+    """How long each lab's three submissions took to grade, from when each autograded
+    notebook was written (nbgrader grades one after another, student by student) and
+    when grading began (``since``, a ``time.time()``)."""
+    written = [(since, "")] + sorted((path.stat().st_mtime, path.parent.name)
+                                     for path in folder.glob("autograded/*/*/*.ipynb"))
+    took = dict.fromkeys(labs, 0.0)
+    for (before, _), (after, lab) in zip(written, written[1:]):
+        took[lab] += after - before
+    return took
 
 
 def notebooks(folder: Path, assignment: str, *where: str) -> list[nbformat.NotebookNode]:
@@ -237,12 +298,12 @@ def test_no_worker_or_kernel_outlives_the_grading(course):
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_generate_assignment_makes_the_student_version(course, assignment):
-    check_release(*notebooks(course["folder"], assignment, "source", "release"))
+    check_release(*notebooks(course["folders"][assignment], assignment, "source", "release"))
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_autograde_scores_each_kind_of_submission(course, assignment):
-    folder = course["folder"]
+    folder = course["folders"][assignment]
     with open(folder / "grades.csv") as f:
         scores = {row["student_id"]: (float(row["score"]), float(row["max_score"]))
                   for row in csv.DictReader(f) if row["assignment"] == assignment}
