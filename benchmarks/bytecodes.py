@@ -35,6 +35,13 @@ def echo(value):
     return value
 
 
+class Point:
+    """The cell class whose instance ``parts.instance_calls`` sends (raw torch: ``parts.Point``)."""
+
+    def __init__(self, x: float, y: float) -> None:
+        self.x, self.y = x, y
+
+
 def _where(code) -> str:
     name = code.co_filename
     if name.startswith(NBRPC):
@@ -143,7 +150,8 @@ def main() -> int:
     if args.raw:
         _run_raw(loops, args.calls, args.top)
         return 0
-    parts.echo = echo  # the loops call the function of __main__
+    parts.echo = echo  # the loops call the function of __main__, with its class's instance
+    parts.INSTANCE = Point(1.0, 2.0)
     cluster = nbrpc.start(1, progress=None)
     try:
         _count_all(loops, args.calls, args.top, args.lines)

@@ -5,7 +5,8 @@ path left out at a time, in one cluster, in turns.
 
 The loops are those of the user's comparison (``user_script.py``): a small ``rpc_sync``
 of a function defined in ``__main__``, ``rpc.remote`` + ``to_here``, and ``rpc_async``
-with 32 in flight; and the first two with a small tensor (4 floats) as the argument.
+with 32 in flight; the first two with a small tensor (4 floats) as the argument; and an
+``rpc_sync`` of a cell class's instance (two fields).
 Each runs as nbrpc runs it, then with one part left out (the part's function swapped for
 a stand-in that does nothing, for this measurement only), then with torch's own
 functions in nbrpc's cluster (the caller's wrappers left out: torch's pickler is still
@@ -63,6 +64,22 @@ def tensor_remote_fetches(n: int) -> None:
         rpc.remote(WORKER, echo, args=(SMALL_TENSOR,)).to_here()
 
 
+class Point:
+    """A cell's class with two fields, as the user's comparison sends (``user_script.py``)."""
+
+    def __init__(self, x: float, y: float) -> None:
+        self.x, self.y = x, y
+
+
+# A cell class's instance: ``bytecodes.py`` puts one of its own ``__main__`` class here.
+INSTANCE = Point(1.0, 2.0)
+
+
+def instance_calls(n: int) -> None:
+    for _ in range(n):
+        rpc.rpc_sync(WORKER, echo, args=(INSTANCE,))
+
+
 def pipelined(n: int, in_flight: int = 32) -> None:
     waiting = collections.deque()
     for _ in range(n):
@@ -76,7 +93,8 @@ def pipelined(n: int, in_flight: int = 32) -> None:
 # Each loop, and the share of ``--calls`` it makes (a remote and its fetch are two messages each way).
 LOOPS = {"rpc_sync": (small_calls, 1), "remote + to_here": (remote_fetches, 2),
          "rpc_async, 32 in flight": (pipelined, 1), "rpc_sync of a small tensor": (tensor_calls, 1),
-         "remote + to_here of a small tensor": (tensor_remote_fetches, 2)}
+         "remote + to_here of a small tensor": (tensor_remote_fetches, 2),
+         "rpc_sync of a cell class's instance": (instance_calls, 1)}
 
 
 def _measure(loop, calls: int, worker: int) -> tuple[float, float, float, float]:
