@@ -124,8 +124,9 @@ def _in_c(obj, counted, flat: dict | None) -> tuple[bytes, list] | None:
 def leaves_in_c(values) -> int | None:
     """How many tensors and RRefs ``values`` hold, where the C pickler with the kept
     pickler's table makes of them what the kept pickler does: plain values, tensors and
-    RRefs (neither a module's global nor at a patch point, which ``reducer_override``
-    sends by name), in tuples, lists and dicts, ``WALK_LIMIT`` values at most; else None."""
+    RRefs (not a module's global, which ``reducer_override`` sends by name; torch's patch
+    points hold functions and classes only), in tuples, lists and dicts, ``WALK_LIMIT``
+    values at most; else None."""
     todo, left, leaves = list(values), WALK_LIMIT, 0
     while todo:
         value = todo.pop()
@@ -140,7 +141,7 @@ def leaves_in_c(values) -> int | None:
         elif cls is dict:
             todo += value.keys()
             todo += value.values()
-        elif cls in _TABLE_LEAVES and torch_compat.stand_in(value) is None and module_globals.find(value) is None:
+        elif cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves += 1
         else:
             return None
@@ -159,7 +160,7 @@ def flat_leaves(values: tuple, whole: tuple) -> int | None:
         cls = type(value)
         if cls in PLAIN_VALUES:
             continue
-        if cls in _TABLE_LEAVES and torch_compat.stand_in(value) is None and module_globals.find(value) is None:
+        if cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves += 1
         elif cls is tuple or cls is list or cls is dict:
             return leaves_in_c(whole)

@@ -19,6 +19,7 @@ A reply goes to its caller: a top-level notebook class the caller made goes by i
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 
@@ -26,8 +27,8 @@ import torch
 import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
-from ..recording import recorder
-from . import c_pickling, cloudpickling, plain_values, remote_errors, signing
+from ..recording import recorder, rref_ledger
+from . import c_pickling, cloudpickling, plain_values, remote_errors, shared_tensors, signing
 from .cloudpickling import RpcPickler
 from .receivers import receivers
 from .signing import set_key  # noqa: F401 (the members' settings set the key here)
@@ -35,10 +36,12 @@ from .signing import set_key  # noqa: F401 (the members' settings set the key he
 
 class _TorchTable:
     """(torch's table, how many reducers were registered) when torch's RRef and registered
-    reducers were last put in it (``_prepared``)."""
+    reducers were last put in it (``_prepared``); and the kept pickler's flattened table
+    with what it was made from (``flat``: the key ``_flat_key`` tells)."""
 
     def __init__(self):
         self.prepared: tuple | None = None
+        self.flat: tuple | None = None
 
 
 _torch_table = _TorchTable()
@@ -57,7 +60,11 @@ def serialize(self, obj):
         obj = remote_errors.recreating(obj)
 
     def flat() -> dict:  # the kept pickler's table, as it would pickle this message with
-        return cloudpickling.flat_table(cls, _prepared(self))
+        key = _flat_key(self, cls)
+        made = _torch_table.flat
+        if made is None or made[0] != key:  # (a message with tensors or RRefs asks once per change)
+            made = _torch_table.flat = (key, cloudpickling.flat_table(cls, _prepared(self)))
+        return made[1]
 
     made = home = None
     if type(obj) is torch_compat.PythonUDF:
@@ -78,6 +85,14 @@ def serialize(self, obj):
         return cloudpickling.message(obj, cls, table, made)
     finally:
         receivers.going_home(None)
+
+
+def _flat_key(torch_pickler, cls: type) -> tuple:
+    """What the kept pickler's flattened table is made from (``RpcPickler._flat_table``):
+    torch's table and reducers, the copyreg table, the ledger's and shared memory's switches."""
+    table = torch_pickler._dispatch_table
+    return (cls, table, len(table), len(torch_pickler._class_reducer_dict), len(copyreg.dispatch_table),
+            rref_ledger.is_tracking(), shared_tensors.is_enabled())
 
 
 def _prepared(torch_pickler) -> dict:
