@@ -162,27 +162,18 @@ def test_a_worker_calling_a_worker_prompts_in_the_root_cell(notebook):
     assert result(messages) == "12"
 
 
-def test_debug_after_a_remote_error_opens_the_workers_frames(notebook):
-    messages, reply = execute(notebook, 'rpc.rpc_sync("worker1", boom, args=(6,))')
+@pytest.mark.parametrize("call, x", [('rpc.rpc_sync("worker1", boom, args=(6,))', 6),
+                                     ('rpc.rpc_async("worker1", boom, args=(5,)).wait()', 5)])
+def test_debug_after_a_remote_error_opens_the_workers_frames(notebook, call, x):
+    """Also after a future's wait, which raises with no frame of nbrpc's under the cell's:
+    %debug still knows the call it came from."""
+    messages, reply = execute(notebook, call)
     assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
     messages, reply, prompts = typed(notebook, "%debug", ["p secret", "p x", "q"])
     assert reply["status"] == "ok", reply
     assert prompts == ["(Pdb) [worker1] "] * 3, prompts
     out = streamed(messages)
-    assert "\n42\n6\n" in out, out
-    assert 'raise ValueError(f"boom with {x}")' in out, out
-
-
-def test_debug_after_rpc_async_wait_raised_opens_the_workers_frames(notebook):
-    """The future's wait raises with no frame of nbrpc's under the cell's: %debug still
-    knows the call it came from."""
-    messages, reply = execute(notebook, 'rpc.rpc_async("worker1", boom, args=(5,)).wait()')
-    assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
-    messages, reply, prompts = typed(notebook, "%debug", ["p secret", "p x", "q"])
-    assert reply["status"] == "ok", reply
-    assert prompts == ["(Pdb) [worker1] "] * 3, prompts
-    out = streamed(messages)
-    assert "\n35\n5\n" in out, out
+    assert f"\n{x * 7}\n{x}\n" in out, out  # boom's locals: secret, x
     assert 'raise ValueError(f"boom with {x}")' in out, out
 
 

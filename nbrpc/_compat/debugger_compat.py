@@ -45,11 +45,8 @@ def on_suspend(pausing: Callable, resuming: Callable) -> bool:
     debugger_class = pydevd_debugger_class()
     if debugger_class is None:
         return False
-    with _lock:
-        plain = debugger_class.do_wait_suspend
-        if getattr(plain, "_nbrpc_plain", None) is not None:
-            return True
 
+    def wrap(plain):
         @functools.wraps(plain)
         def do_wait_suspend(self, thread, frame, *args, **kwargs):
             pausing(frame)
@@ -58,9 +55,22 @@ def on_suspend(pausing: Callable, resuming: Callable) -> bool:
             finally:
                 resuming()
 
-        do_wait_suspend._nbrpc_plain = plain
-        debugger_class.do_wait_suspend = do_wait_suspend
+        return do_wait_suspend
+
+    _wrap_once(debugger_class, "do_wait_suspend", wrap)
     return True
+
+
+def _wrap_once(owner, name: str, wrap: Callable[[Callable], Callable]) -> None:
+    """``owner.name`` replaced by ``wrap(owner.name)``, unless it already was (the plain
+    one is kept on the wrapper as ``_nbrpc_plain``)."""
+    with _lock:
+        plain = getattr(owner, name)
+        if getattr(plain, "_nbrpc_plain", None) is not None:
+            return
+        wrapped = wrap(plain)
+        wrapped._nbrpc_plain = plain
+        setattr(owner, name, wrapped)
 
 
 def before_backward(hook: Callable[[], None]) -> Callable[[], None]:
@@ -95,15 +105,13 @@ def accept_breakpoints_in(held: Callable[[str], bool]) -> bool:
     file_utils = sys.modules.get("pydevd_file_utils")
     if file_utils is None:
         return False
-    with _lock:
-        plain = file_utils.exists
-        if getattr(plain, "_nbrpc_plain", None) is not None:
-            return True
 
+    def wrap(plain):
         @functools.wraps(plain)
         def exists(filename):
             return plain(filename) or held(filename)
 
-        exists._nbrpc_plain = plain
-        file_utils.exists = exists
+        return exists
+
+    _wrap_once(file_utils, "exists", wrap)
     return True
