@@ -4,9 +4,7 @@
 picks one test for each path nbrpc patches (calls, RRefs and their helpers,
 ``@async_execution``, futures, remote exceptions, timeouts, distributed autograd,
 ``DistributedOptimizer``, dynamic membership) and asserts each passes. torch's
-``MultiProcessTestCase`` spawns and ends the ranks; ``TIMEOUT`` bounds each test. The
-tests run ``LANES`` at once (pytest-xdist in the runner): a test's four ranks mostly
-wait on each other, and each test rendezvous through an init file of its own.
+``MultiProcessTestCase`` spawns and ends the ranks; ``TIMEOUT`` bounds each test.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 150  # seconds per torch test before its ranks are ended (one took 77 s on a loaded machine)
-LANES = 2  # torch tests at once
 
 SUBSET = {
     "TensorPipeRpcTest": [
@@ -60,32 +57,24 @@ def outcomes(junit: Path) -> dict[str, str]:
     return found
 
 
-def worst_case(tests: int) -> float:
-    """Seconds the runner may take if each test runs into TIMEOUT, the tests LANES at once."""
-    return -(-tests // LANES) * (TIMEOUT + 30) + 120
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(worst_case(sum(map(len, SUBSET.values()))) + 60)
+@pytest.mark.timeout(sum(map(len, SUBSET.values())) * (TIMEOUT + 30) + 120)
 def test_torchs_rpc_tests_pass_with_nbrpcs_patches(tmp_path):
     junit = tmp_path / "subset.xml"
     env = dict(os.environ, NBRPC_CONFORMANCE="nbrpc", NBRPC_CONFORMANCE_KEY=secrets.token_hex(32),
                DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(TIMEOUT),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    # xdist hands a lane more tests, two or so at a time, as it ends its own: the lanes end together.
     ids = [f"conformance/suites.py::{suite}::{test}" for suite, tests in SUBSET.items() for test in tests]
     cmd = [sys.executable, "-m", "pytest", "-c", "conformance/pytest.ini", "-q", "-p", "no:warnings",
-           f"--junitxml={junit}", "-n", str(LANES), "--dist", "load", *ids]
+           f"--junitxml={junit}", *ids]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=worst_case(len(ids)))
+        output, _ = proc.communicate(timeout=len(ids) * (TIMEOUT + 30) + 60)
     finally:
-        try:  # the runner, its xdist workers and the ranks they spawned, whatever is left
+        if proc.poll() is None:  # the runner and the ranks it spawned
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            proc.wait()
     found = outcomes(junit)
     expected = {f"{suite}.{test}" for suite, tests in SUBSET.items() for test in tests}
     assert set(found) == expected, output[-3000:]
