@@ -22,7 +22,7 @@ from rpc_profiling import release_profiling_key
 from torch._C._distributed_rpc import PyRRef
 
 from nbrpc._compat import cloudpickle_compat as cp
-from nbrpc._compat import debugger_compat, jupyter_compat, rpc_sync_code, script_functions, torch_compat
+from nbrpc._compat import debugger_compat, jupyter_compat, rpc_pickler, rpc_sync_code, script_functions, torch_compat
 
 
 def test_torchs_private_methods_are_there_and_a_missing_one_is_named(monkeypatch):
@@ -31,6 +31,18 @@ def test_torchs_private_methods_are_there_and_a_missing_one_is_named(monkeypatch
     monkeypatch.setattr(torch_compat, "METHODS", (*torch_compat.METHODS, (PyRRef, "_no_such_method")))
     with pytest.raises(AttributeError, match=r"lacks PyRRef._no_such_method"):
         torch_compat.check()
+
+
+def test_torchs_rpc_pickler_has_the_tables_nbrpcs_serialize_fills():
+    from torch.distributed.rpc import internal
+
+    pickler = internal._InternalRPCPickler()
+    table, size, reducers = rpc_pickler.table_state(pickler)
+    assert table is pickler._dispatch_table and size == len(table) and reducers == 0
+    filled, prepared = rpc_pickler.prepared_table(pickler, None)
+    assert filled is table and callable(filled[rpc.PyRRef]) and callable(filled[rpc.RRef]) and prepared == (table, 0)
+    assert rpc_pickler.prepared_table(pickler, prepared) == (table, prepared)
+    assert callable(rpc_pickler.script_module_reducer(pickler))
 
 
 def test_the_names_nbrpc_spells_out_are_torchs(cluster):

@@ -385,6 +385,15 @@ def _torchs_marks() -> set[str]:
     return marks
 
 
+def _torchs_pickler_names() -> set[str]:
+    """The private names of torch's RPC pickler (its tables and reducers): nbrpc's
+    ``serialize`` runs as its method, so even ``self._...`` there is torch's."""
+    from torch.distributed.rpc import internal
+
+    pickler = internal._InternalRPCPickler()
+    return {name for name in {*vars(type(pickler)), *vars(pickler)} if _private(name) and not name.endswith("__")}
+
+
 def _torch_names(tree: ast.AST) -> tuple[set[str], list[tuple[int, str]]]:
     """The names a module binds to torch's modules and objects, and its imports of torch's
     private modules or names."""
@@ -408,7 +417,7 @@ def _private_torch_uses(root: Path) -> list[str]:
     """Each line of ``root`` (a copy of nbrpc/) outside ``_compat`` that uses a private
     name of torch: an import of one, an attribute of torch's modules or objects, or one of
     the names torch's RPC reads off objects (``_torchs_marks``) set, read or spelled."""
-    marks = _torchs_marks()
+    marks, pickler_names = _torchs_marks(), _torchs_pickler_names()
     found = []
     for path in sorted(root.rglob("*.py")):
         if "_compat" in path.relative_to(root).parts:
@@ -421,8 +430,8 @@ def _private_torch_uses(root: Path) -> list[str]:
                 while isinstance(base, ast.Attribute):
                     base = base.value
                 on_torch = isinstance(base, ast.Name) and base.id in bound and _private(node.attr)
-                on_object = node.attr in marks and not (isinstance(node.value, ast.Name)
-                                                        and node.value.id in ("self", "cls"))
+                on_object = node.attr in pickler_names or node.attr in marks and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
                 if on_torch or on_object:
                     uses.append((node.lineno, ast.unparse(node)))
             elif isinstance(node, ast.ClassDef):  # a class attribute named as torch's mark
@@ -457,8 +466,12 @@ def _reach(rref, func):
 
 class _Marked:
     _wrapped_async_rpc_function = True
+
+
+def _serialize(self, obj):
+    return self._dispatch_table
 ''')
     found = [line.split(": ", 1)[1] for line in _private_torch_uses(tmp_path / "nbrpc")]
     assert found == ["from torch._C import _distributed_rpc", "rpc.api._get_current_rpc_agent",
                      "rref._get_type", "func._wrapped_async_rpc_function", "'_wrapped_async_rpc_function'",
-                     "_wrapped_async_rpc_function"], found
+                     "_wrapped_async_rpc_function", "self._dispatch_table"], found

@@ -24,9 +24,8 @@ import io
 import pickle
 
 import torch
-import torch.distributed.rpc as rpc
 
-from .._compat import torch_compat
+from .._compat import rpc_pickler, torch_compat
 from ..recording import recorder, rref_ledger
 from . import c_pickling, cloudpickling, plain_values, remote_errors, shared_tensors, signing
 from .cloudpickling import RpcPickler
@@ -77,7 +76,7 @@ def serialize(self, obj):
     cloudpickling.forget_importable()
     table = _prepared(self)
     if isinstance(obj, torch.jit.ScriptModule):
-        table[obj.__class__] = self._script_module_reducer
+        table[obj.__class__] = rpc_pickler.script_module_reducer(self)
     if home is None:
         return cloudpickling.message(obj, cls, table, made)
     receivers.going_home(home)  # a class its caller made goes by identity (``definitions.reduce_class``)
@@ -90,19 +89,13 @@ def serialize(self, obj):
 def _flat_key(torch_pickler, cls: type) -> tuple:
     """What the kept pickler's flattened table is made from (``RpcPickler._flat_table``):
     torch's table and reducers, the copyreg table, the ledger's and shared memory's switches."""
-    table = torch_pickler._dispatch_table
-    return (cls, table, len(table), len(torch_pickler._class_reducer_dict), len(copyreg.dispatch_table),
+    return (cls, *rpc_pickler.table_state(torch_pickler), len(copyreg.dispatch_table),
             rref_ledger.is_tracking(), shared_tensors.is_enabled())
 
 
 def _prepared(torch_pickler) -> dict:
-    """torch's dispatch table with its RRef and registered reducers in, as torch's
-    ``serialize`` puts them in each message's pickler."""
-    table = torch_pickler._dispatch_table
-    if _torch_table.prepared != (table, len(torch_pickler._class_reducer_dict)) or rpc.PyRRef not in table:
-        table[rpc.PyRRef], table[rpc.RRef] = torch_pickler._py_rref_reducer, torch_pickler._rref_reducer
-        table.update(torch_pickler._class_reducer_dict)
-        _torch_table.prepared = (table, len(torch_pickler._class_reducer_dict))
+    """torch's dispatch table with its RRef and registered reducers in (``rpc_pickler``)."""
+    table, _torch_table.prepared = rpc_pickler.prepared_table(torch_pickler, _torch_table.prepared)
     return table
 
 
