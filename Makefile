@@ -41,7 +41,7 @@ NOTEBOOKS := tutorials/*.ipynb tutorials/labs/source
 HANG_NOTEBOOKS := tutorials/07_when_rpc_hangs.ipynb tutorials/labs/source/09_hangs
 NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadscope)
 
-# What runs beside the serial tests, at a lower priority (.ci/beside.sh): the notebooks,
+# What runs beside the serial tests, at the idle priority (.ci/beside.sh): the notebooks,
 # but the hang ones, which run alone after. CI adds the docs and the newest torch's
 # parallel tests (.ci/beside-serial.sh). With PARALLEL=0 nothing runs beside.
 BESIDE_SERIAL ?= $(MAKE) test-notebooks

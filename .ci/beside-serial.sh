@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What CI runs beside the serial tests (make test BESIDE_SERIAL=..., at a lower priority:
+# What CI runs beside the serial tests (make test BESIDE_SERIAL=..., at the idle priority:
 # see .ci/beside.sh): the notebooks, the docs, then, once .ci/run's background install of
 # the newest torch has ended, that torch's tests that may run beside others. Each step
 # prints how long it took, as .ci/run's tiers do.

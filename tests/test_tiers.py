@@ -5,7 +5,6 @@ into the wrong tier."""
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 from pathlib import Path
 
@@ -62,15 +61,14 @@ def test_the_units_handed_out_first_exist():
 
 
 def test_what_runs_beside_the_serial_tests_yields_them_the_cpu_and_its_failure_counts(tmp_path):
-    """.ci/beside.sh: the serial tests (the command) at normal priority, BESIDE niced by 10;
-    BESIDE's output after the command's; a failure of either fails the whole."""
+    """.ci/beside.sh: the serial tests (the command) at their own priority, BESIDE at the idle
+    one (SCHED_IDLE); BESIDE's output after the command's; a failure of either fails the whole."""
     script = str(TESTS.parent / ".ci" / "beside.sh")
-    niceness = "$(($(ps -o ni= -p $$)))"
-    run = subprocess.run(["bash", script, f"echo beside at {niceness}; exit 3",
-                          "bash", "-c", f"sleep 0.5; echo serial at {niceness}"],
+    policy = "$(chrt -p $$ | grep -o 'SCHED_[A-Z]*')"
+    run = subprocess.run(["bash", script, f"echo beside at {policy}; exit 3",
+                          "bash", "-c", f"sleep 0.5; echo serial at {policy}"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
-    own = os.nice(0)
     assert run.returncode == 3, run
-    assert f"serial at {own}\n" in run.stdout and f"beside at {own + 10}\n" in run.stdout, run.stdout
+    assert "serial at SCHED_OTHER\n" in run.stdout and "beside at SCHED_IDLE\n" in run.stdout, run.stdout
     assert run.stdout.index("serial at") < run.stdout.index("beside at"), run.stdout
     assert subprocess.run(["bash", script, "exit 0", "bash", "-c", "exit 4"], cwd=tmp_path, timeout=30).returncode == 4
