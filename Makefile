@@ -44,15 +44,16 @@ NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadscope)
 # What runs beside the serial tests, at the idle priority (.ci/beside.sh): the notebooks,
 # but the hang ones, which run alone after. CI adds the docs and the newest torch's
 # parallel tests (.ci/beside-serial.sh). With PARALLEL=0 nothing runs beside.
+# BESIDE_SERIAL= (empty) runs the notebooks after the serial tests instead.
 BESIDE_SERIAL ?= $(MAKE) test-notebooks
+BESIDE := $(if $(filter-out 0,$(PARALLEL)),$(BESIDE_SERIAL))
 
 test: $(READY)
 	bash .ci/system-packages.sh
 	$(PY) -m pytest tests -m "not serial" $(XDIST) --durations=25
 	$(PY) -m pytest tests -m "serial and machine_wide" --durations=10
-	bash .ci/beside.sh '$(if $(filter-out 0,$(PARALLEL)),$(BESIDE_SERIAL))' \
-		$(PY) -m pytest tests -m "serial and not machine_wide" --durations=25
-	$(if $(filter 0,$(PARALLEL)),$(MAKE) test-notebooks)
+	bash .ci/beside.sh '$(BESIDE)' $(PY) -m pytest tests -m "serial and not machine_wide" --durations=25
+	$(if $(BESIDE),,$(MAKE) test-notebooks)
 	$(NBVAL) $(HANG_NOTEBOOKS)
 
 test-notebooks: $(READY)

@@ -75,17 +75,21 @@ class Forked:
     def __init__(self, pid: int):
         self.pid = pid
         self.returncode: int | None = None
+        # One reaper at a time: a thread that found the pid reaped by another (ChildProcessError)
+        # would otherwise read 0 while that one holds the real status (a kill read as "exited").
+        self._reaping = threading.Lock()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: Popen reads that as 0 too
-                self.returncode = 0
-            else:
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        with self._reaping:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere: Popen reads that as 0 too
+                    self.returncode = 0
+                else:
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
