@@ -493,10 +493,7 @@ def test_pydevds_suspend_is_what_the_cluster_debugger_wraps():
             "print(list(inspect.signature(cls.do_wait_suspend).parameters)[:4])\n"
             "print(debugger_compat.on_suspend(print, print), debugger_compat.on_suspend(print, print))\n"
             "print(cls.do_wait_suspend._nbrpc_plain.__name__)\n")
-    done = subprocess.run([sys.executable, "-Xfrozen_modules=off", "-c", code], capture_output=True,
-                          text=True, timeout=120)
-    assert done.stdout.splitlines() == ["['self', 'thread', 'frame', 'event']", "True True",
-                                        "do_wait_suspend"], done
+    assert _in_a_fresh_process(code) == ["['self', 'thread', 'frame', 'event']", "True True", "do_wait_suspend"]
 
 
 def test_pydevd_takes_breakpoints_in_the_files_a_worker_holds_in_memory():
@@ -511,9 +508,15 @@ def test_pydevd_takes_breakpoints_in_the_files_a_worker_holds_in_memory():
             "exists = pydevd_file_utils.exists\n"
             "print(exists('/nowhere/cell.py'), exists('/nowhere/other.py'), exists(inspect.__file__))\n"
             "print(exists._nbrpc_plain.__name__)\n")
+    assert _in_a_fresh_process(code) == ["True", "True True", "True False True", "exists"]
+
+
+def _in_a_fresh_process(code: str) -> list[str]:
+    """The lines ``code`` prints in a Python process of its own (pydevd, once loaded, traces it)."""
     done = subprocess.run([sys.executable, "-Xfrozen_modules=off", "-c", code], capture_output=True,
                           text=True, timeout=120)
-    assert done.stdout.splitlines() == ["True", "True True", "True False True", "exists"], done
+    assert done.returncode == 0, done
+    return done.stdout.splitlines()
 
 
 def test_a_hook_runs_on_the_thread_of_a_custom_functions_backward_and_is_undone():
