@@ -145,7 +145,7 @@ class Pending:
         its key for ``answered``, and that of the ``remote`` making the value, which it
         waits on (``remote_call``; ``fetched`` once the value came)."""
         on = self.remote_call(rref)
-        key = self._id_prefix + str(next(self._ids))
+        key = self.new_id()
         self.outgoing[key] = (key, owner, "to_here", _getframe(1), _get_ident(), _now(), "to_here", on)
         return key, on
 
@@ -183,10 +183,7 @@ class Pending:
         8 us there cost the pair about 40 us of latency."""
         if self.remotes:
             self._drop_created(everything=False)
-        key = call_id or self._id_prefix + str(next(self._ids))
-        name = callee if type(callee) is str else getattr(callee, "name", str(callee))
-        self.outgoing[key] = (key, name, func, site, _get_ident(), _now(), "remote", None)
-        return key
+        return self.calling(callee, func, call_id, "remote", site=site)
 
     def remote_made(self, key: str, rref) -> None:
         """The ``remote`` ``key`` made ``rref``: it is in flight until its owner confirms
