@@ -6,6 +6,7 @@ torch 2.11 to 2.15 (``tests/test_compat.py`` checks the names)."""
 from __future__ import annotations
 
 import torch.distributed.rpc as rpc
+from torch.distributed.rpc import internal
 
 
 def table_state(torch_pickler) -> tuple:
@@ -30,3 +31,9 @@ def prepared_table(torch_pickler, prepared: tuple | None) -> tuple[dict, tuple]:
 def script_module_reducer(torch_pickler):
     """How torch pickles a ScriptModule in a message."""
     return torch_pickler._script_module_reducer
+
+
+def is_torch_tensor_reducer(reducer) -> bool:
+    """Whether ``reducer`` is torch's own for tensors (``_tensor_reducer``: the tensor into
+    the message's table, ``_tensor_receiver`` written in its place), not one registered."""
+    return getattr(reducer, "__func__", None) is internal._InternalRPCPickler._tensor_reducer

@@ -191,18 +191,18 @@ def pickled_in_c(obj, flat: dict | None) -> tuple[bytes, list] | None:
 def _with_tables(c_pickler: _CPickler, obj) -> tuple[bytes, list]:
     """``obj`` dumped with torch's tensor table of this message set (the tensors it sends
     beside it) and its shared-memory segments freed again if it fails."""
-    tables = torch_compat.tensor_tables
-    outer = getattr(tables, "send_tables", None)
-    tables.send_tables = sent = []
+    tables = torch_compat.tensor_tables.__dict__  # (this thread's: a missing name costs getattr an exception)
+    outer = tables.get("send_tables")
+    tables["send_tables"] = sent = []
     try:
         with shared_tensors.PICKLING:
             c_pickler.pickler.dump(obj)
         return c_pickler.body.getvalue(), sent
     finally:
         if outer is None:
-            del tables.send_tables
+            del tables["send_tables"]
         else:
-            tables.send_tables = outer
+            tables["send_tables"] = outer
 
 
 def reduced_in_c(func: types.FunctionType) -> tuple[Reduced | None, dict | None]:

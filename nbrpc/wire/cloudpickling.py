@@ -33,7 +33,7 @@ import torch.distributed.rpc as rpc
 from .._compat import torch_compat
 from ..errors import SerializationError
 from ..recording import recorder, rref_ledger
-from . import definitions, module_globals, shared_tensors, signing
+from . import definitions, module_globals, shared_tensors, signing, tensor_table
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
 _C_DUMP = pickle.Pickler.dump
@@ -106,11 +106,15 @@ class RpcPickler(cloudpickle.Pickler):
 
     def _flat_table(self, table) -> dict:
         shared = shared_tensors.is_enabled() and torch.Tensor in table and self._shares_tensors
-        key = (type(self), table, len(table), rref_ledger.is_tracking(), len(copyreg.dispatch_table), shared)
+        key = (type(self), table, len(table), table.get(torch.Tensor), rref_ledger.is_tracking(),
+               len(copyreg.dispatch_table), shared)  # (a reducer registered for tensors replaces torch's)
         if _tables.flat is None or _tables.flat[0] != key:
-            # Big tensors between local members through shared memory, the rest as torch sends them.
-            big = {torch.Tensor: shared_tensors.reducer(table[torch.Tensor])} if shared else {}
-            maps = (big, self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table)
+            # Tensors in torch's table under ``tensor_table``'s receiver; big ones between
+            # local members through shared memory.
+            tensors = {torch.Tensor: tensor_table.reducer(table[torch.Tensor])} if torch.Tensor in table else {}
+            if shared:
+                tensors[torch.Tensor] = shared_tensors.reducer(tensors[torch.Tensor])
+            maps = (tensors, self._rref_reducers(), table, _BY_REFERENCE, cloudpickle.Pickler.dispatch_table)
             _tables.flat = (key, dict(collections.ChainMap(*maps)))
         return _tables.flat[1]
 

@@ -1,0 +1,78 @@
+"""Tensors go in torch's tensor table under ``tensor_table.receive``: one module function a
+message, and what arrives is what torch's own receiver gives (values, types, views of one
+storage, gradients' requirement), both ways over a real cluster."""
+
+from __future__ import annotations
+
+import torch
+from conftest import run
+from torch.distributed.rpc import internal
+
+from nbrpc.wire import shared_tensors, tensor_table
+
+
+def _serialized(obj) -> tuple[bytes, list]:
+    """``obj`` pickled by the member's ``serialize`` (torch's tensor table, not shared memory)."""
+    was = shared_tensors.is_enabled()
+    shared_tensors.enable(False)
+    try:
+        return internal._internal_rpc_pickler.serialize(obj)
+    finally:
+        shared_tensors.enable(was)
+
+
+def test_a_message_names_the_module_receiver_once_and_puts_each_tensor_in_the_table(cluster):
+    base = torch.arange(8.0)
+    weight = torch.ones(2, 3)
+    view, turned = base[2:5], weight.t()
+    payload, tensors = _serialized((base, view, {"weight": weight, "again": base}, [turned]))
+    assert payload.count(b"tensor_table") == 1 and payload.count(b"receive") == 1
+    assert b"_tensor_receiver" not in payload
+    # each tensor object once, in pickling order (pickle's memo takes a repeat)
+    assert len(tensors) == 4 and all(t is s for t, s in zip(tensors, (base, view, weight, turned)))
+    got = internal._internal_rpc_pickler.deserialize(payload, tensors)
+    assert got[0] is tensors[0] and got[2]["again"] is got[0] and got[2]["weight"] is tensors[2]
+    assert type(got[1]) is torch.Tensor and torch.equal(got[1], base[2:5])
+
+
+def test_a_reducer_registered_for_tensors_replaces_the_receiver_as_it_replaces_torchs(cluster):
+    pickler = internal._internal_rpc_pickler
+    seen = []
+
+    def as_list(tensor):
+        seen.append(tensor)
+        return torch.tensor, (tensor.tolist(),)
+
+    assert tensor_table.reducer(pickler._tensor_reducer) is not pickler._tensor_reducer
+    pickler._register_reducer(torch.Tensor, as_list)
+    try:
+        payload, tensors = _serialized((torch.ones(3),))
+        assert len(seen) == 1 and tensors == [] and b"receive" not in payload
+        assert torch.equal(pickler.deserialize(payload, tensors)[0], torch.ones(3))
+    finally:
+        del pickler._class_reducer_dict[torch.Tensor]
+        pickler._dispatch_table[torch.Tensor] = pickler._tensor_reducer
+    payload, tensors = _serialized((torch.ones(3),))
+    assert len(seen) == 1 and len(tensors) == 1 and b"receive" in payload
+
+
+def test_tensors_arrive_as_torch_sends_them_both_ways(shell):
+    """Values, dtypes, a Parameter, a tensor that requires grad, and views of one storage
+    (as views of one storage there), in a call and in its reply."""
+    got = run(shell, """
+def storages(base, view, named, grad):
+    shared = base.untyped_storage().data_ptr() == view.untyped_storage().data_ptr()
+    reply = torch.arange(6, dtype=torch.int16)
+    return (shared, view.storage_offset(), type(named["p"]).__name__, named["p"].requires_grad,
+            grad.requires_grad, base.dtype, view.tolist(), reply, reply[3:])
+
+base = torch.arange(10, dtype=torch.float64)
+rpc.rpc_sync("worker1", storages,
+             args=(base, base[4:7], {"p": nn.Parameter(torch.ones(2))}, torch.ones(2, requires_grad=True)))
+""")
+    shared, offset, named_type, named_grad, grad, dtype, view, reply, reply_view = got
+    assert shared and offset == 4 and view == [4.0, 5.0, 6.0]
+    assert named_type == "Parameter" and named_grad and grad and dtype == torch.float64
+    assert reply.dtype == torch.int16 and reply.tolist() == list(range(6))
+    assert reply_view.untyped_storage().data_ptr() == reply.untyped_storage().data_ptr()
+    assert reply_view.storage_offset() == 3 and type(reply_view) is torch.Tensor
