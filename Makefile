@@ -10,6 +10,7 @@ NEWEST_TORCH ?= torch==2.15.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
+UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
 .PHONY: demo test test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
@@ -18,9 +19,12 @@ DOCS_READY := $(VENV)/.nbrpc-docs-installed
 $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 	command -v node >/dev/null || bash .ci/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release
+	# PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release.
+	# torch with pip (it finds a wheel the machine keeps on disk), the rest with uv: the same
+	# packages, downloaded side by side (5 minutes with pip, 1.5 with uv, on 2 cores).
 	PIP_CONSTRAINT= $(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e ".[test,tutorials]"
+	$(PY) -m pip install --quiet uv
+	$(UV_INSTALL) -e ".[test,tutorials]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(READY)
 
@@ -113,7 +117,7 @@ conformance: $(READY)
 	$(PY) conformance/run.py
 
 $(DOCS_READY): $(READY)
-	$(PY) -m pip install --quiet -e ".[docs]"
+	$(UV_INSTALL) -e ".[docs]"
 	touch $(DOCS_READY)
 
 # The site in docs/_build/html: warnings are errors (-W), every reference must resolve (-n),
@@ -124,7 +128,7 @@ docs: $(DOCS_READY)
 	$(PY) docs/_ext/check_links.py docs/_build/html
 
 lab: $(READY)
-	$(PY) -m pip install --quiet -e ".[lab]"
+	$(UV_INSTALL) -e ".[lab]"
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir tutorials
 
 clean:
