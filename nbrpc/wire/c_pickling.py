@@ -6,11 +6,13 @@ plain C pickler, no Python code run per object but the reducers in its table.
   else the reductions made on the way, for the kept pickler (``cloudpickling``).
 - ``value_message``: a reply's (or any message's) message, where ``leaves_in_c`` takes it.
 - ``leaves_in_c``: whether a message's values can go this way (plain values, tensors and
-  RRefs, in small tuples, lists and dicts), and how many tensors and RRefs they hold;
-  ``flat_leaves`` the same in one pass for a call's usual arguments and a reply.
+  RRefs, in small tuples, lists and dicts), and what of the table they need (``PLAIN``,
+  ``TABLE``, ``SHARED_MEMORY``); ``flat_leaves`` the same in one pass for a call's usual
+  arguments and a reply.
 - ``reduced_in_c``: a notebook function's reduction made ready for the C pickler.
 - ``pickled_in_c``: the message pickled by this thread's C pickler, with the kept
-  pickler's table where it holds tensors or RRefs: the same bytes and tensors.
+  pickler's table where it holds tensors or RRefs: the same bytes and tensors (shared
+  memory's reducer and message scope only where a tensor's storage is big enough for it).
 """
 
 from __future__ import annotations
@@ -40,24 +42,18 @@ class Reduced(tuple):
 
 class _CPickler(threading.local):
     """This thread's plain C pickler for ``pickled_in_c``: its table for plain values, and
-    for tensors and RRefs the kept pickler's flattened table (``table``, made from
-    ``source``) with the reductions ``reduced_in_c`` makes."""
+    for tensors and RRefs a table ``in_c_table`` made of the kept pickler's."""
 
     def __init__(self):
         self.body = io.BytesIO()
         self.pickler = pickle.Pickler(self.body, cloudpickle.DEFAULT_PROTOCOL)
         self.plain = self.pickler.dispatch_table = {Reduced: tuple}
-        self.source: dict | None = None
-        self.table: dict | None = None
 
-    def use(self, flat: dict | None) -> None:
-        """Pickle with the plain table (``flat`` None) or with ``flat`` and ``Reduced``."""
-        if flat is None:
-            self.pickler.dispatch_table = self.plain
-            return
-        if self.source is not flat:
-            self.source, self.table = flat, {**flat, Reduced: tuple}
-        self.pickler.dispatch_table = self.table
+
+def in_c_table(flat: dict) -> dict:
+    """The C pickler's table over ``flat``, the kept pickler's flattened one: with the
+    reductions ``reduced_in_c`` makes (made once per change of ``flat``, by ``serialization``)."""
+    return {**flat, Reduced: tuple}
 
 
 _c_pickler = _CPickler()
@@ -66,6 +62,10 @@ _c_pickler = _CPickler()
 WALK_LIMIT = 64
 # What the C path takes besides plain values: the kept pickler's table reduces them.
 _TABLE_LEAVES = frozenset({torch.Tensor, rpc.PyRRef, rpc.RRef})
+# What a message's values need of the table (``leaves_in_c``): nothing (plain values), torch's
+# tensor table (tensors and RRefs), or shared memory's reducer and message scope besides (a
+# tensor whose storage may go through a segment: ``shared_tensors.below_shared``).
+PLAIN, TABLE, SHARED_MEMORY = 0, 1, 2
 
 
 def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
@@ -75,7 +75,8 @@ def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
     else None, and the notebook functions' reductions made on the way (each made once per
     message: the kept pickler takes them), if any. The kept pickler asks a Python
     ``reducer_override`` for each of the call's objects, about half of a small call's
-    pickling. ``flat()`` gives the kept pickler's table, for tensors and RRefs."""
+    pickling. ``flat(shared)`` gives the kept pickler's table, for tensors and RRefs (with
+    shared memory's reducer, or not where no tensor's storage is big enough for it)."""
     carrier = udf.func
     if type(carrier) not in cloudpickling.CARRIERS:
         return None, None
@@ -103,7 +104,7 @@ def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
                 return None, made
         carrier = carrier.carrying(func)
     call = tuple.__new__(type(udf), (carrier, udf.args, udf.kwargs))
-    return _in_c(call, udf, flat() if leaves else None), None
+    return _in_c(call, udf, flat, leaves), None
 
 
 def value_message(obj, flat) -> tuple[bytes, list] | None:
@@ -112,22 +113,32 @@ def value_message(obj, flat) -> tuple[bytes, list] | None:
     leaves = flat_leaves((obj,), (obj,))
     if leaves is None:
         return None
-    return _in_c(obj, obj, flat() if leaves else None)
+    return _in_c(obj, obj, flat, leaves)
 
 
-def _in_c(obj, counted, flat: dict | None) -> tuple[bytes, list] | None:
-    """``obj`` pickled all in C (``pickled_in_c``), signed, counted as ``counted``."""
-    pickled = pickled_in_c(obj, flat)
+def _in_c(obj, counted, flat, leaves: int) -> tuple[bytes, list] | None:
+    """``obj`` pickled all in C (``pickled_in_c``) with the table its ``leaves`` need,
+    signed, counted as ``counted``."""
+    shared = leaves == SHARED_MEMORY
+    pickled = pickled_in_c(obj, flat(shared) if leaves else None, shared)
     return None if pickled is None else (signing.message(counted, pickled[0], pickled[1]), pickled[1])
 
 
+def _leaf(value, cls: type, leaves: int) -> int:
+    """What a message needs of the table (``PLAIN``, ``TABLE``, ``SHARED_MEMORY``) once
+    ``value``, a tensor or an RRef of type ``cls``, is in it beside ``leaves``."""
+    if leaves == SHARED_MEMORY or cls is not torch.Tensor or not shared_tensors.SHARED.enabled:
+        return TABLE if leaves == PLAIN else leaves
+    return TABLE if shared_tensors.below_shared(value) else SHARED_MEMORY
+
+
 def leaves_in_c(values) -> int | None:
-    """How many tensors and RRefs ``values`` hold, where the C pickler with the kept
-    pickler's table makes of them what the kept pickler does: plain values, tensors and
-    RRefs (not a module's global, which ``reducer_override`` sends by name; torch's patch
-    points hold functions and classes only), in tuples, lists and dicts, ``WALK_LIMIT``
-    values at most; else None."""
-    todo, left, leaves = list(values), WALK_LIMIT, 0
+    """What ``values`` need of the table (``PLAIN``, ``TABLE``, ``SHARED_MEMORY``), where
+    the C pickler with the kept pickler's table makes of them what the kept pickler does:
+    plain values, tensors and RRefs (not a module's global, which ``reducer_override`` sends
+    by name; torch's patch points hold functions and classes only), in tuples, lists and
+    dicts, ``WALK_LIMIT`` values at most; else None."""
+    todo, left, leaves = list(values), WALK_LIMIT, PLAIN
     while todo:
         value = todo.pop()
         cls = type(value)
@@ -142,7 +153,7 @@ def leaves_in_c(values) -> int | None:
             todo += value.keys()
             todo += value.values()
         elif cls in _TABLE_LEAVES and module_globals.find(value) is None:
-            leaves += 1
+            leaves = _leaf(value, cls, leaves)
         else:
             return None
     return leaves
@@ -155,13 +166,13 @@ def flat_leaves(values: tuple, whole: tuple) -> int | None:
     container."""
     if len(values) > WALK_LIMIT - 2:
         return leaves_in_c(whole)
-    leaves = 0
+    leaves = PLAIN
     for value in values:
         cls = type(value)
         if cls in PLAIN_VALUES:
             continue
         if cls in _TABLE_LEAVES and module_globals.find(value) is None:
-            leaves += 1
+            leaves = _leaf(value, cls, leaves)
         elif cls is tuple or cls is list or cls is dict:
             return leaves_in_c(whole)
         else:
@@ -169,17 +180,18 @@ def flat_leaves(values: tuple, whole: tuple) -> int | None:
     return leaves
 
 
-def pickled_in_c(obj, flat: dict | None) -> tuple[bytes, list] | None:
-    """``obj``'s pickle by this thread's C pickler (with ``flat``, the kept pickler's table,
-    for tensors and RRefs: torch's tensor table, or shared memory, as the kept pickler
-    sends them) and its tensors; None where it fails (the kept pickler then says why)."""
+def pickled_in_c(obj, flat: dict | None, shared: bool = True) -> tuple[bytes, list] | None:
+    """``obj``'s pickle by this thread's C pickler (with ``flat``, the kept pickler's table
+    made ``in_c_table``, for tensors and RRefs: torch's tensor table, or shared memory (``shared``: in a message
+    scope), as the kept pickler sends them) and its tensors; None where it fails (the kept
+    pickler then says why)."""
     c_pickler = _c_pickler
-    c_pickler.use(flat)
+    c_pickler.pickler.dispatch_table = c_pickler.plain if flat is None else flat
     try:
         if flat is None:  # plain values (and reductions) only: no tensor table, no shared memory
             c_pickler.pickler.dump(obj)
             return c_pickler.body.getvalue(), []
-        return _with_tables(c_pickler, obj)
+        return _with_tables(c_pickler, obj, shared)
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
         return None
     finally:
@@ -188,14 +200,17 @@ def pickled_in_c(obj, flat: dict | None) -> tuple[bytes, list] | None:
         c_pickler.body.truncate()
 
 
-def _with_tables(c_pickler: _CPickler, obj) -> tuple[bytes, list]:
+def _with_tables(c_pickler: _CPickler, obj, shared: bool) -> tuple[bytes, list]:
     """``obj`` dumped with torch's tensor table of this message set (the tensors it sends
-    beside it) and its shared-memory segments freed again if it fails."""
+    beside it) and (``shared``) its shared-memory segments freed again if it fails."""
     tables = torch_compat.tensor_tables.__dict__  # (this thread's: a missing name costs getattr an exception)
     outer = tables.get("send_tables")
     tables["send_tables"] = sent = []
     try:
-        with shared_tensors.PICKLING:
+        if shared:
+            with shared_tensors.PICKLING:
+                c_pickler.pickler.dump(obj)
+        else:
             c_pickler.pickler.dump(obj)
         return c_pickler.body.getvalue(), sent
     finally:

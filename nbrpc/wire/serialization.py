@@ -27,7 +27,7 @@ import torch
 
 from .._compat import rpc_pickler, torch_compat
 from ..recording import recorder, rref_ledger
-from . import c_pickling, cloudpickling, plain_values, remote_errors, shared_tensors, signing
+from . import c_pickling, cloudpickling, plain_values, remote_errors, shared_tensors, signing, tensor_table
 from .cloudpickling import RpcPickler
 from .receivers import receivers
 from .signing import set_key  # noqa: F401 (the members' settings set the key here)
@@ -35,8 +35,9 @@ from .signing import set_key  # noqa: F401 (the members' settings set the key he
 
 class _TorchTable:
     """(torch's table, how many reducers were registered) when torch's RRef and registered
-    reducers were last put in it (``_prepared``); and the kept pickler's flattened table
-    with what it was made from (``flat``: the key ``_flat_key`` tells)."""
+    reducers were last put in it (``_prepared``); and the kept pickler's flattened table,
+    with shared memory's reducer and without, and what they were made from (``flat``: the
+    key ``_flat_key`` tells)."""
 
     def __init__(self):
         self.prepared: tuple | None = None
@@ -58,12 +59,12 @@ def serialize(self, obj):
     if type(obj) is torch_compat.RemoteException:  # a failed call's reply
         obj = remote_errors.recreating(obj)
 
-    def flat() -> dict:  # the kept pickler's table, as it would pickle this message with
+    def flat(shared: bool) -> dict:  # the kept pickler's table, as it would pickle this message with
         key = _flat_key(self, cls)
         made = _torch_table.flat
         if made is None or made[0] != key:  # (a message with tensors or RRefs asks once per change)
-            made = _torch_table.flat = (key, cloudpickling.flat_table(cls, _prepared(self)))
-        return made[1]
+            made = _torch_table.flat = (key, *_flat_tables(cls, _prepared(self)))
+        return made[1] if shared else made[2]
 
     made = home = None
     if type(obj) is torch_compat.PythonUDF:
@@ -91,6 +92,16 @@ def _flat_key(torch_pickler, cls: type) -> tuple:
     torch's table and reducers, the copyreg table, the ledger's and shared memory's switches."""
     return (cls, *rpc_pickler.table_state(torch_pickler), len(copyreg.dispatch_table),
             rref_ledger.is_tracking(), shared_tensors.is_enabled())
+
+
+def _flat_tables(cls: type, table: dict) -> tuple[dict, dict]:
+    """The C pickler's table over the kept pickler's flattened one (``c_pickling.in_c_table``),
+    and the same without shared memory's reducer, for a message none of whose tensors is
+    big enough for it."""
+    flat = c_pickling.in_c_table(cloudpickling.flat_table(cls, table))
+    if not shared_tensors.is_enabled() or torch.Tensor not in table:
+        return flat, flat
+    return flat, {**flat, torch.Tensor: tensor_table.reducer(table[torch.Tensor])}
 
 
 def _prepared(torch_pickler) -> dict:

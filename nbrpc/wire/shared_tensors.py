@@ -289,7 +289,7 @@ def reducer(fallback):
     (torch's own)."""
 
     def reduce(tensor):
-        if not SHARED.enabled or _below_shared(tensor):
+        if not SHARED.enabled or below_shared(tensor):
             return fallback(tensor)
         if not eligible(tensor):
             _leave_to_torch(tensor)
@@ -319,7 +319,7 @@ def reducer(fallback):
 TORCHS = object()  # in ``_Message.storages``: a storage torch's path sends
 
 
-def _below_shared(tensor: torch.Tensor) -> bool:
+def below_shared(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s storage is smaller than ``SHARED.min_bytes``: then torch's path
     sends it whatever else holds (a clone of part of it is smaller still), and the usual
     small tensor is spared ``eligible``'s checks, which cost several times torch's reducer."""
