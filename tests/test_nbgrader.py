@@ -34,10 +34,14 @@ ASSIGNMENTS = list(GRADING_SECONDS)
 # One lane: two, beside the parallel tier's other file, saved no time on 2 cores (the
 # grading kernels keep them busy) and once failed to grade a submission there.
 LANES = 1
-# Seconds one nbgrader command may take here (2 loaded cores) before the test fails.
+# Seconds one nbgrader command may take here (2 loaded cores) before the test fails, and
+# the seconds autograde may take per submission (12-30 s each here, on 2 loaded cores: a
+# kernel, a cluster, the lab's cells): the course's 27 in one command take 5 to 10 minutes.
 COMMAND_TIMEOUT = 500
+GRADING_TIMEOUT = 60
+SUBMISSIONS = 3 * len(ASSIGNMENTS)
 # The first test waits for the course's grading (its fixture): all of nbgrader's commands.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * COMMAND_TIMEOUT)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * COMMAND_TIMEOUT + SUBMISSIONS * GRADING_TIMEOUT)]
 pytest.importorskip("nbgrader", reason="nbgrader 0.9 needs Python 3.11 or newer (the `test` extra has it there)")
 
 # A partly right submission per lab: the code cells it changes (by grade_id) with the
@@ -235,7 +239,8 @@ def course(tmp_path_factory) -> dict:
         for assignment in labs:
             submit_three(folder, assignment)
     since = time.time()
-    grading = nbgrader_at_once(folders, "autograde", "*", "--create")
+    grading = nbgrader_at_once(folders, "autograde", "*", "--create",
+                               timeout=GRADING_TIMEOUT * max(3 * len(labs) for labs in lanes))
     # Every worker ends with the kernel that started it; no kernel outlives its notebook.
     survivors = wait_gone(worker_pids() - workers_before, timeout=15)
     kernels = wait_until(lambda: not (kernel_pids() - kernels_before), timeout=15)
