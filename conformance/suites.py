@@ -5,6 +5,8 @@ Importing this module first applies the mode ``run.py`` chose (see ``patching``)
 runner and in every rank torch spawns, before any of torch's test modules is imported.
 """
 
+import os
+
 from conformance import patching
 
 MODE = patching.apply()
@@ -57,12 +59,29 @@ CUDA_SUITES = [
 PREFIX = "TensorPipe"
 
 
+# ``NBRPC_CONFORMANCE_START=forkserver`` (make test's subset, tests/test_conformance.py):
+# the ranks start as spawned ones do, fresh from the runner's main module, each importing
+# ``suites`` (so the mode applies as before), but from a server that imported torch once:
+# about 2 s of CPU less a rank. Only torch itself is preloaded: its test modules must be
+# imported after the patches (see ``patching``).
+START = os.environ.get("NBRPC_CONFORMANCE_START", "spawn")
+PRELOADED = ["torch", "torch.distributed.rpc"]
+
+
 class SpawnHelper(MultiProcessTestCase):
-    """torch's ``rpc_utils.SpawnHelper``: each test spawns its ranks."""
+    """torch's ``rpc_utils.SpawnHelper``: each test spawns its ranks (or starts them from a
+    forkserver, see ``START``)."""
 
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if START == "spawn":
+            self._spawn_processes()
+            return
+        import torch.multiprocessing
+
+        context = torch.multiprocessing.get_context(START)
+        context.set_forkserver_preload(PRELOADED)
+        self._start_processes(context.Process)
 
 
 def _generate() -> dict[str, type]:

@@ -4,7 +4,9 @@
 picks one test for each path nbrpc patches (calls, RRefs and their helpers,
 ``@async_execution``, futures, remote exceptions, timeouts, distributed autograd,
 ``DistributedOptimizer``, dynamic membership) and asserts each passes. torch's
-``MultiProcessTestCase`` spawns and ends the ranks; ``TIMEOUT`` bounds each test.
+``MultiProcessTestCase`` starts and ends the ranks, here from a forkserver that imported
+torch once (``conformance/suites.py``: half the time of spawning each, on 2 cores; the
+full suites spawn them, as torch does); ``TIMEOUT`` bounds each test.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def outcomes(junit: Path) -> dict[str, str]:
 def test_torchs_rpc_tests_pass_with_nbrpcs_patches(tmp_path):
     junit = tmp_path / "subset.xml"
     env = dict(os.environ, NBRPC_CONFORMANCE="nbrpc", NBRPC_CONFORMANCE_KEY=secrets.token_hex(32),
+               NBRPC_CONFORMANCE_START="forkserver",
                DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(TIMEOUT),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     ids = [f"conformance/suites.py::{suite}::{test}" for suite, tests in SUBSET.items() for test in tests]
