@@ -1,7 +1,7 @@
 """Python bytecodes per call on the driver's main thread, by module and function: the
 count that wall time hides on a busy machine (see README.md, "Where the cost goes").
 
-    python benchmarks/bytecodes.py [--calls 200] [--loops NAMES] [--raw] [--top 25] [--lines QUALNAME]
+    python benchmarks/bytecodes.py [--calls 200] [--loops NAMES] [--raw] [--worker] [--top 25] [--lines QUALNAME]
 
 Runs the loops of ``parts.py`` in a one-worker cluster, calling a function of
 ``__main__`` (``--raw``: between two plain processes under ``init_rpc``, the function
@@ -9,15 +9,20 @@ importable on both sides) with a trace
 (``sys.settrace``, ``f_trace_opcodes``) on the main thread only, after a warm-up, and
 prints the bytecodes per call of each loop, split by the module that ran them (nbrpc's
 by subpackage and module, torch's as one, the rest as "other") and the costliest
-functions. The trace slows everything tenfold: counts, not times, are the result.
+functions (``--worker``: on the worker's threads that serve the calls instead, the trace
+set on each as its first call begins, ``WorkerCounter``). The trace slows everything
+tenfold: counts, not times, are the result.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import sys
+import tempfile
+import threading
 
 import parts
 import torch
@@ -80,6 +85,51 @@ class Counter:
         sys.settrace(None)
 
 
+class WorkerCounter(Counter):
+    """A ``Counter`` on each thread that serves a call (``on_call``, a hook of nbrpc's
+    ``serving.ON_CALL``: torch's threads are made in C++), counting while ``on``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+        self.threads: set[int] = set()
+
+    def _frame(self, frame, event, arg):
+        return super()._frame(frame, event, arg) if self.on else None
+
+    def on_call(self) -> None:
+        if threading.get_ident() not in self.threads:
+            self.threads.add(threading.get_ident())
+            sys.settrace(self._frame)
+
+
+# Run on the worker (``--worker``): its counter, hooked to the calls it serves.
+WORKER_SETUP = """
+import sys
+sys.path.insert(0, {here!r})
+import bytecodes as _bytecodes
+from nbrpc.calls import serving as _serving
+WORKER_COUNTER = _bytecodes.WorkerCounter()
+_hook = _serving.ON_CALL.add(WORKER_COUNTER.on_call)
+"""
+WORKER_SAVE = """
+WORKER_COUNTER.on = False
+import json as _json
+with open({path!r}, "w") as _out:
+    _json.dump([[*key, n] for key, n in WORKER_COUNTER.counts.items() if key[1] != "WorkerCounter.on_call"], _out)
+"""
+
+
+def count_worker(cluster, loop, calls: int) -> collections.Counter:
+    """``count``'s figures for the worker's threads while ``loop`` runs."""
+    cluster.run("WORKER_COUNTER.counts.clear(); WORKER_COUNTER.on = True")
+    loop(calls)
+    with tempfile.NamedTemporaryFile(suffix=".json") as saved:
+        cluster.run(WORKER_SAVE.format(path=saved.name))
+        found = json.load(saved)
+    return collections.Counter({(module, func): n / calls for module, func, n in found})
+
+
 def count(loop, calls: int, lines: str | None = None) -> collections.Counter:
     with Counter(lines) as counter:
         loop(calls)
@@ -131,11 +181,15 @@ def _run_raw(loops: dict, calls: int, top: int) -> None:
         worker.join()
 
 
-def _count_all(loops: dict, calls: int, top: int, lines: str | None = None) -> None:
+def _count_all(loops: dict, calls: int, top: int, lines: str | None = None, worker=None) -> None:
+    """Each loop's counts on the driver's main thread, or on the worker's (``worker``: the cluster)."""
+    if worker is not None:
+        worker.run(WORKER_SETUP.format(here=os.path.dirname(os.path.abspath(__file__))))
     for run in loops.values():
         run(200)  # connections, threads, the function's first send
     for name, run in loops.items():
-        print(report(name, count(run, calls, lines), top), flush=True)
+        counts = count(run, calls, lines) if worker is None else count_worker(worker, run, calls)
+        print(report(name if worker is None else f"{name}, on the worker", counts, top), flush=True)
 
 
 def main() -> int:
@@ -143,6 +197,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--loops", help="only these loops (parts.py's names), comma separated")
     parser.add_argument("--raw", action="store_true", help="raw torch between two plain processes")
+    parser.add_argument("--worker", action="store_true", help="count on the worker's threads that serve the calls")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--lines", metavar="QUALNAME", help="this function's bytecodes by line")
     args = parser.parse_args()
@@ -154,7 +209,7 @@ def main() -> int:
     parts.INSTANCE = Point(1.0, 2.0)
     cluster = nbrpc.start(1, progress=None)
     try:
-        _count_all(loops, args.calls, args.top, args.lines)
+        _count_all(loops, args.calls, args.top, args.lines, cluster if args.worker else None)
     finally:
         cluster.shutdown()
     return 0

@@ -273,12 +273,13 @@ def _bytecodes(*flags: str) -> dict[str, int]:
                            "--top", "3", *flags], capture_output=True, text=True, timeout=240, cwd=BENCHMARKS)
     assert done.returncode == 0, done.stderr[-3000:]
     first, *rest = done.stdout.strip().split("costliest functions:")[0].splitlines()
-    assert first.startswith("rpc_sync: ") and first.endswith(" bytecodes a call")
+    where = ", on the worker" if "--worker" in flags else ""
+    assert first.startswith(f"rpc_sync{where}: ") and first.endswith(" bytecodes a call"), first
     modules = {}
     for line in filter(str.strip, rest):
         count, module = line.split()
         modules[module] = int(count)
-    return {"total": int(first.split()[1].replace(",", "")), **modules}
+    return {"total": int(first.rpartition(": ")[2].split()[0].replace(",", "")), **modules}
 
 
 @pytest.mark.slow
@@ -291,3 +292,13 @@ def test_bytecodes_counts_a_calls_work_on_the_drivers_main_thread_by_module():
     assert {"nbrpc/calls/wrappers", "nbrpc/recording/pending", "torch"} <= set(nbrpc_side)
     assert not any(module.startswith("nbrpc/") for module in raw) and raw["torch"] > 100
     assert raw["total"] < nbrpc_side["total"] < 10 * raw["total"]
+
+
+@pytest.mark.slow
+def test_bytecodes_counts_what_the_workers_threads_run_for_the_calls_they_serve():
+    """--worker counts on the worker's serving threads: the call served (the function
+    itself among "other") and its reply pickled, none of the driver's wrappers."""
+    worker = _bytecodes("--worker")
+    assert {"nbrpc/calls/serving", "nbrpc/calls/interrupts", "nbrpc/wire/serialization"} <= set(worker)
+    assert "nbrpc/calls/wrappers" not in worker and worker["other"] < 40, worker
+    assert 100 < worker["total"] < 5000
