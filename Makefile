@@ -10,7 +10,8 @@ NEWEST_TORCH ?= torch==2.15.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
-UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet
+# --compile-bytecode: as pip does (the tests' Unix users cannot write the .pyc files later).
+UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
 .PHONY: demo test test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
