@@ -76,3 +76,23 @@ rpc.rpc_sync("worker1", storages,
     assert reply.dtype == torch.int16 and reply.tolist() == list(range(6))
     assert reply_view.untyped_storage().data_ptr() == reply.untyped_storage().data_ptr()
     assert reply_view.storage_offset() == 3 and type(reply_view) is torch.Tensor
+
+
+def test_a_big_tensor_beside_small_ones_still_goes_through_shared_memory(shell):
+    """The walk that chooses the C route tells whether a message needs shared memory's
+    reducer: a big tensor among small ones (in a dict, its view beside it) still takes a
+    segment, the small ones torch's table, and views of the big one stay views of it."""
+    assert shared_tensors.is_enabled()  # a local cluster's
+    big = torch.arange(2**19, dtype=torch.float32)  # 2 MiB, over the 1 MiB default
+    message = ({"small": torch.ones(3), "big": big, "part": big[10:]},)  # (a smaller part torch clones)
+    payload, tensors = internal._internal_rpc_pickler.serialize(message)
+    assert b"shared_tensors" in payload and b"tensor_table" in payload
+    assert len(tensors) == 1 and torch.equal(tensors[0], torch.ones(3))
+    shell.user_ns["sent"] = message[0]
+    got = run(shell, """
+def views(d):
+    same = d["part"].untyped_storage().data_ptr() == d["big"].untyped_storage().data_ptr()
+    return same, d["part"].storage_offset(), float(d["big"].sum()), d["small"].tolist()
+rpc.rpc_sync("worker1", views, args=(sent,))
+""")
+    assert got == (True, 10, float(big.sum()), [1.0, 1.0, 1.0]), got
