@@ -5,8 +5,8 @@ torch's reducer appends a tensor to the message's table (``torch_compat.tensor_t
 and writes its classmethod ``_tensor_receiver`` in its place. The C pickler writes a
 bound method as ``getattr(class, name)``: two globals looked up and imported, and the
 method is a new object for every tensor, so pickle's memo never takes the second one;
-the receiver calls ``getattr`` before the receiver. That was about 2.5 us of a one-tensor
-message's 7 on the sending side. ``receive`` is a module function: one global, written
+and the receiving side runs that ``getattr`` for every tensor. That was about 2.5 us of a
+one-tensor message's 7 on the sending side. ``receive`` is a module function: one global, written
 once a message. The table, the tensors' order, and so what torch's agent does with them
 (storages, views, device maps, distributed autograd's send functions), are torch's.
 """
