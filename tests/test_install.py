@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -62,9 +63,14 @@ def _base_environment(path: Path) -> Path:
     venv.create(path, with_pip=True)
     python = path / "bin" / "python"
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    wanted = [f"torch=={torch.__version__.split('+')[0]}"] + [d for d in declared if not d.startswith("torch")]
-    subprocess.run([python, "-m", "pip", "install", "--quiet", *wanted], check=True, timeout=900,
-                   env={**os.environ, "PIP_CONSTRAINT": ""})
+    # As the Makefile does: torch with pip (it finds the wheel the machine keeps on disk), the
+    # rest with uv (the same packages, a minute sooner on 2 cores).
+    subprocess.run([python, "-m", "pip", "install", "--quiet", f"torch=={torch.__version__.split('+')[0]}"],
+                   check=True, timeout=900, env={**os.environ, "PIP_CONSTRAINT": ""})
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    assert uv, "uv is missing from this environment: pip install -e '.[test]' installs it"
+    subprocess.run([uv, "pip", "install", "--python", python, "--quiet",
+                    *[d for d in declared if not d.startswith("torch")]], check=True, timeout=900)
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     (Path(site) / "nbrpc-repository.pth").write_text(str(ROOT) + "\n")
