@@ -11,7 +11,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
 # --compile-bytecode: as pip does (the tests' Unix users cannot write the .pyc files later).
-UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode
+COMPILE ?= --compile-bytecode
+UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet $(COMPILE)
+# torch with pip, which finds the default release's wheel on this machine's disk.
+TORCH_INSTALL ?= PIP_CONSTRAINT= $(PY) -m pip install --quiet
+# The newest torch's environment: torch from PyPI (2.8 GB) with uv, which fetches its files
+# side by side, and no bytecode compiled ahead (only this user's tests import it there):
+# 41 s of CPU on 2 cores, against pip's 78.
+NEWEST := VENV=.venv-newest TORCH="$(NEWEST_TORCH)" TORCH_INSTALL='$$(UV_INSTALL)' COMPILE=
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
 .PHONY: demo test test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
@@ -21,10 +28,10 @@ $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 	command -v node >/dev/null || bash .ci/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release.
-	# torch with pip (it finds a wheel the machine keeps on disk), the rest with uv: the same
-	# packages, downloaded side by side (5 minutes with pip, 1.5 with uv, on 2 cores).
-	PIP_CONSTRAINT= $(PY) -m pip install --quiet $(TORCH)
+	# torch (TORCH_INSTALL), then the rest with uv: the same packages as pip's, downloaded
+	# side by side (5 minutes with pip, 1.5 with uv, on 2 cores).
 	$(PY) -m pip install --quiet uv
+	$(TORCH_INSTALL) $(TORCH)
 	$(UV_INSTALL) -e ".[test,tutorials]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(READY)
@@ -32,13 +39,14 @@ $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 demo: $(READY)
 	$(VENV)/bin/nbrpc run tutorials/00_quickstart.ipynb --output build/00_quickstart.ipynb
 
-# Two test files at once (pytest-xdist; a file's tests stay in one process, and the files
+# Three test files at once (pytest-xdist; a file's tests stay in one process, and the files
 # that share the machine's users and daemons run one at a time), then the ``serial`` ones
 # one at a time, those about the machine as a whole first and alone (tests/conftest.py
-# says which and why); PARALLEL=0 runs all serially.
-PARALLEL ?= 2
+# says which and why); PARALLEL=0 runs all serially. Three, on 2 cores: the parallel tier's
+# files wait on kernels, hubs and Slurm much of the time (at 2 its CPU stood idle 10-18%).
+PARALLEL ?= 3
 XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadfile)
-# The notebooks under nbval, two at once (--dist loadscope keeps a notebook's cells in
+# The notebooks under nbval, PARALLEL at once (--dist loadscope keeps a notebook's cells in
 # order in one kernel, as nbval asks), but those about hangs, whose findings come within
 # seconds, alone.
 NBVAL := $(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg
@@ -82,11 +90,11 @@ test-fast: $(READY)
 # through nbrpc, the differential check), not the whole suite again.
 test-newest: test-newest-parallel test-newest-serial
 test-newest-parallel test-newest-serial:
-	$(MAKE) $(subst newest,runtime,$@) VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
+	$(MAKE) $(subst newest,runtime,$@) $(NEWEST)
 
 # Only the newest torch's environment (CI installs it while the first tiers run).
 newest-env:
-	$(MAKE) .venv-newest/.nbrpc-installed VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
+	$(MAKE) .venv-newest/.nbrpc-installed $(NEWEST)
 
 RUNTIME := torch_version and not gpu and not browser and not netns and not hub
 test-runtime: test-runtime-parallel test-runtime-serial

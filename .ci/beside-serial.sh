@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What CI runs beside the serial tests (make test BESIDE_SERIAL=..., at the idle priority:
-# see .ci/beside.sh): the notebooks, the docs, then, once .ci/run's background install of
-# the newest torch has ended, that torch's tests that may run beside others. Each step
-# prints how long it took, as .ci/run's tiers do.
+# see .ci/beside.sh): the lint, the notebooks, the docs, then, once .ci/run's background
+# install of the newest torch has ended, that torch's tests that may run beside others.
+# Each step prints how long it took, as .ci/run's tiers do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +22,7 @@ newest_env() {
     fi
 }
 
+step make lint
 step make test-notebooks
 step make docs
 step newest_env

@@ -179,12 +179,13 @@ SERIAL = {
 MACHINE_WIDE = {"test_limits.py", "test_scratch.py"}
 SERIAL |= MACHINE_WIDE
 # Files that use shared parts of the machine but assert no timing, by kind: real local
-# users with fixed names, a hub and Slurm's daemons; network namespaces (named by pid, so
-# two kinds never meet). They run beside the other files, one at a time among their kind
-# (one xdist scope a kind).
+# users with fixed names and a hub (batchspawner's with a Slurm of its own); network
+# namespaces (named by pid, so two kinds never meet). They run beside the other files, one
+# at a time among their kind (one xdist scope a kind). test_slurm.py's Slurm is its own
+# (tests/minislurm.py: its folder, munge socket and ports), and runs as root: beside anything.
 ONE_AT_A_TIME = {
     "users and daemons": {"test_hub.py", "test_hub_panel.py", "test_exchange.py", "test_batchspawner.py",
-                          "test_slurm.py", "test_private_network.py"},
+                          "test_private_network.py"},
     "namespaces": {"test_netns.py", "test_lab_debugger_hosts.py"},
 }
 ONE_AT_A_TIME_FILES = set().union(*ONE_AT_A_TIME.values())
@@ -217,8 +218,8 @@ def pytest_configure(config):
 
 # The longest units of the parallel tiers, handed out first so that a tier does not end
 # on one of them with the other process idle (xdist would order units by test count).
-LONGEST_FIRST = ("users and daemons", "tests/test_nbgrader.py", "namespaces", "tests/test_conformance.py",
-                 "tests/test_upstream.py", "tests/test_install.py")
+LONGEST_FIRST = ("tests/test_nbgrader.py", "users and daemons", "tests/test_slurm.py", "tests/test_upstream.py",
+                 "tests/test_conformance.py", "namespaces", "tests/test_install.py")
 
 
 def xdist_scope(nodeid: str) -> str:

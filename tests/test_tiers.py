@@ -49,7 +49,7 @@ def test_a_file_is_one_xdist_unit_and_the_one_at_a_time_files_one_together():
     """xdist hands a process a whole file (its tests and its shared cluster stay there),
     and the ONE_AT_A_TIME files of a kind as one unit, run one after another."""
     assert conftest.xdist_scope("tests/test_calls.py::test_x[a::b]") == "tests/test_calls.py"
-    assert conftest.xdist_scope("tests/test_hub.py::test_x") == conftest.xdist_scope("tests/test_slurm.py::Cls::t")
+    assert conftest.xdist_scope("tests/test_hub.py::test_x") == conftest.xdist_scope("tests/test_batchspawner.py::t")
     assert conftest.xdist_scope("tests/test_netns.py::t") == conftest.xdist_scope("tests/test_lab_debugger_hosts.py::t")
     assert conftest.xdist_scope("tests/test_netns.py::t") not in {conftest.xdist_scope("tests/test_hub.py::t"),
                                                                   conftest.xdist_scope("tests/test_attach.py::t")}
