@@ -73,8 +73,7 @@ class Registry:
 
     def __init__(self):
         self.reset()
-        # code -> (its pickle, digest)
-        self.code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.code_payloads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> (pickle, digest)
         self.next_token = 0
 
     def reset(self) -> None:
@@ -83,8 +82,7 @@ class Registry:
         self.origin = uuid.uuid4().hex
         self.identities: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # definition -> Identity
         self.own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # token -> this process's definition
-        # (origin, token) -> definition
-        self.received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (origin, token) -> definition
         self.unbuilt: weakref.WeakSet = weakref.WeakSet()  # shells whose state has not been applied yet
         self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # shell -> global name to store it under
         self.codes: dict[bytes, types.CodeType] = {}  # digest -> code received in full (never dropped: small)
@@ -234,6 +232,8 @@ def reduce_class(cls: type) -> tuple:
         if ident.origin == REGISTRY.origin:  # its receivers may send it back by identity
             REGISTRY.pinned[key] = cls
     _, name, bases, type_kwargs, _, _ = cp.class_skeleton(cls)
+    if "__slots__" in vars(cls):  # real slots there too (cloudpickle's skeleton has none): as here
+        type_kwargs = {**type_kwargs, "__slots__": vars(cls)["__slots__"]}
     args = (ident.origin, ident.token, stored, type(cls), name, bases, type_kwargs)
     return (_class_shell, args, cp.class_state(cls), None, None, _bind_class)
 
