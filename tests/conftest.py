@@ -155,7 +155,7 @@ def as_main(shell):
 
 # Where a test runs in CI (make test): the files below are marked here, in one place, by
 # the node id's start (a file, or a file's class). ``serial`` tests run in a pytest call
-# of their own, one at a time; the rest run two at once (pytest-xdist, --dist loadfile:
+# of their own, one at a time; the rest run three at once (pytest-xdist, --dist loadfile:
 # a module's tests, and its shared cluster, stay in one process; see xdist_scope). A
 # file that starts its own processes, leaves a listening port to the kernel (port 0) and
 # keeps to its tmp_path can run beside another: each xdist process marks the processes
