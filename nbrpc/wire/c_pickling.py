@@ -6,24 +6,18 @@ plain C pickler, no Python code run per object but the reducers in its table.
   else the reductions made on the way, for the kept pickler (``cloudpickling``).
 - ``value_message``: a reply's (or any message's) message, where ``leaves_in_c`` takes it.
 - ``leaves_in_c``: whether a message's values can go this way (plain values, tensors and
-  RRefs, and notebook classes' instances their receiver holds the class of, in small
-  tuples, lists and dicts), and what of the table they need (``PLAIN``, ``TABLE``,
-  ``SHARED_MEMORY``); ``flat_leaves`` the same in one pass for a call's usual arguments
-  and a reply.
-- ``new_instance``: how an instance arrives: ``instance_reduction`` writes one as its
-  class (by identity), which it is made of, and its ``__dict__``, where the kept pickler
-  writes ``copyreg.__newobj__``: the same object on arrival, other bytes.
+  RRefs, in small tuples, lists and dicts), and what of the table they need (``PLAIN``,
+  ``TABLE``, ``SHARED_MEMORY``); ``flat_leaves`` the same in one pass for a call's usual
+  arguments and a reply.
 - ``reduced_in_c``: a notebook function's reduction made ready for the C pickler.
 - ``pickled_in_c``: the message pickled by this thread's C pickler, with the kept
-  pickler's table where it holds tensors or RRefs: the same bytes and tensors, an
-  instance aside (shared memory's reducer and message scope only where a tensor's
-  storage is big enough for it).
+  pickler's table where it holds tensors or RRefs: the same bytes and tensors (shared
+  memory's reducer and message scope only where a tensor's storage is big enough for it).
 """
 
 from __future__ import annotations
 
 import io
-import operator
 import pickle
 import threading
 import types
@@ -56,30 +50,10 @@ class _CPickler(threading.local):
         self.plain = self.pickler.dispatch_table = {Reduced: tuple}
 
 
-class _CTable(dict):
-    """The C pickler's table: a notebook class whose instances ``leaves_in_c`` lets through
-    is added at its first instance (``instance_reduction``); any other type it lacks, the
-    C pickler reduces as it would without a table."""
-
-    __slots__ = ()
-
-    def __missing__(self, cls):
-        if not _default_instances(cls):
-            raise KeyError(cls)
-        self[cls] = instance_reduction
-        return instance_reduction
-
-
-# What reduces a carrier of a call and torch's PythonUDF in the table: their own
-# ``__reduce_ex__``, as the C pickler calls it without one (and without a miss).
-_OWN_REDUCTION = operator.methodcaller("__reduce_ex__", cloudpickle.DEFAULT_PROTOCOL)
-
-
 def in_c_table(flat: dict) -> dict:
     """The C pickler's table over ``flat``, the kept pickler's flattened one: with the
     reductions ``reduced_in_c`` makes (made once per change of ``flat``, by ``serialization``)."""
-    carriers = dict.fromkeys((torch_compat.PythonUDF, *cloudpickling.CARRIERS), _OWN_REDUCTION)
-    return _CTable({**carriers, **flat, Reduced: tuple})
+    return {**flat, Reduced: tuple}
 
 
 _c_pickler = _CPickler()
@@ -180,49 +154,9 @@ def leaves_in_c(values) -> int | None:
             todo += value.values()
         elif cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves = _leaf(value, cls, leaves)
-        elif cls.__module__ == "__main__" and _held_instance(value, cls):
-            todo.append(value.__dict__)
-            leaves = TABLE if leaves == PLAIN else leaves
         else:
             return None
     return leaves
-
-
-_OBJECTS_OWN = (object.__reduce_ex__, object.__reduce__, object.__getstate__)
-
-
-def _default_instances(cls: type) -> bool:
-    """Whether ``cls``, a notebook class and its bases but ``object`` notebook classes too,
-    reduces its instances as ``object`` does: ``cls.__new__(cls)`` and its ``__dict__``."""
-    mro = cls.__mro__
-    return (type(cls) is type and mro[-1] is object and cls.__reduce_ex__ is _OBJECTS_OWN[0]
-            and cls.__reduce__ is _OBJECTS_OWN[1] and cls.__getstate__ is _OBJECTS_OWN[2]
-            and not hasattr(cls, "__slots__") and not hasattr(cls, "__getnewargs_ex__")
-            and not hasattr(cls, "__getnewargs__")
-            and all(c.__module__ == "__main__" and type(c) is type for c in mro[:-1]))
-
-
-def _held_instance(value, cls: type) -> bool:
-    """Whether ``value``, of the notebook class ``cls``, goes in C: its class reduces it as
-    ``object`` does and goes by identity (its receiver holds it, or made it), and it is no
-    module's global."""
-    return (_default_instances(cls) and len(definitions.reduce_class(cls)) == 2
-            and module_globals.find(value) is None)
-
-
-def instance_reduction(obj) -> tuple:
-    """The C pickler's reduction of a notebook class's instance ``leaves_in_c`` let through:
-    ``new_instance`` of its class by identity, then its ``__dict__`` (none if empty, as
-    ``object`` reduces it)."""
-    held = definitions.reduce_class(type(obj))
-    if len(held) != 2:  # (``leaves_in_c`` found it held: the kept pickler says why not now)
-        raise pickle.PicklingError(f"the receiver no longer holds {type(obj).__qualname__}")
-    return new_instance, (Reduced(held),), obj.__dict__ or None
-
-
-def new_instance(cls: type):
-    """An instance of ``cls`` to set the state of, as ``copyreg.__newobj__`` makes it."""
-    return cls.__new__(cls)
 
 
 def flat_leaves(values: tuple, whole: tuple) -> int | None:
@@ -239,7 +173,7 @@ def flat_leaves(values: tuple, whole: tuple) -> int | None:
             continue
         if cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves = _leaf(value, cls, leaves)
-        elif cls is tuple or cls is list or cls is dict or cls.__module__ == "__main__":
+        elif cls is tuple or cls is list or cls is dict:
             return leaves_in_c(whole)
         else:
             return None

@@ -1,14 +1,12 @@
 """How a member pickles what it sends over torch RPC: torch's ``serialize``, replaced.
 
-Each message takes the first of three routes that takes it, the same objects on arrival
-whichever (the same bytes, but for an instance of a notebook class: ``c_pickling``):
+Each message takes the first of three routes that takes it, the same bytes whichever:
 
 1. A plain value (None, a bool, a number, a string, bytes: a small call's usual reply):
    ``plain_values``, plain ``pickle`` in C, no table.
 2. The usual call (a carrier of an importable or notebook function, its arguments plain
-   values, tensors, RRefs and instances of notebook classes their receiver holds, in small
-   containers), or a reply of such values: ``c_pickling``, a plain C pickler with the kept
-   pickler's table.
+   values, tensors and RRefs in small containers), or a reply of such values:
+   ``c_pickling``, a plain C pickler with the kept pickler's table.
 3. Anything else (notebook classes and closures by value, a function the C pickler
    cannot take, big or odd containers, a ScriptModule): ``cloudpickling``, the kept
    pickler, a cloudpickle pickler kept per thread; it takes the notebook functions'
@@ -68,28 +66,25 @@ def serialize(self, obj):
             made = _torch_table.flat = (key, *_flat_tables(cls, _prepared(self)))
         return made[1] if shared else made[2]
 
+    made = home = None
     if type(obj) is torch_compat.PythonUDF:
         message, made = c_pickling.call_message(obj, flat)
-        return message or _kept_message(self, obj, cls, made)
-    # A reply: to its caller's process, if a served call named it (``receivers.replying``),
-    # where a class its caller made goes by identity (``definitions.reduce_class``).
-    home = receivers.reply_home(obj)
+    else:  # a reply: to its caller's process, if a served call named it (``receivers.replying``)
+        home = receivers.reply_home(obj)
+        message = c_pickling.value_message(obj, flat)
+    if message is not None:
+        return message
+    cloudpickling.forget_importable()
+    table = _prepared(self)
+    if isinstance(obj, torch.jit.ScriptModule):
+        table[obj.__class__] = rpc_pickler.script_module_reducer(self)
     if home is None:
-        return c_pickling.value_message(obj, flat) or _kept_message(self, obj, cls, None)
-    receivers.going_home(home)
+        return cloudpickling.message(obj, cls, table, made)
+    receivers.going_home(home)  # a class its caller made goes by identity (``definitions.reduce_class``)
     try:
-        return c_pickling.value_message(obj, flat) or _kept_message(self, obj, cls, None)
+        return cloudpickling.message(obj, cls, table, made)
     finally:
         receivers.going_home(None)
-
-
-def _kept_message(torch_pickler, obj, cls: type, made: dict | None) -> tuple[bytes, list]:
-    """The third route: ``obj`` pickled by this thread's kept pickler (``cloudpickling``)."""
-    cloudpickling.forget_importable()
-    table = _prepared(torch_pickler)
-    if isinstance(obj, torch.jit.ScriptModule):
-        table[obj.__class__] = rpc_pickler.script_module_reducer(torch_pickler)
-    return cloudpickling.message(obj, cls, table, made)
 
 
 def _flat_key(torch_pickler, cls: type) -> tuple:
@@ -103,11 +98,10 @@ def _flat_tables(cls: type, table: dict) -> tuple[dict, dict]:
     """The C pickler's table over the kept pickler's flattened one (``c_pickling.in_c_table``),
     and the same without shared memory's reducer, for a message none of whose tensors is
     big enough for it."""
-    kept = cloudpickling.flat_table(cls, table)
-    flat = c_pickling.in_c_table(kept)
+    flat = c_pickling.in_c_table(cloudpickling.flat_table(cls, table))
     if not shared_tensors.is_enabled() or torch.Tensor not in table:
         return flat, flat
-    return flat, c_pickling.in_c_table({**kept, torch.Tensor: tensor_table.reducer(table[torch.Tensor])})
+    return flat, {**flat, torch.Tensor: tensor_table.reducer(table[torch.Tensor])}
 
 
 def _prepared(torch_pickler) -> dict:
