@@ -206,7 +206,7 @@ def main() -> int:
         _run_raw(loops, args.calls, args.top)
         return 0
     parts.echo = echo  # the loops call the function of __main__, with its class's instance
-    parts.INSTANCE = Point(1.0, 2.0)
+    parts.INSTANCES[0] = Point(1.0, 2.0)
     cluster = nbrpc.start(1, progress=None)
     try:
         _count_all(loops, args.calls, args.top, args.lines, cluster if args.worker else None)

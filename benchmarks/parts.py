@@ -71,13 +71,16 @@ class Point:
         self.x, self.y = x, y
 
 
-# A cell class's instance: ``bytecodes.py`` puts one of its own ``__main__`` class here.
-INSTANCE = Point(1.0, 2.0)
+# A cell class's instance: ``bytecodes.py`` puts one of its own ``__main__`` class here. In
+# a list: a module's global goes as that module's, by name (``wire.module_globals``), as no
+# notebook's instance does.
+INSTANCES = [Point(1.0, 2.0)]
 
 
 def instance_calls(n: int) -> None:
+    instance = INSTANCES[0]
     for _ in range(n):
-        rpc.rpc_sync(WORKER, echo, args=(INSTANCE,))
+        rpc.rpc_sync(WORKER, echo, args=(instance,))
 
 
 def pipelined(n: int, in_flight: int = 32) -> None:
