@@ -351,8 +351,11 @@ def check_release(source, released) -> None:
             assert cell.source == before[grade_id].source
 
 
+# The worker's loop spins at the lowest priority (nice 19): as deaf and endless, but the
+# CPU it would burn goes to the tests beside it.
 RUNAWAY = '''
 def spin(rref):
+    __import__("os").nice(19)
     while True:
         pass
 
