@@ -46,13 +46,14 @@ demo: $(READY)
 # files wait on kernels, hubs and Slurm much of the time (at 2 its CPU stood idle 10-18%).
 PARALLEL ?= 3
 XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadfile)
-# The notebooks under nbval, PARALLEL at once (--dist loadscope keeps a notebook's cells in
+# The notebooks under nbval, two at once (--dist loadscope keeps a notebook's cells in
 # order in one kernel, as nbval asks), but those about hangs, whose findings come within
-# seconds, alone.
+# seconds, alone. Two: beside the serial tests, at the idle priority, three starved a lab's
+# workers long enough for its hang watcher to show a member frozen.
 NBVAL := $(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg
 NOTEBOOKS := tutorials/*.ipynb tutorials/labs/source
 HANG_NOTEBOOKS := tutorials/07_when_rpc_hangs.ipynb tutorials/labs/source/09_hangs
-NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadscope)
+NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n 2 --dist loadscope)
 
 # What runs beside the serial tests, at the idle priority (.ci/beside.sh): the notebooks,
 # but the hang ones, which run alone after. CI adds the docs and the newest torch's

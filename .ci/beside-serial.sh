@@ -26,4 +26,5 @@ step make lint
 step make test-notebooks
 step make docs
 step newest_env
-step make test-newest-parallel
+# Two at once, as the notebooks (Makefile, NBVAL_XDIST): at the idle priority, three starve.
+step make test-newest-parallel PARALLEL=2
