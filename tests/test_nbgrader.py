@@ -309,6 +309,19 @@ def test_generate_assignment_makes_the_student_version(course, assignment):
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_the_docs_lab_page_is_what_generate_assignment_releases(course, assignment):
+    """Each lab page's cells (the docs' student version, ``docs/_ext/nbrpc_docs.py``) are the
+    sources ``nbgrader generate_assignment`` released."""
+    sys.path.insert(0, str(LABS.parent.parent / "docs" / "_ext"))
+    import nbrpc_docs
+
+    source = json.loads((LABS / "source" / assignment / f"{assignment}.ipynb").read_text())
+    (released,) = notebooks(course["folders"][assignment], assignment, "release")
+    ours = nbrpc_docs.student_version(source)
+    assert [c["source"] for c in ours["cells"]] == [c.source for c in released.cells], "the page differs"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_autograde_scores_each_kind_of_submission(course, assignment):
     folder = course["folders"][assignment]
     with open(folder / "grades.csv") as f:
