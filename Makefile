@@ -13,7 +13,8 @@ READY := $(VENV)/.nbrpc-installed
 # --compile-bytecode: as pip does (the tests' Unix users cannot write the .pyc files later).
 COMPILE ?= --compile-bytecode
 UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet $(COMPILE)
-# torch with pip, which finds the default release's wheel on this machine's disk.
+# torch with pip, which finds the default release's wheel on this machine's disk
+# (PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release).
 TORCH_INSTALL ?= PIP_CONSTRAINT= $(PY) -m pip install --quiet
 # The newest torch's environment: torch from PyPI (2.8 GB) with uv, which fetches its files
 # side by side, and no bytecode compiled ahead (only this user's tests import it there):
@@ -27,7 +28,6 @@ DOCS_READY := $(VENV)/.nbrpc-docs-installed
 $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 	command -v node >/dev/null || bash .ci/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release.
 	# torch (TORCH_INSTALL), then the rest with uv: the same packages as pip's, downloaded
 	# side by side (5 minutes with pip, 1.5 with uv, on 2 cores).
 	$(PY) -m pip install --quiet uv

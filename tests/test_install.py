@@ -64,7 +64,7 @@ def _base_environment(path: Path) -> Path:
     python = path / "bin" / "python"
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     # As the Makefile does: torch with pip (it finds the wheel the machine keeps on disk), the
-    # rest with uv (the same packages, a minute sooner on 2 cores).
+    # rest with uv (the same packages, downloaded side by side).
     subprocess.run([python, "-m", "pip", "install", "--quiet", f"torch=={torch.__version__.split('+')[0]}"],
                    check=True, timeout=900, env={**os.environ, "PIP_CONSTRAINT": ""})
     uv = shutil.which("uv", path=str(Path(sys.executable).parent))
