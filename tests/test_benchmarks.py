@@ -172,6 +172,7 @@ def test_the_notebook_runs_the_scripts_own_code(bench):
     assert "measure_all(100, 1)" in cells[3]
 
 
+@pytest.mark.slow
 def test_a_quick_run_of_one_part_writes_its_rows(tmp_path):
     """A smoke test: a quick run completes (status 0, targets met or not) and writes its rows."""
     out = tmp_path / "results.json"

@@ -39,6 +39,7 @@ kept.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_shm_reaches_every_member_and_a_later_cluster_keeps_it(drivers):
     driver = drivers(SHM_DRIVER)
     record = driver.expect("shm", 120)
@@ -111,6 +112,7 @@ again.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_a_cluster_leaves_no_join_token_that_would_make_the_next_joiners_spin(drivers):
     """torch's join lock waits for the holder's ``Token_for_NAME_join`` key to read Done;
     one left from an earlier cluster is found at once, and every joiner waiting on a new

@@ -34,7 +34,7 @@ from conftest import free_port, wait_gone, wait_until
 from test_browser import ARTIFACTS, chromium_tab, why_no_browser
 from users import ROOT, SYSTEM_PYTHON, unavailable
 
-pytestmark = pytest.mark.hub
+pytestmark = [pytest.mark.hub, pytest.mark.slow]  # each test starts a hub and real users' servers
 
 STUDENTS = ("nbrpc-hub-a", "nbrpc-hub-b", "nbrpc-hub-c")
 HUB_START = 120.0

@@ -222,6 +222,7 @@ print(cluster.join_command)
 """
 
 
+@pytest.mark.slow
 def test_an_nbrpc_kernel_whose_first_workers_attach_keeps_them_on_the_machines_network(nbrpc_kernel, pids):
     kc = nbrpc_kernel()
     command = _run(kc, ATTACH).strip().splitlines()[-1].split()

@@ -203,6 +203,7 @@ def test_killed_receiver_or_sender_leaves_nothing(drivers, monkeypatch):
     assert wait_until(lambda: not _memfd_holders(started["pids"]), timeout=10)
 
 
+@pytest.mark.slow
 def test_shutdown_gives_every_segment_back_and_a_driver_can_turn_it_off(drivers, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", TESTS)
     source = """

@@ -49,6 +49,7 @@ def test_every_member_serves_on_torchs_threads(cluster):
     assert [rpc.rpc_sync(w, _inline_limit) for w in ("worker1", "worker2")] == [serving.TORCH_THREADS_ONLY] * 2
 
 
+@pytest.mark.slow
 def test_torchs_pool_deadlock_is_named_and_switching_back_ends_it(cluster):
     """Four calls to ``_a`` (which waits on worker2, which calls back into worker1) take all
     four of worker1's threads: nothing is left to serve the calls back, as in a script. The
