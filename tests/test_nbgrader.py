@@ -25,6 +25,9 @@ import pytest
 from conftest import kernel_pids, wait_gone, wait_until, worker_pids
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
+sys.path.insert(0, str(LABS.parent.parent / "docs" / "_ext"))  # the docs' lab pages
+import nbrpc_docs  # noqa: E402
+
 # Seconds each lab's three submissions take to grade here (2 loaded cores, the lanes
 # beside each other; the fixture prints them): the labs are dealt to LANES course
 # folders by them, graded at once, so that the lanes end together.
@@ -312,9 +315,6 @@ def test_generate_assignment_makes_the_student_version(course, assignment):
 def test_the_docs_lab_page_is_what_generate_assignment_releases(course, assignment):
     """Each lab page's cells (the docs' student version, ``docs/_ext/nbrpc_docs.py``) are the
     sources ``nbgrader generate_assignment`` released."""
-    sys.path.insert(0, str(LABS.parent.parent / "docs" / "_ext"))
-    import nbrpc_docs
-
     source = json.loads((LABS / "source" / assignment / f"{assignment}.ipynb").read_text())
     (released,) = notebooks(course["folders"][assignment], assignment, "release")
     ours = nbrpc_docs.student_version(source)
