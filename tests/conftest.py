@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,6 +92,24 @@ def run(shell, code: str):
     return result.result
 
 
+@contextlib.contextmanager
+def unix_socket_kernel(manager_class=None):
+    """A kernel manager (not started) whose kernel listens on Unix sockets in a folder of its
+    own, removed at the end, as ``nbrpc run``'s: jupyter_client picks TCP ports by binding
+    port 0 and closing it, and with three test files at once another process's socket
+    took such a port before the kernel bound it."""
+    from jupyter_client import KernelManager
+
+    from nbrpc.shared_server import scratch
+
+    sockets = scratch.make("test-kernel", sockets=True)
+    try:
+        yield (manager_class or KernelManager)(kernel_name="python3", transport="ipc",
+                                               ip=os.path.join(sockets, "kernel"))
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
 def execute_cells(folder, sources, timeout: float = 240, allow_errors: bool = False):
     """Run ``sources`` as the cells of a fresh notebook kernel (nbclient); return the
     executed notebook. A cell that raises fails here, naming its index, source and error
@@ -100,15 +119,21 @@ def execute_cells(folder, sources, timeout: float = 240, allow_errors: bool = Fa
     from nbclient.exceptions import CellExecutionError
 
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(folder)}})
-    try:
-        client.execute()
-    except CellExecutionError as e:
-        failed = next((i for i, cell in enumerate(notebook.cells)
-                       if any(o.output_type == "error" for o in cell.get("outputs", ()))), None)
-        pytest.fail(f"cell {failed} failed:\n{sources[failed] if failed is not None else ''}\n{e}",
-                    pytrace=False)
+    with unix_socket_kernel() as km:
+        client = NotebookClient(notebook, km=km, timeout=timeout, kernel_name="python3",
+                                allow_errors=allow_errors, resources={"metadata": {"path": str(folder)}})
+        try:
+            client.execute()
+        except CellExecutionError as e:
+            failed = next((i for i, cell in enumerate(notebook.cells)
+                           if any(o.output_type == "error" for o in cell.get("outputs", ()))), None)
+            pytest.fail(f"cell {failed} failed:\n{sources[failed] if failed is not None else ''}\n{e}",
+                        pytrace=False)
+        finally:  # a kernel manager passed in is the caller's to end, with its client
+            if client.kc is not None:
+                client.kc.stop_channels()
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
     return notebook
 
 
@@ -430,23 +455,21 @@ def traced():
 def kernel(pids, tmp_path):
     """A real ipykernel (the notebook's kernel) in ``tmp_path``: its manager and a ready
     client; ended, and checked gone, at the end."""
-    from jupyter_client import KernelManager
-
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
-    pids.add(km.provisioner.pid)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=120)
-        yield km, kc
-    finally:
-        kc.stop_channels()
-        pid = km.provisioner.pid if km.has_kernel else None
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
-        km.cleanup_resources()
-        assert pid is None or not wait_gone([pid], timeout=5)
+    with unix_socket_kernel() as km:
+        km.start_kernel(cwd=str(tmp_path))
+        pids.add(km.provisioner.pid)
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=120)
+            yield km, kc
+        finally:
+            kc.stop_channels()
+            pid = km.provisioner.pid if km.has_kernel else None
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+            km.cleanup_resources()
+            assert pid is None or not wait_gone([pid], timeout=5)
 
 
 @pytest.fixture
