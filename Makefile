@@ -55,8 +55,8 @@ HANG_NOTEBOOKS := tutorials/07_when_rpc_hangs.ipynb tutorials/labs/source/09_han
 NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n 2 --dist loadscope)
 
 # What runs beside the serial tests, at the idle priority (.ci/beside.sh): the notebooks,
-# but the hang ones, which run alone after. CI adds the docs and the newest torch's
-# parallel tests (.ci/beside-serial.sh). With PARALLEL=0 nothing runs beside.
+# but the hang ones, which run alone after. CI adds the lint, the docs and the newest
+# torch's parallel tests (.ci/beside-serial.sh). With PARALLEL=0 nothing runs beside.
 # BESIDE_SERIAL= (empty) runs the notebooks after the serial tests instead.
 BESIDE_SERIAL ?= $(MAKE) test-notebooks
 BESIDE := $(if $(filter-out 0,$(PARALLEL)),$(BESIDE_SERIAL))

@@ -93,7 +93,7 @@ def run(shell, code: str):
 
 
 @contextlib.contextmanager
-def unix_socket_kernel(manager_class=None):
+def unix_socket_kernel():
     """A kernel manager (not started) whose kernel listens on Unix sockets in a folder of its
     own, removed at the end, as ``nbrpc run``'s: jupyter_client picks TCP ports by binding
     port 0 and closing it, and with three test files at once another process's socket
@@ -104,8 +104,7 @@ def unix_socket_kernel(manager_class=None):
 
     sockets = scratch.make("test-kernel", sockets=True)
     try:
-        yield (manager_class or KernelManager)(kernel_name="python3", transport="ipc",
-                                               ip=os.path.join(sockets, "kernel"))
+        yield KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
 
