@@ -92,7 +92,20 @@ def profiled(peer):
 
 
 def server_profiled(peer):
-    """torch's _server_process_global_profile docstring example, toward peer."""
+    """torch's _server_process_global_profile docstring example, toward peer.
+
+    Under load torch's own example now and then loses the outer profile's add (seen
+    once in a plain script on a busy 2-core machine): it runs until it gives what the
+    docstring shows, three times at most, the same on either side.
+    """
+    for _ in range(3):
+        found = server_profile_example(peer)
+        if [key for key, _, _ in found["outer"]] == ["aten::add", "aten::sub"]:
+            break
+    return found
+
+
+def server_profile_example(peer):
     from torch.distributed.rpc import _server_process_global_profile
     x, y = torch.tensor(1), torch.tensor(2)
     outer = rpc.remote(peer, _server_process_global_profile)
@@ -195,5 +208,7 @@ def test_a_member_has_what_init_rpc_leaves_and_profiles_as_in_a_script(tmp_path,
     legacy = script["master"]["profiled"]["legacy"]
     assert any(node == 1 and "#remote_op: aten::add" in name for name, node, _ in legacy), legacy
     assert cluster["master"]["profiled"] == script["master"]["profiled"]
-    # the docstring example's events carry the server's rank, not -1
-    assert {node for _, node, _ in script["worker1"]["server"]["outer"]} == {0}
+    # the docstring example gives what its docstring shows, its events with the
+    # server's rank, not -1
+    assert script["worker1"]["server"] == {"inner": [["aten::sub", 0, 1]],
+                                           "outer": [["aten::add", 0, 1], ["aten::sub", 0, 1]]}
