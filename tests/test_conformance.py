@@ -5,8 +5,8 @@ picks one test for each path nbrpc patches (calls, RRefs and their helpers,
 ``@async_execution``, futures, remote exceptions, timeouts, distributed autograd,
 ``DistributedOptimizer``, dynamic membership) and asserts each passes. torch's
 ``MultiProcessTestCase`` starts and ends the ranks, here from a forkserver that imported
-torch once (``conformance/suites.py``: half the time of spawning each, on 2 cores; the
-full suites spawn them, as torch does); ``TIMEOUT`` bounds each test.
+torch, its test modules and nbrpc's patches once (``conformance/suites.py``; the full
+suites spawn them, as torch does); ``TIMEOUT`` bounds each test.
 """
 
 from __future__ import annotations
