@@ -48,6 +48,9 @@ __all__ = ["SlurmLauncher", "SlurmOptions", "SlurmWorker"]
 WAITING = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED")
 RUNNING = ("RUNNING",)
 POLL = 0.5
+# Slurm shows an ending job as COMPLETING before its final state (FAILED, TIMEOUT, ...):
+# seconds to wait for that one, to name it.
+SETTLE_WAIT = 5.0
 CANCEL_WAIT = 10.0
 OUTPUT_LIMIT = 4000
 
@@ -237,13 +240,8 @@ class SlurmLauncher(AttachLauncher):
 
     def describe_job(self) -> str:
         """'Slurm job 4321 is TIMEOUT' (the state as Slurm gives it), for errors."""
-        state = self.job_state(max_age=1.0)
         # Slurm sets the final state as it starts ending the job: wait a moment for it.
-        deadline = time.monotonic() + 3.0
-        while state.get("state") in (*RUNNING, "COMPLETING") and "." not in (self.job or "") \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
-            state = self.job_state()
+        state = self._settled(self.job_state(max_age=1.0), ending=(*RUNNING, "COMPLETING"))
         what = "step" if "." in (self.job or "") else "job"
         return f"Slurm {what} {self.job} is {state.get('state', 'gone (no longer in squeue)')}"
 
@@ -295,7 +293,17 @@ class SlurmLauncher(AttachLauncher):
         if state.get("state") not in (*WAITING, *RUNNING):
             raise WorkerStartError(self._failure(self._ended_text(state)))
 
+    def _settled(self, state: dict, ending: tuple[str, ...] = ("COMPLETING",)) -> dict:
+        """The job's state once it is no longer one of ``ending`` (a job's, not a step's),
+        or after ``SETTLE_WAIT`` seconds."""
+        deadline = time.monotonic() + SETTLE_WAIT
+        while state.get("state") in ending and "." not in (self.job or "") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            state = self.job_state()
+        return state
+
     def _ended_text(self, state: dict) -> str:
+        state = self._settled(state)
         return (f"Slurm {'step' if self.allocation else 'job'} {self.job} ended "
                 f"({state.get('state', 'no longer in squeue')}) before its workers joined. "
                 f"Its output ({self.output}):\n{self._output()}")
