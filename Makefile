@@ -10,15 +10,19 @@ NEWEST_TORCH ?= torch==2.15.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
-# --compile-bytecode: as pip does (the tests' Unix users cannot write the .pyc files later,
-# and where PYTHONDONTWRITEBYTECODE is set nobody does: every import compiles again).
-UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode
-# torch with pip, which finds the default release's wheel on this machine's disk
-# (PIP_CONSTRAINT= : a machine-wide pip constraint must not hold torch at an older release).
-TORCH_INSTALL ?= PIP_CONSTRAINT= $(PY) -m pip install --quiet
-# The newest torch's environment: torch from PyPI (2.8 GB) with uv, which fetches its files
-# side by side: 43 s against pip's 81 here, the same CPU (75 s against 78).
-NEWEST := VENV=.venv-newest TORCH="$(NEWEST_TORCH)" TORCH_INSTALL='$$(UV_INSTALL)'
+UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet
+# Bytecode for what the installs left without (the tests' Unix users cannot write the .pyc
+# files later, and where PYTHONDONTWRITEBYTECODE is set nobody does: every import compiles
+# again). Not uv's --compile-bytecode: it compiles the whole environment again at each
+# install, torch included (35 s of CPU each time on 2 cores); compileall skips what is up to date.
+COMPILE = $(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)"
+# torch with uv, from the wheels pip is told of where there are (PIP_FIND_LINKS, or pip's own
+# configuration: the default release's wheel on this machine's disk), else from PyPI.
+FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+TORCH_INSTALL ?= $(UV_INSTALL) $(addprefix --find-links ,$(FIND_LINKS))
+# The newest torch's environment: torch from PyPI (2.8 GB), which uv fetches side by side
+# (43 s against pip's 81 here, the same CPU).
+NEWEST := VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
 .PHONY: demo test test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
@@ -27,11 +31,12 @@ DOCS_READY := $(VENV)/.nbrpc-docs-installed
 $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 	command -v node >/dev/null || bash .ci/system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch (TORCH_INSTALL), then the rest with uv: the same packages as pip's, downloaded
-	# side by side (5 minutes with pip, 1.5 with uv, on 2 cores).
+	# torch (TORCH_INSTALL), then the rest, both with uv: the same packages as pip's,
+	# downloaded side by side (5 minutes with pip, 1.5 with uv, on 2 cores).
 	$(PY) -m pip install --quiet uv
 	$(TORCH_INSTALL) $(TORCH)
 	$(UV_INSTALL) -e ".[test,tutorials]"
+	$(COMPILE)
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(READY)
 
@@ -127,6 +132,7 @@ conformance: $(READY)
 
 $(DOCS_READY): $(READY)
 	$(UV_INSTALL) -e ".[docs]"
+	$(COMPILE)
 	touch $(DOCS_READY)
 
 # The site in docs/_build/html: warnings are errors (-W), every reference must resolve (-n),
@@ -138,6 +144,7 @@ docs: $(DOCS_READY)
 
 lab: $(READY)
 	$(UV_INSTALL) -e ".[lab]"
+	$(COMPILE)
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir tutorials
 
 clean:

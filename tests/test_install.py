@@ -60,16 +60,15 @@ print(json.dumps(shown))
 
 def _base_environment(path: Path) -> Path:
     """A virtual environment with this torch and nbrpc's declared dependencies only."""
-    venv.create(path, with_pip=True)
+    venv.create(path)
     python = path / "bin" / "python"
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    # As the Makefile does: torch with pip (it finds the wheel the machine keeps on disk), the
-    # rest with uv (the same packages, downloaded side by side).
-    subprocess.run([python, "-m", "pip", "install", "--quiet", f"torch=={torch.__version__.split('+')[0]}"],
-                   check=True, timeout=900, env={**os.environ, "PIP_CONSTRAINT": ""})
+    # As the Makefile does: with uv, torch from the wheels pip is told of (the machine's
+    # own), else PyPI. Not compiled, as uv leaves an install: the session compiles what it imports.
     uv = shutil.which("uv", path=str(Path(sys.executable).parent))
     assert uv, "uv is missing from this environment: pip install -e '.[test]' installs it"
-    subprocess.run([uv, "pip", "install", "--python", python, "--quiet",
+    torch_release = f"torch=={torch.__version__.split('+')[0]}"
+    subprocess.run([uv, "pip", "install", "--python", python, "--quiet", *find_links(), torch_release,
                     *[d for d in declared if not d.startswith("torch")]], check=True, timeout=900)
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
@@ -77,12 +76,20 @@ def _base_environment(path: Path) -> Path:
     return python
 
 
+def find_links() -> list[str]:
+    """uv's ``--find-links`` for the wheels pip is told of (as the Makefile's FIND_LINKS)."""
+    places = os.environ.get("PIP_FIND_LINKS") or subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True).stdout
+    return [arg for place in places.split() for arg in ("--find-links", place)]
+
+
 def test_the_base_install_runs_a_cluster_and_prints_nothing_of_torchs(tmp_path):
     python = _base_environment(tmp_path / "env")
-    listed = subprocess.run([python, "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
-                            check=True).stdout
-    installed = {p["name"].lower() for p in json.loads(listed)}
-    assert "numpy" in installed and not {"pytest", "matplotlib", "nbval"} & installed
+    listed = subprocess.run([python, "-c", "import importlib.metadata as m, json; "
+                             "print(json.dumps([d.metadata['Name'] for d in m.distributions()]))"],
+                            capture_output=True, text=True, check=True).stdout
+    installed = {name.lower() for name in json.loads(listed)}
+    assert {"numpy", "torch"} <= installed and not {"pytest", "matplotlib", "nbval"} & installed
     done = subprocess.run([python, "-c", SESSION], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
                                              RUN_MARK: os.environ[RUN_MARK]})
