@@ -11,11 +11,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
 UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet
-# Bytecode for what the installs left without (the tests' Unix users cannot write the .pyc
-# files later, and where PYTHONDONTWRITEBYTECODE is set nobody does: every import compiles
-# again). Not uv's --compile-bytecode: it compiles the whole environment again at each
-# install, torch included (35 s of CPU each time on 2 cores); compileall skips what is up to date.
-COMPILE = $(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)"
 # torch with uv, from the wheels pip is told of where there are (PIP_FIND_LINKS, or pip's own
 # configuration: the default release's wheel on this machine's disk), else from PyPI.
 FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
@@ -35,8 +30,11 @@ $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 	# downloaded side by side (5 minutes with pip, 1.5 with uv, on 2 cores).
 	$(PY) -m pip install --quiet uv
 	$(TORCH_INSTALL) $(TORCH)
-	$(UV_INSTALL) -e ".[test,tutorials]"
-	$(COMPILE)
+	# Bytecode, compiled by the last install (the tests' Unix users cannot write the .pyc
+	# files later, and where PYTHONDONTWRITEBYTECODE is set nobody does: every import
+	# compiles again). It compiles the whole environment, torch included, at each install
+	# that asks (35 s of CPU on 2 cores; compileall took twice that): once, here.
+	$(UV_INSTALL) --compile-bytecode -e ".[test,tutorials]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(READY)
 
@@ -132,7 +130,6 @@ conformance: $(READY)
 
 $(DOCS_READY): $(READY)
 	$(UV_INSTALL) -e ".[docs]"
-	$(COMPILE)
 	touch $(DOCS_READY)
 
 # The site in docs/_build/html: warnings are errors (-W), every reference must resolve (-n),
@@ -144,7 +141,6 @@ docs: $(DOCS_READY)
 
 lab: $(READY)
 	$(UV_INSTALL) -e ".[lab]"
-	$(COMPILE)
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --notebook-dir tutorials
 
 clean:
