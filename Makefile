@@ -72,8 +72,11 @@ test: $(READY)
 	$(if $(BESIDE),,$(MAKE) test-notebooks)
 	$(NBVAL) $(HANG_NOTEBOOKS)
 
+# NBRPC_FROZEN_AFTER=30: beside the serial tests, at the idle priority, a lab's worker once
+# left the hang watch's probes unanswered for over its 3 s, and a long cell showed it as
+# frozen (labs 03 and 08). The notebooks about hangs run with the default.
 test-notebooks: $(READY)
-	$(NBVAL) $(NBVAL_XDIST) $(addprefix --deselect=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
+	NBRPC_FROZEN_AFTER=30 $(NBVAL) $(NBVAL_XDIST) $(addprefix --deselect=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
 
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc nbrpc_server tests benchmarks conformance docs

@@ -54,6 +54,10 @@ LIMITS_ENV = {"max_workers": "NBRPC_MAX_WORKERS", "threads": "NBRPC_DEFAULT_THRE
 CLOCK_SKEW_ENV = "NBRPC_CLOCK_SKEW"
 # Room the template process keeps in its environment for a worker's (see ``template``).
 TEMPLATE_ROOM_ENV = "NBRPC_TEMPLATE_ROOM"
+# Set by people in the kernel's environment (seconds): how long a member may leave the
+# hang watch's probes unanswered before a running cell calls it frozen. On a loaded
+# machine (a shared server, notebooks run at the idle priority) a member may only be slow.
+FROZEN_AFTER_ENV = "NBRPC_FROZEN_AFTER"
 
 WORKER_NAME_ENV = _NAME = "NBRPC_NAME"  # set in every worker (its name)
 _RANK = "NBRPC_RANK"
@@ -208,6 +212,23 @@ def clock_skew() -> float:
     except ValueError:
         raise ValueError(f"{CLOCK_SKEW_ENV}={text!r} is not a number of seconds; unset it or "
                          "set it to one") from None
+
+
+def frozen_after(default: float) -> float:
+    """Seconds a member may stay silent before a cell calls it frozen (``default`` unless
+    set); ``ValueError`` naming the variable unless it is a positive number of seconds."""
+    text = os.environ.get(FROZEN_AFTER_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{FROZEN_AFTER_ENV}={text!r} is not a positive number of seconds: set it to how "
+                         "long a member may leave the hang watch's probes unanswered before a running cell "
+                         f"calls it frozen (e.g. 30 on a loaded machine), or unset it for the default ({default:g} s)")
+    return seconds
 
 
 def limits_asked(environ: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:

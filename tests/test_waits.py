@@ -291,6 +291,24 @@ def test_the_cell_calls_a_member_frozen_only_once_it_stays_silent():
     assert watch.settled([frozen], members, now=201.0) == []
 
 
+def test_nbrpc_frozen_after_sets_how_long_a_member_may_stay_silent(monkeypatch):
+    from nbrpc.kernel_ext.hangs import HangWatch
+
+    monkeypatch.setenv("NBRPC_FROZEN_AFTER", "30")
+    watch = HangWatch()
+    frozen = {"kind": "dead_member", "members": ["master", "worker1"], "calls": ["m:1"], "message": "frozen"}
+    members = [{"name": "master", "state": "running"}, {"name": "worker1", "state": "frozen"}]
+    assert watch.frozen_after == 30.0
+    assert watch.settled([frozen], members, now=100.0) == []
+    assert watch.settled([frozen], members, now=129.0) == []
+    assert watch.settled([frozen], members, now=130.0) == [frozen]
+    for bad in ("soon", "0", "-5", "inf", "nan"):
+        monkeypatch.setenv("NBRPC_FROZEN_AFTER", bad)
+        with pytest.raises(ValueError, match=rf"NBRPC_FROZEN_AFTER='{bad}' is not a positive number of seconds: "
+                                             r"set it to .* or unset it for the default \(3 s\)"):
+            HangWatch()
+
+
 def test_a_call_that_only_runs_long_is_no_finding(shell):
     run(shell, "def train_step():\n"
                "    end = time.monotonic() + 3\n"

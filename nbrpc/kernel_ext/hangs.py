@@ -17,6 +17,7 @@ import time
 
 from IPython.display import display
 
+from .. import settings
 from ..cluster import cluster as cluster_mod
 from ..cluster import queries
 from ..recording.pending import ID, PENDING, SINCE
@@ -24,8 +25,9 @@ from ..recording.pending import ID, PENDING, SINCE
 POLL = 0.5
 AFTER = 1.0
 # A member that misses one probe may only be slow to answer (a loaded machine, a long
-# import holding the GIL): the cell calls it frozen once it has stayed so this long.
-# ``nbrpc.waits()``, asked by hand, says so at the first missed probe.
+# import holding the GIL): the cell calls it frozen once it has stayed so this long
+# (``NBRPC_FROZEN_AFTER`` sets another). ``nbrpc.waits()``, asked by hand, says so at the
+# first missed probe.
 FROZEN_AFTER = 3.0
 
 
@@ -34,6 +36,7 @@ class HangWatch:
 
     def __init__(self, always: bool = False):
         self.always = always
+        self.frozen_after = settings.frozen_after(FROZEN_AFTER)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handle = None
@@ -101,10 +104,10 @@ class HangWatch:
                 self._handle.update(report)
 
     def settled(self, findings: list[dict], members: list[dict], now: float) -> list[dict]:
-        """``findings`` less those about a member frozen for under ``FROZEN_AFTER`` s."""
+        """``findings`` less those about a member frozen for under ``frozen_after`` s."""
         frozen = {m["name"] for m in members if m["state"] == "frozen"}
         self._frozen_since = {name: self._frozen_since.get(name, now) for name in frozen}
-        unsure = {name for name, since in self._frozen_since.items() if now - since < FROZEN_AFTER}
+        unsure = {name for name, since in self._frozen_since.items() if now - since < self.frozen_after}
         return [f for f in findings if f["kind"] != "dead_member" or not unsure.intersection(f["members"])]
 
     def register(self, shell) -> None:
