@@ -240,10 +240,13 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# The longest units of the parallel tiers, handed out first so that a tier does not end
-# on one of them with the other process idle (xdist would order units by test count).
+# The longest units of the parallel tiers, longest first (their seconds in a CI run), handed
+# out first so that a tier does not end on one of them with the other processes idle: xdist
+# orders units by test count, which left a minute-long file of three tests last.
 LONGEST_FIRST = ("tests/test_nbgrader.py", "users and daemons", "tests/test_slurm.py", "tests/test_upstream.py",
-                 "tests/test_conformance.py", "namespaces", "tests/test_install.py")
+                 "namespaces", "tests/test_docs.py", "tests/test_conformance.py", "tests/test_benchmarks.py",
+                 "tests/test_torch_threads.py", "tests/test_advice.py", "tests/test_labs.py",
+                 "tests/test_group.py", "tests/test_shared_tensors.py", "tests/test_install.py")
 
 
 def xdist_scope(nodeid: str) -> str:
