@@ -10,7 +10,10 @@ NEWEST_TORCH ?= torch==2.15.0
 VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.nbrpc-installed
-UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet
+# --compile-bytecode: what each install adds, as pip does (the tests' Unix users cannot
+# write the .pyc files later, and where PYTHONDONTWRITEBYTECODE is set nobody does: every
+# import compiles again).
+UV_INSTALL = $(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode
 # torch with uv, from the wheels pip is told of where there are (PIP_FIND_LINKS, or pip's own
 # configuration: the default release's wheel on this machine's disk), else from PyPI.
 FIND_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
@@ -30,11 +33,7 @@ $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
 	# downloaded side by side (5 minutes with pip, 1.5 with uv, on 2 cores).
 	$(PY) -m pip install --quiet uv
 	$(TORCH_INSTALL) $(TORCH)
-	# Bytecode, compiled by the last install (the tests' Unix users cannot write the .pyc
-	# files later, and where PYTHONDONTWRITEBYTECODE is set nobody does: every import
-	# compiles again). It compiles the whole environment, torch included, at each install
-	# that asks (35 s of CPU on 2 cores; compileall took twice that): once, here.
-	$(UV_INSTALL) --compile-bytecode -e ".[test,tutorials]"
+	$(UV_INSTALL) -e ".[test,tutorials]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(READY)
 
