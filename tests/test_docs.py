@@ -133,6 +133,11 @@ def test_settings_page_names_every_variable():
         assert f"`{variable}`" in text, f"{variable} is missing from the settings page"
     for field in ("name", "threads", "timeout", "transport"):
         assert f"| `{field}` |" in text
+    # each variable with what is said of it, not of another
+    said = {variable: what for variable, _, what in nbrpc_docs._variables(source)}
+    assert said["NBRPC_RANK"] == "Set by the driver in each worker's environment (``WorkerSettings.to_env``)."
+    assert said["NBRPC_CLOCK_SKEW"].endswith("which then reads as another machine's (see ``recording.clocks``).")
+    assert "warm template off" in said["NBRPC_WARM_START"]  # the "Set by" comment of its group
 
 
 def test_performance_page_from_results(tmp_path):

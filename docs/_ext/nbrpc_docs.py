@@ -282,6 +282,15 @@ def _comment_above(lines: list[str], index: int) -> str:
     return " ".join(block)
 
 
+def _comment_below(lines: list[str], index: int) -> str:
+    block = []
+    for line in lines[index:]:
+        if not line.lstrip().startswith("#"):
+            break
+        block.append(line.strip().lstrip("#").strip())
+    return " ".join(block)
+
+
 def _trailing_comment(line: str) -> str:
     match = re.search(r"#\s*(.*)$", line.split('"')[-1] if '"' in line else line)
     return match.group(1).strip() if match else ""
@@ -302,12 +311,12 @@ def _variables(source: str) -> list[tuple[str, str, str]]:
         names = [t.id for t in node.targets if isinstance(t, ast.Name)]
         index = node.lineno - 1
         said = _comment_above(lines, index) or _trailing_comment(lines[node.end_lineno - 1])
-        if not said:
+        if not said and not all(n.startswith("_") for n in names):
             # the nearest "Set by ..." comment above, which covers a group of names
             for back in range(index - 1, -1, -1):
                 text = lines[back].strip()
                 if text.startswith("# Set by"):
-                    said = _comment_above(lines, back + 1)
+                    said = _comment_below(lines, back)
                     break
                 if not text.startswith("#") and not re.match(r"^[A-Z_]+ = ", text) and text:
                     break
