@@ -12,7 +12,7 @@ Parts:
 
 - The readers of the variables people set (``join_token``, ``warm_start_wanted``,
   ``default_launcher``, ``limits_asked``, ``clock_skew``, ``shared_tensors_wanted``,
-  ``shared_tensors_min_bytes``, ``in_a_worker``).
+  ``shared_tensors_min_bytes``, ``frozen_after``, ``in_a_worker``).
 
 Every ``NBRPC_*`` variable is named here, and only this module reads one from an
 environment (a layout test checks): ``TOKEN_ENV`` and ``WARM_START_ENV`` are the ones a
