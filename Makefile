@@ -23,7 +23,7 @@ TORCH_INSTALL ?= $(UV_INSTALL) $(addprefix --find-links ,$(FIND_LINKS))
 NEWEST := VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
-.PHONY: demo test test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
+.PHONY: demo test test-beside test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
 
 # Installing builds the JupyterLab extension (labextension/, with jlpm): Node.js is needed here.
 $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
@@ -56,20 +56,25 @@ NOTEBOOKS := tutorials/*.ipynb tutorials/labs/source
 HANG_NOTEBOOKS := tutorials/07_when_rpc_hangs.ipynb tutorials/labs/source/09_hangs
 NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n 2 --dist loadscope)
 
-# What runs beside the serial tests, at the idle priority (.ci/beside.sh): the notebooks,
-# but the hang ones, which run alone after. CI adds the lint, the docs and the newest
-# torch's parallel tests (.ci/beside-serial.sh). With PARALLEL=0 nothing runs beside.
-# BESIDE_SERIAL= (empty) runs the notebooks after the serial tests instead.
-BESIDE_SERIAL ?= $(MAKE) test-notebooks
+# What runs beside the serial tests, at the idle priority (.ci/beside.sh): the tests marked
+# ``beside`` and the notebooks, but the hang ones, which run alone after. CI adds the lint,
+# the docs and the newest torch's parallel tests (.ci/beside-serial.sh). With PARALLEL=0
+# nothing runs beside. BESIDE_SERIAL= (empty) runs them after the serial tests instead.
+BESIDE_SERIAL ?= $(MAKE) test-beside test-notebooks
 BESIDE := $(if $(filter-out 0,$(PARALLEL)),$(BESIDE_SERIAL))
+# The ``beside`` tests two at once, test by test (their files share no cluster).
+BESIDE_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n 2 --dist load)
 
 test: $(READY)
 	bash .ci/system-packages.sh
-	$(PY) -m pytest tests -m "not serial" $(XDIST) --durations=25
+	$(PY) -m pytest tests -m "not serial and not beside" $(XDIST) --durations=25
 	$(PY) -m pytest tests -m "serial and machine_wide" --durations=10
 	bash .ci/beside.sh '$(BESIDE)' $(PY) -m pytest tests -m "serial and not machine_wide" --durations=25
-	$(if $(BESIDE),,$(MAKE) test-notebooks)
+	$(if $(BESIDE),,$(MAKE) test-beside test-notebooks)
 	$(NBVAL) $(HANG_NOTEBOOKS)
+
+test-beside: $(READY)
+	$(PY) -m pytest tests -m "beside and not serial" $(BESIDE_XDIST) --durations=10
 
 # NBRPC_FROZEN_AFTER=30: beside the serial tests, at the idle priority, a lab's worker once
 # left the hang watch's probes unanswered for over its 3 s, and a long cell showed it as
@@ -97,7 +102,7 @@ test-newest: test-newest-parallel test-newest-serial
 test-newest-parallel test-newest-serial:
 	$(MAKE) $(subst newest,runtime,$@) $(NEWEST)
 
-# Only the newest torch's environment (CI installs it while the first tiers run).
+# Only the newest torch's environment (CI installs it beside the serial tests).
 newest-env:
 	$(MAKE) .venv-newest/.nbrpc-installed $(NEWEST)
 

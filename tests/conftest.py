@@ -213,6 +213,11 @@ ONE_AT_A_TIME = {
     "namespaces": {"test_netns.py", "test_lab_debugger_hosts.py"},
 }
 ONE_AT_A_TIME_FILES = set().union(*ONE_AT_A_TIME.values())
+# Files that assert no timing and share nothing with other files, long and CPU-bound, which
+# run beside the serial tests at the idle priority (Makefile: test-beside) rather than in
+# the parallel tier: that tier keeps both cores busy to its end, while the serial tests
+# mostly wait and leave over a core idle.
+BESIDE = {"test_docs.py", "test_upstream.py"}
 # What can differ under another torch release (make test-newest runs these under the
 # newest one): the compat layer and every private name it reads, the call path (kinds of
 # callables, pickling, shared tensors, error classes, timeouts), torch's own examples
@@ -244,7 +249,7 @@ def pytest_configure(config):
 # out first so that a tier does not end on one of them with the other processes idle: xdist
 # orders units by test count, which left a minute-long file of three tests last.
 LONGEST_FIRST = ("tests/test_nbgrader.py", "users and daemons", "tests/test_slurm.py", "tests/test_upstream.py",
-                 "namespaces", "tests/test_docs.py", "tests/test_conformance.py", "tests/test_benchmarks.py",
+                 "namespaces", "tests/test_conformance.py", "tests/test_benchmarks.py",
                  "tests/test_torch_threads.py", "tests/test_advice.py", "tests/test_labs.py",
                  "tests/test_group.py", "tests/test_shared_tensors.py", "tests/test_install.py")
 
@@ -276,10 +281,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the ``serial``, ``machine_wide`` and ``torch_version`` tests (the lists above); tests marked
-    ``gpu`` skip where torch sees no CUDA (``-ra`` prints why)."""
+    """Mark the ``serial``, ``machine_wide``, ``beside`` and ``torch_version`` tests (the lists
+    above); tests marked ``gpu`` skip where torch sees no CUDA (``-ra`` prints why)."""
     for item in items:
-        for marker, names in (("serial", SERIAL), ("machine_wide", MACHINE_WIDE), ("torch_version", TORCH_VERSION)):
+        for marker, names in (("serial", SERIAL), ("machine_wide", MACHINE_WIDE), ("beside", BESIDE),
+                              ("torch_version", TORCH_VERSION)):
             if _listed(item, names):
                 item.add_marker(marker)
     marked = [item for item in items if item.get_closest_marker("gpu")]

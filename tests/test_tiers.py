@@ -1,4 +1,4 @@
-"""CI's tiers are lists in tests/conftest.py (``SERIAL``, ``ONE_AT_A_TIME``, ``TORCH_VERSION``):
+"""CI's tiers are lists in tests/conftest.py (``SERIAL``, ``ONE_AT_A_TIME``, ``BESIDE``, ``TORCH_VERSION``):
 each entry names a test file (or a file's class) that exists, so a renamed file cannot slip
 into the wrong tier."""
 
@@ -14,7 +14,8 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("entry", sorted(conftest.SERIAL | conftest.ONE_AT_A_TIME_FILES | conftest.TORCH_VERSION))
+@pytest.mark.parametrize("entry", sorted(conftest.SERIAL | conftest.ONE_AT_A_TIME_FILES | conftest.BESIDE
+                                          | conftest.TORCH_VERSION))
 def test_every_tier_entry_names_a_test_file_or_class(entry):
     file, _, cls = entry.partition("::")
     path = TESTS / file
@@ -34,6 +35,8 @@ def test_files_that_need_a_browser_a_hub_or_namespaces_never_run_beside_their_ki
     """Real users with fixed names and a hub, Slurm, network namespaces: such a file runs
     alone or one at a time among its kind; Chromium's timings, alone (unless it is a hub's)."""
     assert not conftest.SERIAL & conftest.ONE_AT_A_TIME_FILES
+    # What runs beside the serial tests at the idle priority shares nothing and times nothing.
+    assert not conftest.BESIDE & (conftest.SERIAL | conftest.ONE_AT_A_TIME_FILES)
     assert sum(map(len, conftest.ONE_AT_A_TIME.values())) == len(conftest.ONE_AT_A_TIME_FILES)  # one kind each
     for path in sorted(TESTS.glob("test_*.py")):
         marks = {n.attr for n in ast.walk(ast.parse(path.read_text()))
