@@ -9,8 +9,9 @@ the printed command, as a person on another machine would.
 from __future__ import annotations
 
 DRIVER = """
-import json, os, socket, subprocess, sys, threading, time
+import json, os, subprocess, sys, threading, time
 import nbrpc
+from nbrpc._util import unused_loopback_port
 import torch.distributed.rpc as rpc
 
 gate = threading.Event()
@@ -22,9 +23,9 @@ def park():
 def say(**record):
     print(json.dumps(record), flush=True)
 
-with socket.socket() as probe:  # a free port: the command is known before the start
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
+# A free port below the ones handed to sockets bound to port 0 (one picked there was taken
+# by another process's socket before the start): the command is known before the start.
+port = unused_loopback_port()
 cluster = nbrpc.Cluster(attach=1, bind="127.0.0.1", port=port, threads=2, progress=None)
 token = cluster.join_command.split()[5]
 worker = []
