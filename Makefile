@@ -74,7 +74,7 @@ test: $(READY)
 	$(NBVAL) $(HANG_NOTEBOOKS)
 
 test-beside: $(READY)
-	$(PY) -m pytest tests -m "beside and not serial" $(BESIDE_XDIST) --durations=10
+	$(PY) -m pytest tests -m beside $(BESIDE_XDIST) --durations=10
 
 # NBRPC_FROZEN_AFTER=30: beside the serial tests, at the idle priority, a lab's worker once
 # left the hang watch's probes unanswered for over its 3 s, and a long cell showed it as
