@@ -164,11 +164,10 @@ def _raw_worker(port: int) -> None:
 
 def _run_raw(loops: dict, calls: int, top: int) -> None:
     import multiprocessing
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from nbrpc._util import unused_loopback_port
+
+    port = unused_loopback_port()
     worker = multiprocessing.get_context("spawn").Process(target=_raw_worker, args=(port,))
     worker.start()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,16 +28,12 @@ from pathlib import Path
 import psutil
 from jupyter_client import BlockingKernelClient
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from nbrpc._util import unused_loopback_port
 
 
 class Server:
     def __init__(self, root: Path):
-        self.port, self.token, self.runtime = free_port(), secrets.token_hex(16), root / "runtime"
+        self.port, self.token, self.runtime = unused_loopback_port(), secrets.token_hex(16), root / "runtime"
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime), "JUPYTER_CONFIG_DIR": str(root / "config")}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_server", "--no-browser", "--ServerApp.ip=127.0.0.1",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,17 +23,13 @@ import urllib.request
 import psutil
 from results import row, write_rows
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from nbrpc._util import unused_loopback_port
 
 
 def start_once(enabled: bool) -> tuple[float, float]:
     """(seconds to the first answer, resident MiB) of one server."""
     with tempfile.TemporaryDirectory() as root:
-        port, token = free_port(), secrets.token_hex(16)
+        port, token = unused_loopback_port(), secrets.token_hex(16)
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": f"{root}/runtime", "JUPYTER_CONFIG_DIR": f"{root}/config"}
         began = time.perf_counter()
         process = subprocess.Popen(
