@@ -123,3 +123,47 @@ def test_a_class_that_reduces_otherwise_arrives_right_both_ways(shell, made, exp
         assert (dict(value) if expected[0] == "CountedSpot" else value.x) == expected[1]
         if expected[0] != "InnerSpot":
             assert type(value) is shell.user_ns[expected[0]]
+
+
+_COUNT_KEPT = """
+from nbrpc.wire.cloudpickling import RpcPickler as _Kept
+_kept_asked, _kept_reducer = [], _Kept.reducer_override
+_Kept.reducer_override = lambda self, obj: _kept_asked.append(type(obj).__name__) or _kept_reducer(self, obj)
+"""
+
+
+def test_an_instance_of_a_held_class_is_pickled_all_in_c_both_ways(shell, cluster, monkeypatch):
+    """An instance of a class its receiver holds (or made, in a reply), its state plain
+    values, tensors, containers and such instances, takes no Python reducer of the kept
+    pickler's on either side; one that reduces otherwise, holds a function, refers to
+    itself or goes where its class is not held takes the kept pickler, and all arrive."""
+    from nbrpc.wire.cloudpickling import RpcPickler
+
+    asked = []
+    reducer = RpcPickler.reducer_override
+    monkeypatch.setattr(RpcPickler, "reducer_override", lambda self, obj: asked.append(obj) or reducer(self, obj))
+    cluster.run(_COUNT_KEPT, "worker1")
+    try:
+        run(shell, "nested = Spot([1, torch.ones(2), {'k': (2.0, None)}], Spot3(1, 2, 3))\n"
+                   "rpc.rpc_sync('worker1', echo_back, args=(nested,))")  # (echo_back held from here)
+        asked.clear()
+        cluster.run("_kept_asked.clear()", "worker1")
+        (back,) = run(shell, "rpc.rpc_sync('worker1', echo_back, args=(nested,))")
+        assert asked == []
+        on_worker = run(shell, "rpc.rpc_sync('worker1', lambda: list(__import__('__main__')._kept_asked))")
+        assert on_worker == [], on_worker
+        assert type(back) is shell.user_ns["Spot"] and type(back.y) is shell.user_ns["Spot3"]
+        assert back.x[0] == 1 and back.x[1].tolist() == [1.0, 1.0] and back.x[2] == {"k": (2.0, None)}
+        run(shell, "looped = Spot(1, 2)\nlooped.me = looped")
+        for made in ("SlottedSpot(4)", "ReducedSpot(4)", "CountedSpot(a=1)", "InnerSpot(4)",
+                     "Spot(echo_back, 1)", "looped"):
+            asked.clear()
+            value = run(shell, f"rpc.rpc_sync('worker1', echo_back, args=({made},))[0]")
+            assert asked, f"{made} took the C route"
+            assert type(value).__name__ == made.split("(")[0].replace("looped", "Spot"), made
+        assert value.me is value
+        asked.clear()
+        assert run(shell, "rpc.rpc_sync('worker2', spot_facts, args=(Spot(5, 6),))")[2] == [("x", 5), ("y", 6)]
+        assert shell.user_ns["Spot"] in asked  # never sent to worker2: in full there
+    finally:
+        cluster.run("_Kept.reducer_override = _kept_reducer", "worker1")

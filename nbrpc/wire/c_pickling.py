@@ -6,7 +6,8 @@ plain C pickler, no Python code run per object but the reducers in its table.
   else the reductions made on the way, for the kept pickler (``cloudpickling``).
 - ``value_message``: a reply's (or any message's) message, where ``leaves_in_c`` takes it.
 - ``leaves_in_c``: whether a message's values can go this way (plain values, tensors and
-  RRefs, in small tuples, lists and dicts), and what of the table they need (``PLAIN``,
+  RRefs, in small tuples, lists and dicts and in instances of notebook classes the
+  receiver holds: ``held_instances``), and what of the table they need (``PLAIN``,
   ``TABLE``, ``SHARED_MEMORY``); ``flat_leaves`` the same in one pass for a call's usual
   arguments and a reply.
 - ``reduced_in_c``: a notebook function's reduction made ready for the C pickler.
@@ -17,6 +18,7 @@ plain C pickler, no Python code run per object but the reducers in its table.
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import threading
@@ -27,7 +29,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 from .._compat import torch_compat
-from . import cloudpickling, definitions, module_globals, shared_tensors, signing
+from . import cloudpickling, definitions, held_instances, module_globals, shared_tensors, signing
 from .plain_values import PLAIN_VALUES
 from .receivers import receivers
 
@@ -81,11 +83,11 @@ def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
     if type(carrier) not in cloudpickling.CARRIERS:
         return None, None
     trace = carrier.trace  # a recorded call's: its id and whether its reply is pickled
-    args, kwargs = udf.args, udf.kwargs
+    args, kwargs, instances = udf.args, udf.kwargs, {}
     if trace is None and type(kwargs) is dict and not kwargs and type(args) is tuple:
-        leaves = flat_leaves(args, (args, kwargs))  # the usual call: positional arguments only
+        leaves = flat_leaves(args, instances)  # the usual call: positional arguments only
     else:
-        leaves = leaves_in_c((args, kwargs) if trace is None else (args, kwargs, trace))
+        leaves = leaves_in_c((args, kwargs) if trace is None else (args, kwargs, trace), instances)
     if leaves is None:
         return None, None
     func = carrier.func
@@ -104,24 +106,36 @@ def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
                 return None, made
         carrier = carrier.carrying(func)
     call = tuple.__new__(type(udf), (carrier, udf.args, udf.kwargs))
-    return _in_c(call, udf, flat, leaves), None
+    return _in_c(call, udf, flat, leaves, instances), None
 
 
 def value_message(obj, flat) -> tuple[bytes, list] | None:
     """The message of a reply (or any message) ``leaves_in_c`` takes, pickled all in C,
     and its tensors; None for any other."""
-    leaves = flat_leaves((obj,), (obj,))
+    instances = {}
+    leaves = flat_leaves((obj,), instances)
     if leaves is None:
         return None
-    return _in_c(obj, obj, flat, leaves)
+    return _in_c(obj, obj, flat, leaves, instances)
 
 
-def _in_c(obj, counted, flat, leaves: int) -> tuple[bytes, list] | None:
-    """``obj`` pickled all in C (``pickled_in_c``) with the table its ``leaves`` need,
-    signed, counted as ``counted``."""
+def _in_c(obj, counted, flat, leaves: int, instances: dict) -> tuple[bytes, list] | None:
+    """``obj`` pickled all in C (``pickled_in_c``) with the table its ``leaves`` need and
+    its held notebook classes' ``instances``, signed, counted as ``counted``."""
     shared = leaves == SHARED_MEMORY
-    pickled = pickled_in_c(obj, flat(shared) if leaves else None, shared)
+    pickled = pickled_in_c(obj, flat(shared) if leaves else None, shared, instances)
     return None if pickled is None else (signing.message(counted, pickled[0], pickled[1]), pickled[1])
+
+
+def _instance_reducer(by_identity: tuple):
+    """The C pickler's reducer of a held notebook class's instances (``held_instances``):
+    the reduction pickle makes, the class by identity (``by_identity``)."""
+    def reduce(obj) -> tuple:
+        reduced = obj.__reduce_ex__(cloudpickle.DEFAULT_PROTOCOL)
+        if reduced[0] is not copyreg.__newobj__ or reduced[1][0] is not type(obj):  # (the kept pickler's then)
+            raise pickle.PicklingError(f"{type(obj).__qualname__} reduces otherwise")
+        return (held_instances.new, (Reduced(by_identity), *reduced[1][1:]), *reduced[2:])
+    return reduce
 
 
 def _leaf(value, cls: type, leaves: int) -> int:
@@ -132,12 +146,13 @@ def _leaf(value, cls: type, leaves: int) -> int:
     return TABLE if shared_tensors.below_shared(value) else SHARED_MEMORY
 
 
-def leaves_in_c(values) -> int | None:
+def leaves_in_c(values, instances: dict) -> int | None:
     """What ``values`` need of the table (``PLAIN``, ``TABLE``, ``SHARED_MEMORY``), where
     the C pickler with the kept pickler's table makes of them what the kept pickler does:
     plain values, tensors and RRefs (not a module's global, which ``reducer_override`` sends
-    by name; torch's patch points hold functions and classes only), in tuples, lists and
-    dicts, ``WALK_LIMIT`` values at most; else None."""
+    by name; torch's patch points hold functions and classes only), in tuples, lists, dicts
+    and instances of notebook classes the receiver holds (their classes' reducers noted in
+    ``instances``: ``held_instances``), ``WALK_LIMIT`` values at most; else None."""
     todo, left, leaves = list(values), WALK_LIMIT, PLAIN
     while todo:
         value = todo.pop()
@@ -155,17 +170,24 @@ def leaves_in_c(values) -> int | None:
         elif cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves = _leaf(value, cls, leaves)
         else:
-            return None
+            found = held_instances.state(value, cls)
+            if found is None:
+                return None
+            fields = found[0]
+            left -= len(fields)
+            if not (PLAIN_VALUES.issuperset(map(type, fields.values())) and PLAIN_VALUES.issuperset(map(type, fields))):
+                todo.append(fields)  # (walked as a dict)
+            if cls not in instances:
+                instances[cls] = _instance_reducer(found[1])
     return leaves
 
 
-def flat_leaves(values: tuple, whole: tuple) -> int | None:
-    """``leaves_in_c(whole)``, where ``whole`` is ``values`` and at most one more value (a
-    call's positional arguments and its empty keywords, or a reply alone): told in one pass
-    where each of ``values`` is a plain value, a tensor or an RRef, walked where one is a
-    container."""
+def flat_leaves(values: tuple, instances: dict) -> int | None:
+    """``leaves_in_c(values, instances)`` (a call's positional arguments, its keywords empty,
+    or a reply alone), told in one pass where each of ``values`` is a plain value, a tensor
+    or an RRef, walked where one is a container or an object."""
     if len(values) > WALK_LIMIT - 2:
-        return leaves_in_c(whole)
+        return leaves_in_c(values, instances)
     leaves = PLAIN
     for value in values:
         cls = type(value)
@@ -173,20 +195,20 @@ def flat_leaves(values: tuple, whole: tuple) -> int | None:
             continue
         if cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves = _leaf(value, cls, leaves)
-        elif cls is tuple or cls is list or cls is dict:
-            return leaves_in_c(whole)
         else:
-            return None
+            return leaves_in_c(values, instances)
     return leaves
 
 
-def pickled_in_c(obj, flat: dict | None, shared: bool = True) -> tuple[bytes, list] | None:
+def pickled_in_c(obj, flat: dict | None, shared: bool = True,
+                 instances: dict | None = None) -> tuple[bytes, list] | None:
     """``obj``'s pickle by this thread's C pickler (with ``flat``, the kept pickler's table
     made ``in_c_table``, for tensors and RRefs: torch's tensor table, or shared memory (``shared``: in a message
-    scope), as the kept pickler sends them) and its tensors; None where it fails (the kept
-    pickler then says why)."""
+    scope), as the kept pickler sends them; and the reducers of held notebook classes'
+    ``instances``) and its tensors; None where it fails (the kept pickler then says why)."""
     c_pickler = _c_pickler
-    c_pickler.pickler.dispatch_table = c_pickler.plain if flat is None else flat
+    table = c_pickler.plain if flat is None else flat
+    c_pickler.pickler.dispatch_table = {**table, **instances} if instances else table
     try:
         if flat is None:  # plain values (and reductions) only: no tensor table, no shared memory
             c_pickler.pickler.dump(obj)

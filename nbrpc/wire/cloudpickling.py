@@ -33,7 +33,7 @@ import torch.distributed.rpc as rpc
 from .._compat import torch_compat
 from ..errors import SerializationError
 from ..recording import recorder, rref_ledger
-from . import definitions, module_globals, shared_tensors, signing, tensor_table
+from . import definitions, module_globals, per_process, shared_tensors, signing, tensor_table
 
 _C_DISPATCH_TABLE = pickle.Pickler.__dict__["dispatch_table"]
 _C_DUMP = pickle.Pickler.dump
@@ -248,7 +248,7 @@ def explain(obj, error: Exception) -> str:
     else:
         named = [("the result", obj)]
     for _, value in named:
-        culprit = definitions.unsendable_global(value, _pickles)
+        culprit = _unsendable_global(value, _pickles)
         if culprit:
             return (
                 f"cannot send {culprit} over RPC: {error}. Define it on the workers instead "
@@ -262,6 +262,26 @@ def explain(obj, error: Exception) -> str:
         "containers, functions, modules), or create the object where it is used, e.g. "
         "with rpc.remote(worker, Class, args=...) and pass the RRef."
     )
+
+
+def _unsendable_global(obj, pickles, seen: set | None = None) -> str | None:
+    """Name the global a notebook definition uses that cannot be sent, if that is why
+    ``obj`` failed to pickle: "the global 'lock' (lock) that locked_get uses"."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or not definitions.is_notebook_definition(obj):
+        return None
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        members = [v for v in vars(obj).values() if isinstance(v, types.FunctionType)]
+        return next(filter(None, (_unsendable_global(m, pickles, seen) for m in members)), None)
+    for name, value in definitions.fill_ins(obj).items():
+        if definitions.is_notebook_definition(value):
+            found = _unsendable_global(value, pickles, seen)
+            if found:
+                return found
+        elif not pickles(per_process.fresh(value)):
+            return f"the global {name!r} ({type(value).__name__}) that {obj.__qualname__} uses"
+    return None
 
 
 def _pickles(value) -> bool:

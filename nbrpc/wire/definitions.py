@@ -238,6 +238,20 @@ def reduce_class(cls: type) -> tuple:
     return (_class_shell, args, cp.class_state(cls), None, None, _bind_class)
 
 
+def class_identity(cls: type) -> tuple:
+    """A notebook class's reduction by identity (``reduce_class``'s, where it holds)."""
+    ident = _identity(cls)
+    return _pinned_function, ((ident.origin, ident.token, 0), "class")
+
+
+def held_by_receiver(cls: type, by_identity: tuple) -> bool:
+    """Whether ``cls`` (of reduction ``class_identity``) goes by identity, as ``reduce_class``
+    sends it (top-level, held or made by the receiver), noting nothing."""
+    key = by_identity[1][0]
+    return (_stored_under(cls) is not None
+            and (receivers.holds_already(key) or receivers.made_by_receiver(key[0])))
+
+
 def _stored_under(obj) -> str | None:
     """The global name ``obj`` is stored under where it was defined, if any."""
     name = obj.__name__
@@ -423,28 +437,4 @@ def _fill(scope: dict, fills: dict) -> None:
     for name, value in fills.items():
         if name not in scope:
             scope[name] = value
-
-
-# -- explaining --------------------------------------------------------------------
-
-
-def unsendable_global(obj, pickles, seen: set | None = None) -> str | None:
-    """Name the global a notebook definition uses that cannot be sent, if that is why
-    ``obj`` failed to pickle: "the global 'lock' (lock) that locked_get uses"."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen or not is_notebook_definition(obj):
-        return None
-    seen.add(id(obj))
-    if isinstance(obj, type):
-        members = [v for v in vars(obj).values() if isinstance(v, types.FunctionType)]
-        return next(filter(None, (unsendable_global(m, pickles, seen) for m in members)), None)
-    for name, value in fill_ins(obj).items():
-        if is_notebook_definition(value):
-            found = unsendable_global(value, pickles, seen)
-            if found:
-                return found
-        elif not pickles(per_process.fresh(value)):
-            return f"the global {name!r} ({type(value).__name__}) that {obj.__qualname__} uses"
-    return None
-
 

@@ -63,6 +63,10 @@ class Receivers:
         self.local.fresh.append(digest)
         return False
 
+    def holds_already(self, key) -> bool:
+        """Whether the destination of the call being pickled holds ``key``, noting nothing."""
+        return key in self.known.get(self.local.to, ())
+
     def remember(self, func, name: str, key: tuple, reduction: tuple) -> None:
         """The destination of the call being pickled holds top-level ``func`` (stored under
         ``name``, held as ``key``), which uses no global: ``reduction`` (its identity alone)

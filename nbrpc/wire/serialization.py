@@ -66,25 +66,29 @@ def serialize(self, obj):
             made = _torch_table.flat = (key, *_flat_tables(cls, _prepared(self)))
         return made[1] if shared else made[2]
 
-    made = home = None
     if type(obj) is torch_compat.PythonUDF:
         message, made = c_pickling.call_message(obj, flat)
-    else:  # a reply: to its caller's process, if a served call named it (``receivers.replying``)
-        home = receivers.reply_home(obj)
-        message = c_pickling.value_message(obj, flat)
-    if message is not None:
-        return message
-    cloudpickling.forget_importable()
-    table = _prepared(self)
-    if isinstance(obj, torch.jit.ScriptModule):
-        table[obj.__class__] = rpc_pickler.script_module_reducer(self)
+        return message or _kept_message(self, cls, obj, made)
+    # A reply: to its caller's process, if a served call named it (``receivers.replying``);
+    # a class its caller made goes there by identity (``definitions.reduce_class``).
+    home = receivers.reply_home(obj)
     if home is None:
-        return cloudpickling.message(obj, cls, table, made)
-    receivers.going_home(home)  # a class its caller made goes by identity (``definitions.reduce_class``)
+        return c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
+    receivers.going_home(home)
     try:
-        return cloudpickling.message(obj, cls, table, made)
+        return c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
     finally:
         receivers.going_home(None)
+
+
+def _kept_message(torch_pickler, cls: type, obj, made: dict | None) -> tuple[bytes, list]:
+    """``obj``'s message by the kept pickler (the third route), ``made`` the notebook
+    functions' reductions the second made on its way."""
+    cloudpickling.forget_importable()
+    table = _prepared(torch_pickler)
+    if isinstance(obj, torch.jit.ScriptModule):
+        table[obj.__class__] = rpc_pickler.script_module_reducer(torch_pickler)
+    return cloudpickling.message(obj, cls, table, made)
 
 
 def _flat_key(torch_pickler, cls: type) -> tuple:

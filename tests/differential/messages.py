@@ -10,8 +10,10 @@ facts that are compared).
 - ``make_view``: a view of a base, ``["slice", start, stop, step]``, ``["matrix_t", rows,
   cols]``, ``["windows", size, step]`` (overlapping when step < size), ``["channels_last",
   c, h, w]``, ``["element", i]`` (0-d), ``["expand", i, m]`` (stride 0) or ``["whole"]``.
-- ``build``: nested ``["list"|"tuple", [...]]``, ``["dict", [[key, item], ...]]`` and
-  ``["leaf", i]`` items into containers of those views; anything else is a plain value.
+- ``build``: nested ``["list"|"tuple", [...]]``, ``["dict", [[key, item], ...]]``,
+  ``["box", [item, item]]`` (a ``Box``: a class of the notebook's, importable under raw
+  torch) and ``["leaf", i]`` items into containers of those views; anything else is a
+  plain value.
 - ``describe``: a value's structure and, per tensor, dtype, shape, strides, offset, the
   size and identity of its storage (labels in order of appearance: equal labels, one
   storage), ``requires_grad`` and a digest of its values.
@@ -71,12 +73,21 @@ def make_view(base, view):
     raise ValueError(f"unknown view {view!r}")
 
 
+class Box:
+    """Two values in an object of a class of the notebook's (of a module under raw torch)."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+
 def build(item, leaves):
     """The value an item spec names, its leaves taken from ``leaves``."""
     if isinstance(item, list):
         tag, body = item
         if tag == "leaf":
             return leaves[body]
+        if tag == "box":
+            return Box(*(build(value, leaves) for value in body))
         if tag == "dict":
             return {key: build(value, leaves) for key, value in body}
         values = [build(value, leaves) for value in body]
@@ -97,6 +108,8 @@ def tensors_in(value):
         return [value]
     if isinstance(value, dict):
         value = list(value.values())
+    if isinstance(value, Box):
+        value = [value.first, value.second]
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in tensors_in(v)]
     return []
@@ -135,6 +148,8 @@ def describe(value):
             return ["dict", [[repr(k), walk(x)] for k, x in v.items()]]
         if isinstance(v, (list, tuple)):
             return [type(v).__name__, [walk(x) for x in v]]
+        if isinstance(v, Box):
+            return ["Box", [walk(v.first), walk(v.second)]]
         if v is None or isinstance(v, (bool, int, float, str)):
             return [type(v).__name__, v]
         return [type(v).__name__, repr(v)]

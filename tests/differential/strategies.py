@@ -80,7 +80,7 @@ def views(draw, n: int) -> list:
 
 
 def items(leaf_count: int):
-    """A message's items: plain values, leaves, and lists, tuples and dicts of them."""
+    """A message's items: plain values, leaves, and lists, tuples, dicts and boxes of them."""
     leaf = st.integers(0, leaf_count - 1).map(lambda i: ["leaf", i]) if leaf_count else st.nothing()
     keys = st.text(alphabet="abxyz", min_size=1, max_size=2)
     return st.recursive(
@@ -88,7 +88,8 @@ def items(leaf_count: int):
         lambda inner: st.one_of(
             st.lists(inner, max_size=3).map(lambda v: ["list", v]),
             st.lists(inner, max_size=3).map(lambda v: ["tuple", v]),
-            st.dictionaries(keys, inner, max_size=3).map(lambda d: ["dict", [[k, v] for k, v in d.items()]])),
+            st.dictionaries(keys, inner, max_size=3).map(lambda d: ["dict", [[k, v] for k, v in d.items()]]),
+            st.tuples(inner, inner).map(lambda v: ["box", list(v)])),
         max_leaves=6)
 
 
