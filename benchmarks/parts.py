@@ -83,6 +83,12 @@ def instance_calls(n: int) -> None:
         rpc.rpc_sync(WORKER, echo, args=(instance,))
 
 
+def instance_remote_fetches(n: int) -> None:
+    instance = INSTANCES[0]
+    for _ in range(n):
+        rpc.remote(WORKER, echo, args=(instance,)).to_here()
+
+
 def pipelined(n: int, in_flight: int = 32) -> None:
     waiting = collections.deque()
     for _ in range(n):
@@ -97,7 +103,8 @@ def pipelined(n: int, in_flight: int = 32) -> None:
 LOOPS = {"rpc_sync": (small_calls, 1), "remote + to_here": (remote_fetches, 2),
          "rpc_async, 32 in flight": (pipelined, 1), "rpc_sync of a small tensor": (tensor_calls, 1),
          "remote + to_here of a small tensor": (tensor_remote_fetches, 2),
-         "rpc_sync of a cell class's instance": (instance_calls, 1)}
+         "rpc_sync of a cell class's instance": (instance_calls, 1),
+         "remote + to_here of a cell class's instance": (instance_remote_fetches, 2)}
 
 
 def _measure(loop, calls: int, worker: int) -> tuple[float, float, float, float]:
