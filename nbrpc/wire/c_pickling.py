@@ -170,22 +170,32 @@ def leaves_in_c(values, instances: dict) -> int | None:
         elif cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves = _leaf(value, cls, leaves)
         else:
-            found = held_instances.state(value, cls)
-            if found is None:
+            fields = _held_instance(value, cls, instances)
+            if fields is None:
                 return None
-            fields = found[0]
-            left -= len(fields)
-            if not (PLAIN_VALUES.issuperset(map(type, fields.values())) and PLAIN_VALUES.issuperset(map(type, fields))):
+            if fields:
                 todo.append(fields)  # (walked as a dict)
-            if cls not in instances:
-                instances[cls] = _instance_reducer(found[1])
     return leaves
+
+
+def _held_instance(value, cls: type, instances: dict) -> dict | None:
+    """The fields of ``value`` to walk (none where they are all plain values), if it is an
+    instance ``held_instances`` takes, its class's reducer noted in ``instances``; else None."""
+    found = held_instances.state(value, cls)
+    if found is None:
+        return None
+    if cls not in instances:
+        instances[cls] = _instance_reducer(found[1])
+    fields = found[0]
+    if PLAIN_VALUES.issuperset(map(type, fields.values())) and PLAIN_VALUES.issuperset(map(type, fields)):
+        return {}
+    return fields
 
 
 def flat_leaves(values: tuple, instances: dict) -> int | None:
     """``leaves_in_c(values, instances)`` (a call's positional arguments, its keywords empty,
-    or a reply alone), told in one pass where each of ``values`` is a plain value, a tensor
-    or an RRef, walked where one is a container or an object."""
+    or a reply alone), told in one pass where each of ``values`` is a plain value, a tensor,
+    an RRef or a held instance of plain fields, walked where one is a container."""
     if len(values) > WALK_LIMIT - 2:
         return leaves_in_c(values, instances)
     leaves = PLAIN
@@ -195,8 +205,14 @@ def flat_leaves(values: tuple, instances: dict) -> int | None:
             continue
         if cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves = _leaf(value, cls, leaves)
-        else:
+        elif cls is tuple or cls is list or cls is dict:
             return leaves_in_c(values, instances)
+        else:
+            fields = _held_instance(value, cls, instances)
+            if fields is None:
+                return None
+            if fields:
+                return leaves_in_c(values, instances)
     return leaves
 
 

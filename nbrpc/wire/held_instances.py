@@ -11,14 +11,15 @@ instance's class plain and held.
 from __future__ import annotations
 
 import copyreg
-import weakref
 
 from . import definitions, module_globals
 
 _AS_OBJECT = (object.__reduce_ex__, object.__reduce__, object.__getstate__)
 # class -> (its __mro__, its reduction by identity, or None where it is not a plain
-# notebook class): told once per class (and again if its bases change).
-_KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# notebook class): told once per class (and again if its bases change), for
+# ``KINDS_KEPT`` classes at most (a class made in a loop makes one each time).
+_KINDS: dict[type, tuple] = {}
+KINDS_KEPT = 1024
 
 
 def state(obj, cls: type) -> tuple[dict, tuple] | None:
@@ -29,6 +30,8 @@ def state(obj, cls: type) -> tuple[dict, tuple] | None:
     ``copyreg`` reducer); else None."""
     kind = _KINDS.get(cls)
     if kind is None or kind[0] is not cls.__mro__:
+        if len(_KINDS) >= KINDS_KEPT:
+            _KINDS.clear()
         kind = _KINDS[cls] = (cls.__mro__, _plain_kind(cls))
     by_identity = kind[1]
     if (by_identity is None or cls.__module__ != "__main__" or cls in copyreg.dispatch_table
