@@ -167,3 +167,31 @@ def test_an_instance_of_a_held_class_is_pickled_all_in_c_both_ways(shell, cluste
         assert shell.user_ns["Spot"] in asked  # never sent to worker2: in full there
     finally:
         cluster.run("_Kept.reducer_override = _kept_reducer", "worker1")
+
+
+def test_a_forked_child_tells_a_class_by_its_own_identity(shell):
+    """A class's kind, kept per class, names its identity by this process's origin: a
+    forked child (a new origin) tells it afresh."""
+    import os
+
+    from nbrpc.wire import definitions, held_instances
+    from nbrpc.wire.receivers import receivers
+
+    spot = shell.user_ns["Spot"](1, 2)
+    receivers.going_home(definitions.REGISTRY.origin)  # as a reply to its maker is pickled
+    try:
+        assert held_instances.state(spot, type(spot))[1][1][0][0] == definitions.REGISTRY.origin
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            receivers.going_home(definitions.REGISTRY.origin)
+            found = held_instances.state(spot, type(spot))
+            os.write(w, repr(found is not None and found[1][1][0][0] == definitions.REGISTRY.origin).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(r, 10) == b"True"
+        os.close(r)
+        os.close(w)
+    finally:
+        receivers.going_home(None)
+

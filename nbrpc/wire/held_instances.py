@@ -11,15 +11,18 @@ instance's class plain and held.
 from __future__ import annotations
 
 import copyreg
+import os
 
 from . import definitions, module_globals
 
 _AS_OBJECT = (object.__reduce_ex__, object.__reduce__, object.__getstate__)
 # class -> (its __mro__, its reduction by identity, or None where it is not a plain
 # notebook class): told once per class (and again if its bases change), for
-# ``KINDS_KEPT`` classes at most (a class made in a loop makes one each time).
+# ``KINDS_KEPT`` classes at most (a class made in a loop makes one each time). A forked
+# child starts without (its definitions have another origin: ``definitions.REGISTRY``).
 _KINDS: dict[type, tuple] = {}
 KINDS_KEPT = 1024
+os.register_at_fork(after_in_child=_KINDS.clear)
 
 
 def state(obj, cls: type) -> tuple[dict, tuple] | None:
