@@ -169,6 +169,15 @@ def test_an_instance_of_a_held_class_is_pickled_all_in_c_both_ways(shell, cluste
         cluster.run("_Kept.reducer_override = _kept_reducer", "worker1")
 
 
+def _origin_told(held_instances, instance) -> str | None:
+    """The origin that the C route's reduction of ``instance`` names its class by, if it takes it."""
+    found = held_instances.held(instance, type(instance))
+    if found is None:
+        return None
+    by_identity = found[1](instance)[1][0]  # (new, (the class's reduction by identity,), its fields)
+    return by_identity[1][0][0]  # (_pinned_function, ((origin, token, 0), "class"))
+
+
 def test_a_forked_child_tells_a_class_by_its_own_identity(shell):
     """A class's kind, kept per class, names its identity by this process's origin: a
     forked child (a new origin) tells it afresh."""
@@ -180,13 +189,12 @@ def test_a_forked_child_tells_a_class_by_its_own_identity(shell):
     spot = shell.user_ns["Spot"](1, 2)
     receivers.going_home(definitions.REGISTRY.origin)  # as a reply to its maker is pickled
     try:
-        assert held_instances.state(spot, type(spot))[1][1][0][0] == definitions.REGISTRY.origin
+        assert _origin_told(held_instances, spot) == definitions.REGISTRY.origin
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             receivers.going_home(definitions.REGISTRY.origin)
-            found = held_instances.state(spot, type(spot))
-            os.write(w, repr(found is not None and found[1][1][0][0] == definitions.REGISTRY.origin).encode())
+            os.write(w, repr(_origin_told(held_instances, spot) == definitions.REGISTRY.origin).encode())
             os._exit(0)
         os.waitpid(pid, 0)
         assert os.read(r, 10) == b"True"
@@ -195,3 +203,43 @@ def test_a_forked_child_tells_a_class_by_its_own_identity(shell):
     finally:
         receivers.going_home(None)
 
+
+
+FETCHED = """
+class Fetched:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+def fetched_facts(rref):
+    value = rref.to_here()
+    return type(value).__name__, sorted(vars(value).items())
+"""
+
+
+def test_an_rrefs_value_goes_to_any_fetcher_by_identity_or_again_in_full(shell, cluster):
+    """A remote's value, an instance of a held class, goes to its fetcher with the class by
+    identity, all in C on the owner, whoever fetches (the owner cannot tell); a fetcher
+    that lacks the class (an RRef forked to it) fetches it again in full, and by identity
+    after; a value holding an RRef takes the kept pickler."""
+    run(shell, FETCHED)
+    cluster.run(_COUNT_KEPT, "worker1")
+    try:
+        run(shell, "made = rpc.remote('worker1', Fetched, args=(1, 2.5))")
+        cluster.run("_kept_asked.clear()", "worker1")
+        here = run(shell, "made.to_here()")
+        assert type(here) is shell.user_ns["Fetched"] and (here.a, here.b) == (1, 2.5)
+        assert run(shell, "rpc.rpc_sync('worker1', lambda: list(__import__('__main__')._kept_asked))") == []
+        # worker2 never got Fetched: the owner's reply names it by identity, worker2 fetches again
+        for turn in ("in full", "by identity"):
+            cluster.run("_kept_asked.clear()", "worker1")
+            facts = run(shell, "rpc.rpc_sync('worker2', fetched_facts, args=(made,))")
+            assert facts == ("Fetched", [("a", 1), ("b", 2.5)]), turn
+            kept = run(shell, "rpc.rpc_sync('worker1', lambda: list(__import__('__main__')._kept_asked))")
+            assert ("Fetched" in kept) == (turn == "in full"), (turn, kept)
+        cluster.run("_kept_asked.clear()", "worker1")
+        holder = run(shell, "inner = rpc.remote('worker1', torch.add, args=(torch.ones(2), 0))\n"
+                            "rpc.remote('worker1', Fetched, args=(inner, 3)).to_here()")
+        assert type(holder) is shell.user_ns["Fetched"] and holder.a.to_here().tolist() == [1.0, 1.0]
+        assert "Fetched" in run(shell, "rpc.rpc_sync('worker1', lambda: list(__import__('__main__')._kept_asked))")
+    finally:
+        cluster.run("_Kept.reducer_override = _kept_reducer", "worker1")

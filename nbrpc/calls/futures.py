@@ -10,7 +10,6 @@ frames only, never nbrpc's.
 from __future__ import annotations
 
 import functools
-import threading
 
 import torch
 
@@ -54,10 +53,14 @@ class NamedFuture(torch.futures.Future):
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
-        self._lock = threading.Lock()
-        self._pair: dict = {}  # the view and, on failure, its error: whichever comes second sets the raise
-        view = _CFuture.then(fut, functools.partial(self._outcome, self._pair))  # after _settle
-        self._paired("view", view)
+        # The view and, on failure, its error (``_outcome``, maybe on another thread, maybe
+        # before ``then`` returns): whichever is stored second finds both and sets the raise
+        # (each store and look is one step under the GIL; setting it twice is harmless).
+        pair = {}
+        view = _CFuture.then(fut, functools.partial(self._outcome, pair))  # after _settle
+        pair["view"] = view
+        if len(pair) == 2:
+            set_unwrap(view, RAISE)
         # C methods of the view, so that no frame of nbrpc's is under a callback.
         self.then = functools.partial(_CFuture.then, view)
         self.add_done_callback = functools.partial(_CFuture.add_done_callback, view)
@@ -86,14 +89,10 @@ class NamedFuture(torch.futures.Future):
             return _CFuture.wait(self)  # settled by now, or soon (a view made while _settle ran)
         except Exception as e:
             error = self._named_now(e).with_traceback(None)
-            self._paired("error", error)
+            pair["error"] = error
+            if len(pair) == 2:
+                set_unwrap(pair["view"], RAISE)
             return error
-
-    def _paired(self, part: str, item) -> None:
-        with self._lock:
-            self._pair[part] = item
-            if len(self._pair) == 2:
-                set_unwrap(self._pair["view"], RAISE)
 
     def _named_now(self, error: Exception) -> BaseException:
         """``error`` as ``wait`` raises it, the stop's answer as far as it came."""

@@ -36,7 +36,7 @@ from .._compat.torch_compat import UNSET_RPC_TIMEOUT, RPCExecMode
 from ..errors import SerializationError, UnknownWorkerError, WorkerDiedError
 from ..recording import functions, pending, rref_ledger
 from ..recording.pending import PENDING
-from ..wire import remote_errors
+from ..wire import held_instances, remote_errors
 from ..wire.definitions import REGISTRY
 from . import caller_half, destinations, interrupts, output, stopping
 from .breakpoints import REMOTES, after_pause, failed_on, noting, stepped_through
@@ -284,14 +284,25 @@ def _in_a_kernel() -> bool:
 
 
 def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded):
-    """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled."""
-    if record is caller_half.UNRECORDED:
-        return _torch_to_here(rref, timeout)
-    record.fetching(True)
+    """torch's ``to_here``; a recorded one counts the reply's bytes as it is unpickled. A
+    value whose class the owner sent by identity, where this process lacks it, is fetched
+    again in full, by a call (``c_pickling.fetched_message``)."""
     try:
-        return _torch_to_here(rref, timeout)
-    finally:
-        record.fetching(False)
+        if record is caller_half.UNRECORDED:
+            return _torch_to_here(rref, timeout)
+        record.fetching(True)
+        try:
+            return _torch_to_here(rref, timeout)
+        finally:
+            record.fetching(False)
+    except held_instances.NotHeld:
+        return _call_and_wait(rref.owner(), _local_value, (rref,), None, timeout)
+
+
+def _local_value(rref):
+    """On an RRef's owner: its value, as a reply to the caller (its classes in full where
+    the caller lacks them)."""
+    return rref.local_value()
 
 
 def _send(send: Callable, func, carrier: type | None, args, record: caller_half.Record | caller_half.Unrecorded,

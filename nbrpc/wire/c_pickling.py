@@ -18,7 +18,6 @@ plain C pickler, no Python code run per object but the reducers in its table.
 
 from __future__ import annotations
 
-import copyreg
 import io
 import pickle
 import threading
@@ -32,14 +31,7 @@ from .._compat import torch_compat
 from . import cloudpickling, definitions, held_instances, module_globals, shared_tensors, signing
 from .plain_values import PLAIN_VALUES
 from .receivers import receivers
-
-
-class Reduced(tuple):
-    """A reduction (callable, arguments) in a call's place of the function it rebuilds:
-    the C pickler's table gives it back as it is (``tuple``), where the C pickler writes
-    any function as a global before it looks in a table."""
-
-    __slots__ = ()
+from .reductions import Reduced
 
 
 class _CPickler(threading.local):
@@ -119,23 +111,39 @@ def value_message(obj, flat) -> tuple[bytes, list] | None:
     return _in_c(obj, obj, flat, leaves, instances)
 
 
+def fetched_message(obj, flat) -> tuple[bytes, list] | None:
+    """The message of an RRef's value that holds instances of top-level notebook classes,
+    for a fetch (``to_here``) by any of the RRef's holders, which the owner cannot tell:
+    the classes by identity, the fetcher's check that it holds them first
+    (``held_instances.checked_first``: if not, it fetches again in full, nothing of the
+    message made). None where the value holds no such instance, or an RRef (a fork made
+    here would wait for a confirmation that the check may stop)."""
+    instances = {}
+    receivers.fetching(True)
+    try:
+        leaves = flat_leaves((obj,), instances)
+    finally:
+        receivers.fetching(False)
+    if leaves is None or not instances:
+        return None
+    table = {**flat(leaves == SHARED_MEMORY), _RREF_TYPES[0]: _no_rref, _RREF_TYPES[1]: _no_rref} if leaves else None
+    pickled = pickled_in_c(held_instances.checked_first(obj, instances), table, leaves == SHARED_MEMORY, instances)
+    return None if pickled is None else (signing.message(obj, pickled[0], pickled[1]), pickled[1])
+
+
+_RREF_TYPES = (rpc.PyRRef, rpc.RRef)
+
+
+def _no_rref(rref):
+    raise pickle.PicklingError("an RRef in a fetched value goes by the kept pickler")
+
+
 def _in_c(obj, counted, flat, leaves: int, instances: dict) -> tuple[bytes, list] | None:
     """``obj`` pickled all in C (``pickled_in_c``) with the table its ``leaves`` need and
     its held notebook classes' ``instances``, signed, counted as ``counted``."""
     shared = leaves == SHARED_MEMORY
     pickled = pickled_in_c(obj, flat(shared) if leaves else None, shared, instances)
     return None if pickled is None else (signing.message(counted, pickled[0], pickled[1]), pickled[1])
-
-
-def _instance_reducer(by_identity: tuple):
-    """The C pickler's reducer of a held notebook class's instances (``held_instances``):
-    the reduction pickle makes, the class by identity (``by_identity``)."""
-    def reduce(obj) -> tuple:
-        reduced = obj.__reduce_ex__(cloudpickle.DEFAULT_PROTOCOL)
-        if reduced[0] is not copyreg.__newobj__ or reduced[1][0] is not type(obj):  # (the kept pickler's then)
-            raise pickle.PicklingError(f"{type(obj).__qualname__} reduces otherwise")
-        return (held_instances.new, (Reduced(by_identity), *reduced[1][1:]), *reduced[2:])
-    return reduce
 
 
 def _leaf(value, cls: type, leaves: int) -> int:
@@ -181,12 +189,10 @@ def leaves_in_c(values, instances: dict) -> int | None:
 def _held_instance(value, cls: type, instances: dict) -> dict | None:
     """The fields of ``value`` to walk (none where they are all plain values), if it is an
     instance ``held_instances`` takes, its class's reducer noted in ``instances``; else None."""
-    found = held_instances.state(value, cls)
+    found = held_instances.held(value, cls)
     if found is None:
         return None
-    if cls not in instances:
-        instances[cls] = _instance_reducer(found[1])
-    fields = found[0]
+    fields, instances[cls] = found
     if PLAIN_VALUES.issuperset(map(type, fields.values())) and PLAIN_VALUES.issuperset(map(type, fields)):
         return {}
     return fields

@@ -13,12 +13,14 @@ FUNCTIONS_KEPT = 1024
 class _Pickling(threading.local):
     """Where this thread's message goes: ``to``, a call's receiver by name, with the
     digests it carried in full (``fresh``); ``reply``, the value a served call answers and
-    its caller's origin (``replying``); ``home``, that origin while the reply is pickled."""
+    its caller's origin (``replying``); ``home``, that origin while the reply is pickled;
+    ``fetched``, while an RRef's value is pickled for a fetch by any of its holders."""
 
     to: str | None = None
     fresh: list | None = None
     reply: tuple | None = None
     home: str | None = None
+    fetched: bool = False
 
 
 class Receivers:
@@ -39,6 +41,8 @@ class Receivers:
         self.lock = threading.Lock()
         # (id() of a function, receiver) -> what ``held`` checks, and the function's reduction.
         self.functions: dict[tuple, tuple] = {}
+        # id() of a notebook class's instance a remote made here -> a weak reference to it.
+        self.owned: dict[int, weakref.ref] = {}
 
     def begin(self, name: str | None) -> None:
         """The call pickled next on this thread goes to ``name`` (None: unknown)."""
@@ -64,8 +68,28 @@ class Receivers:
         return False
 
     def holds_already(self, key) -> bool:
-        """Whether the destination of the call being pickled holds ``key``, noting nothing."""
-        return key in self.known.get(self.local.to, ())
+        """Whether the destination of the call being pickled holds ``key``, noting nothing;
+        any fetcher of an RRef's value is taken to (``fetching``)."""
+        local = self.local
+        return local.fetched or key in self.known.get(local.to, ())
+
+    def owning(self, value) -> None:
+        """``value``, an instance of a notebook class, is the value of an RRef owned here
+        (a remote's): torch pickles it for any of the RRef's holders (``is_owned``)."""
+        key = id(value)
+        self.owned[key] = weakref.ref(value, lambda _: self.owned.pop(key, None))
+
+    def is_owned(self, obj) -> bool:
+        """Whether ``obj`` is the value of an RRef owned here (``owning``): pickled with no
+        caller named, it is a fetch's (``to_here``) reply."""
+        ref = self.owned.get(id(obj))
+        return ref is not None and ref() is obj
+
+    def fetching(self, on: bool) -> None:
+        """An RRef's value is pickled now for a fetch, by a process this one cannot tell
+        (``c_pickling.fetched_message``): any receiver holds its top-level classes, as far as
+        ``holds_already`` tells (the fetcher checks, and fetches again in full if not)."""
+        self.local.fetched = on
 
     def remember(self, func, name: str, key: tuple, reduction: tuple) -> None:
         """The destination of the call being pickled holds top-level ``func`` (stored under
@@ -128,6 +152,7 @@ class Receivers:
         self.local = _Pickling()
         self.lock = threading.Lock()
         self.functions = {}
+        self.owned = {}
 
 
 receivers = Receivers()

@@ -13,7 +13,9 @@ Each message takes the first of three routes that takes it, the same bytes which
    reductions the second route made on its way (``c_pickling.call_message``).
 
 A reply goes to its caller: a top-level notebook class the caller made goes by identity
-(``receivers.replying``, told by the served call). Every message is signed, and
+(``receivers.replying``, told by the served call). An RRef's value goes to a fetcher this
+process cannot tell: its held instances' classes by identity, checked first on arrival
+(``c_pickling.fetched_message``). Every message is signed, and
 ``rpc_unpickler`` checks the signature before it unpickles anything (``signing``).
 """
 
@@ -73,7 +75,9 @@ def serialize(self, obj):
     # a class its caller made goes there by identity (``definitions.reduce_class``).
     home = receivers.reply_home(obj)
     if home is None:
-        return c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
+        # An RRef's value, a fetch's reply: its held classes by identity, where it can.
+        fetched = c_pickling.fetched_message(obj, flat) if receivers.is_owned(obj) else None
+        return fetched or c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
     receivers.going_home(home)
     try:
         return c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
