@@ -61,9 +61,12 @@ class NamedFuture(torch.futures.Future):
         pair["view"] = view
         if len(pair) == 2:
             set_unwrap(view, RAISE)
-        # C methods of the view, so that no frame of nbrpc's is under a callback.
-        self.then = functools.partial(_CFuture.then, view)
-        self.add_done_callback = functools.partial(_CFuture.add_done_callback, view)
+        self._view = view
+
+    # C methods of the view, so that no frame of nbrpc's is under a callback (a property's
+    # has returned before the callback is added).
+    then = property(lambda self: functools.partial(_CFuture.then, self._view))
+    add_done_callback = property(lambda self: functools.partial(_CFuture.add_done_callback, self._view))
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
