@@ -100,10 +100,9 @@ def checked_first(value, instances: dict) -> Reduced:
 def holds_all(keys: tuple) -> None:
     """Raises ``NotHeld`` unless this process holds each of the classes ``keys`` name."""
     pinned = definitions.REGISTRY.pinned
-    missing = [key for key in keys if key not in pinned]
-    if missing:
-        raise NotHeld(f"a fetched value's class (origin {missing[0][0]}, token {missing[0][1]}) "
-                      "was never sent to this process")
+    for key in keys:
+        if key not in pinned:
+            raise NotHeld(f"a fetched value's class (origin {key[0]}, token {key[1]}) was never sent to this process")
 
 
 def _after(_checked, value):

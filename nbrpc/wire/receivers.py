@@ -68,10 +68,8 @@ class Receivers:
         return False
 
     def holds_already(self, key) -> bool:
-        """Whether the destination of the call being pickled holds ``key``, noting nothing;
-        any fetcher of an RRef's value is taken to (``fetching``)."""
-        local = self.local
-        return local.fetched or key in self.known.get(local.to, ())
+        """Whether the destination of the call being pickled holds ``key``, noting nothing."""
+        return key in self.known.get(self.local.to, ())
 
     def owning(self, value) -> None:
         """``value``, an instance of a notebook class, is the value of an RRef owned here
@@ -87,9 +85,13 @@ class Receivers:
 
     def fetching(self, on: bool) -> None:
         """An RRef's value is pickled now for a fetch, by a process this one cannot tell
-        (``c_pickling.fetched_message``): any receiver holds its top-level classes, as far as
-        ``holds_already`` tells (the fetcher checks, and fetches again in full if not)."""
+        (``c_pickling.fetched_message``): its top-level classes go by identity (``any_fetcher``;
+        the fetcher checks that it holds them, and fetches again in full if not)."""
         self.local.fetched = on
+
+    def any_fetcher(self) -> bool:
+        """Whether the message pickled now goes to whichever holder of an RRef fetches it."""
+        return self.local.fetched
 
     def remember(self, func, name: str, key: tuple, reduction: tuple) -> None:
         """The destination of the call being pickled holds top-level ``func`` (stored under
