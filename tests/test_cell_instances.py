@@ -220,7 +220,7 @@ def test_an_rrefs_value_goes_to_any_fetcher_by_identity_or_again_in_full(shell, 
     """A remote's value, an instance of a held class, goes to its fetcher with the class by
     identity, all in C on the owner, whoever fetches (the owner cannot tell); a fetcher
     that lacks the class (an RRef forked to it) fetches it again in full, and by identity
-    after; a value holding an RRef takes the kept pickler."""
+    after; a value holding an RRef, or of a class without weak references, takes the kept pickler."""
     run(shell, FETCHED)
     cluster.run(_COUNT_KEPT, "worker1")
     try:
@@ -241,5 +241,7 @@ def test_an_rrefs_value_goes_to_any_fetcher_by_identity_or_again_in_full(shell, 
                             "rpc.remote('worker1', Fetched, args=(inner, 3)).to_here()")
         assert type(holder) is shell.user_ns["Fetched"] and holder.a.to_here().tolist() == [1.0, 1.0]
         assert "Fetched" in run(shell, "rpc.rpc_sync('worker1', lambda: list(__import__('__main__')._kept_asked))")
+        slotted = run(shell, "rpc.remote('worker1', SlottedSpot, args=(4,)).to_here()")  # no weak reference to it
+        assert type(slotted) is shell.user_ns["SlottedSpot"] and slotted.x == 4
     finally:
         cluster.run("_Kept.reducer_override = _kept_reducer", "worker1")

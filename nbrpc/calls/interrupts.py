@@ -185,11 +185,11 @@ class Carrier(tuple):
                 value = _run(func, call_id, args, kwargs)
             else:
                 value = _recorded(func, call_id, trace, args, kwargs)
-            if type(value) not in PLAIN_VALUES:
-                if len(self) > 3:  # its reply goes to the caller of this origin
+            if len(self) > 3:
+                if type(value) not in PLAIN_VALUES:  # its reply goes to the caller of this origin
                     receivers.replying(value, self[3])
-                elif type(value).__module__ == "__main__":  # a remote's value: any holder fetches it
-                    receivers.owning(value)
+            elif type(value).__module__ == "__main__":  # a remote's value, of a notebook class: any holder fetches it
+                receivers.owning(value)
             return value
         except Exception as e:
             FAILURES.keep(call_id, e)  # for %debug on the caller

@@ -75,7 +75,10 @@ class Receivers:
         """``value``, an instance of a notebook class, is the value of an RRef owned here
         (a remote's): torch pickles it for any of the RRef's holders (``is_owned``)."""
         key = id(value)
-        self.owned[key] = weakref.ref(value, lambda _: self.owned.pop(key, None))
+        try:
+            self.owned[key] = weakref.ref(value, lambda _: self.owned.pop(key, None))
+        except TypeError:  # (slots without __weakref__): fetched in full
+            pass
 
     def is_owned(self, obj) -> bool:
         """Whether ``obj`` is the value of an RRef owned here (``owning``): pickled with no

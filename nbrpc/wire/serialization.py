@@ -75,9 +75,11 @@ def serialize(self, obj):
     # a class its caller made goes there by identity (``definitions.reduce_class``).
     home = receivers.reply_home(obj)
     if home is None:
-        # An RRef's value, a fetch's reply: its held classes by identity, where it can.
-        fetched = c_pickling.fetched_message(obj, flat) if receivers.is_owned(obj) else None
-        return fetched or c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
+        if type(obj).__module__ == "__main__" and receivers.is_owned(obj):  # an RRef's value, a fetch's reply
+            message = c_pickling.fetched_message(obj, flat)  # its held classes by identity, where it can
+            if message is not None:
+                return message
+        return c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
     receivers.going_home(home)
     try:
         return c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
