@@ -204,7 +204,6 @@ def test_a_forked_child_tells_a_class_by_its_own_identity(shell):
         receivers.going_home(None)
 
 
-
 FETCHED = """
 class Fetched:
     def __init__(self, a, b):

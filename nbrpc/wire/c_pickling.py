@@ -126,16 +126,15 @@ def fetched_message(obj, flat) -> tuple[bytes, list] | None:
         receivers.fetching(False)
     if leaves is None or not instances:
         return None
-    table = {**flat(leaves == SHARED_MEMORY), _RREF_TYPES[0]: _no_rref, _RREF_TYPES[1]: _no_rref} if leaves else None
-    pickled = pickled_in_c(held_instances.checked_first(obj, instances), table, leaves == SHARED_MEMORY, instances)
-    return None if pickled is None else (signing.message(obj, pickled[0], pickled[1]), pickled[1])
-
-
-_RREF_TYPES = (rpc.PyRRef, rpc.RRef)
+    return _in_c(held_instances.checked_first(obj, instances), obj,
+                 lambda shared: {**flat(shared), **_NO_RREF}, leaves, instances)
 
 
 def _no_rref(rref):
     raise pickle.PicklingError("an RRef in a fetched value goes by the kept pickler")
+
+
+_NO_RREF = dict.fromkeys((rpc.PyRRef, rpc.RRef), _no_rref)
 
 
 def _in_c(obj, counted, flat, leaves: int, instances: dict) -> tuple[bytes, list] | None:
