@@ -174,8 +174,8 @@ def _origin_told(held_instances, instance) -> str | None:
     found = held_instances.held(instance, type(instance))
     if found is None:
         return None
-    by_identity = found[1](instance)[1][0]  # (new, (the class's reduction by identity,), its fields)
-    return by_identity[1][0][0]  # (_pinned_function, ((origin, token, 0), "class"))
+    key = found[1](instance)[1][0]  # (instance_of, (the class's key,), its fields)
+    return key[0]  # (origin, token, 0)
 
 
 def test_a_forked_child_tells_a_class_by_its_own_identity(shell):
@@ -209,9 +209,17 @@ class Fetched:
     def __init__(self, a, b):
         self.a, self.b = a, b
 
+class FetchedToo:
+    def __init__(self, c):
+        self.c = c
+
 def fetched_facts(rref):
     value = rref.to_here()
     return type(value).__name__, sorted(vars(value).items())
+
+def fetched_parts(rref):
+    value = rref.to_here()
+    return type(value.b).__name__, value.b.c, float(value.a.sum())
 """
 
 
@@ -235,6 +243,12 @@ def test_an_rrefs_value_goes_to_any_fetcher_by_identity_or_again_in_full(shell, 
             assert facts == ("Fetched", [("a", 1), ("b", 2.5)]), turn
             kept = run(shell, "rpc.rpc_sync('worker1', lambda: list(__import__('__main__')._kept_asked))")
             assert ("Fetched" in kept) == (turn == "in full"), (turn, kept)
+        # worker2 lacks FetchedToo: it stops there, its 2 MiB tensor (shared memory) already unpickled
+        cluster.run("_kept_asked.clear()", "worker1")
+        parts = run(shell, "rpc.rpc_sync('worker2', fetched_parts, args=("
+                           "rpc.remote('worker1', Fetched, args=(torch.ones(2**19), FetchedToo(5))),))")
+        assert parts == ("FetchedToo", 5, 2.0**19)
+        assert "FetchedToo" in run(shell, "rpc.rpc_sync('worker1', lambda: list(__import__('__main__')._kept_asked))")
         cluster.run("_kept_asked.clear()", "worker1")
         holder = run(shell, "inner = rpc.remote('worker1', torch.add, args=(torch.ones(2), 0))\n"
                             "rpc.remote('worker1', Fetched, args=(inner, 3)).to_here()")

@@ -31,7 +31,14 @@ from .._compat import torch_compat
 from . import cloudpickling, definitions, held_instances, module_globals, shared_tensors, signing
 from .plain_values import PLAIN_VALUES
 from .receivers import receivers
-from .reductions import Reduced
+
+
+class Reduced(tuple):
+    """A reduction (callable, arguments) in a call's place of the function it rebuilds:
+    the C pickler's table gives it back as it is (``tuple``), where the C pickler writes
+    any function as a global before it looks in a table."""
+
+    __slots__ = ()
 
 
 class _CPickler(threading.local):
@@ -114,10 +121,9 @@ def value_message(obj, flat) -> tuple[bytes, list] | None:
 def fetched_message(obj, flat) -> tuple[bytes, list] | None:
     """The message of an RRef's value that holds instances of top-level notebook classes,
     for a fetch (``to_here``) by any of the RRef's holders, which the owner cannot tell:
-    the classes by identity, the fetcher's check that it holds them first
-    (``held_instances.checked_first``: if not, it fetches again in full, nothing of the
-    message made). None where the value holds no such instance, or an RRef (a fork made
-    here would wait for a confirmation that the check may stop)."""
+    the classes by identity (a fetcher that lacks one stops at it, ``held_instances.NotHeld``,
+    and fetches again in full). None where the value holds no such instance, or an RRef (a
+    fork made here would wait for a confirmation that a stopped fetch never sends)."""
     instances = {}
     receivers.fetching(True)
     try:
@@ -126,8 +132,7 @@ def fetched_message(obj, flat) -> tuple[bytes, list] | None:
         receivers.fetching(False)
     if leaves is None or not instances:
         return None
-    return _in_c(held_instances.checked_first(obj, instances), obj,
-                 lambda shared: {**flat(shared), **_NO_RREF}, leaves, instances)
+    return _in_c(obj, obj, lambda shared: {**flat(shared), **_NO_RREF}, leaves, instances)
 
 
 def _no_rref(rref):

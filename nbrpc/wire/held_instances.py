@@ -4,8 +4,9 @@ The kept pickler sends such an instance as pickle sends any object (``__reduce_e
 ``copyreg.__newobj__``, the class, its ``__dict__``), the class by identity where the
 receiver holds it or made it (``definitions.reduce_class``). The C pickler would write
 the class by name, a global of ``__main__``; ``held`` gives it a reducer of the same
-reduction with the class's identity in the class's place (``new``), where the instance's
-class is plain and held.
+reduction with the class's identity in the class's place (``instance_of``: one global
+where ``copyreg.__newobj__`` of the class by identity would take two, and each global
+costs a message an import's lookup on each side), where the instance's class is plain and held.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import Callable
 import cloudpickle
 
 from . import definitions, module_globals
-from .reductions import Reduced
 
 _AS_OBJECT = (object.__reduce_ex__, object.__reduce__, object.__getstate__)
 # class -> (its __mro__, its reduction by identity, its instances' reducer), the last two
@@ -61,50 +61,35 @@ def _plain_kind(cls: type) -> tuple[tuple | None, Callable | None]:
         if not definitions.is_notebook_definition(base) or "__slots__" in vars(base):
             return None, None
     by_identity = definitions.class_identity(cls)
-    return by_identity, _reducer(cls, Reduced(by_identity))
+    return by_identity, _reducer(cls, by_identity[1][0])
 
 
-def _reducer(cls: type, by_identity: Reduced) -> Callable:
-    """The reduction pickle makes of an instance of ``cls``, the class by identity; an
-    instance reduced otherwise (its own ``__reduce_ex__``, ``__getnewargs__``) fails,
-    for the kept pickler to send."""
-    args, newobj, plain = (by_identity,), copyreg.__newobj__, (cls,)
+def _reducer(cls: type, key: tuple) -> Callable:
+    """The reduction pickle makes of an instance of ``cls``, the class by identity (its
+    ``key``: ``instance_of``); an instance reduced otherwise (its own ``__reduce_ex__``,
+    ``__getnewargs__``) fails, for the kept pickler to send."""
+    args, newobj, plain = (key,), copyreg.__newobj__, (cls,)
 
     def reduce(obj) -> tuple:
         reduced = obj.__reduce_ex__(cloudpickle.DEFAULT_PROTOCOL)
         if reduced[0] is not newobj or reduced[1] != plain:
             raise pickle.PicklingError(f"{cls.__qualname__} reduces otherwise")
-        return (new, args) + reduced[2:]
+        return (instance_of, args) + reduced[2:]
     return reduce
 
 
-def new(cls: type, *args):
-    """``copyreg.__newobj__`` by another name: the C pickler takes the first argument of a
-    function of that name for a class, where ``c_pickling`` puts the class's identity."""
-    return cls.__new__(cls, *args)
+def instance_of(key: tuple):
+    """``copyreg.__newobj__`` of the notebook class this process holds as ``key``: a new
+    instance, its state set after (pickle's BUILD)."""
+    cls = definitions.REGISTRY.pinned.get(key)
+    if cls is None:
+        raise NotHeld(f"an instance's notebook class (origin {key[0]}, token {key[1]}) was never sent to this "
+                      "process; its sender believed it was. Start a new cluster (%rpc_shutdown, then %rpc_init) "
+                      "if this repeats")
+    return cls.__new__(cls)
 
 
 class NotHeld(pickle.UnpicklingError):
-    """A fetched RRef's value names a class this process does not hold (``checked_first``):
-    fetched again, in full (``calls.wrappers``)."""
-
-
-def checked_first(value, instances: dict) -> Reduced:
-    """``value``, whose held classes' ``instances`` (class -> reducer) go by identity to a
-    receiver that may not hold them: the receiver checks that it does before it unpickles
-    anything of ``value`` (``_after``, ``holds_all``)."""
-    keys = tuple(_KINDS[cls][1][1][0] for cls in instances)  # (_pinned_function, (key, "class"))
-    return Reduced((_after, (Reduced((holds_all, (keys,))), value)))
-
-
-def holds_all(keys: tuple) -> None:
-    """Raises ``NotHeld`` unless this process holds each of the classes ``keys`` name."""
-    pinned = definitions.REGISTRY.pinned
-    for key in keys:
-        if key not in pinned:
-            raise NotHeld(f"a fetched value's class (origin {key[0]}, token {key[1]}) was never sent to this process")
-
-
-def _after(_checked, value):
-    """``value``, once its classes were checked (``checked_first``)."""
-    return value
+    """An instance names a class this process does not hold (``instance_of``): in a fetched
+    RRef's value, which its owner sends each holder alike (``c_pickling.fetched_message``),
+    the value is fetched again, in full (``calls.wrappers``)."""

@@ -14,8 +14,8 @@ Each message takes the first of three routes that takes it, the same bytes which
 
 A reply goes to its caller: a top-level notebook class the caller made goes by identity
 (``receivers.replying``, told by the served call). An RRef's value goes to a fetcher this
-process cannot tell: its held instances' classes by identity, checked first on arrival
-(``c_pickling.fetched_message``). Every message is signed, and
+process cannot tell: its held instances' classes by identity, a fetcher lacking one
+fetching again in full (``c_pickling.fetched_message``). Every message is signed, and
 ``rpc_unpickler`` checks the signature before it unpickles anything (``signing``).
 """
 
