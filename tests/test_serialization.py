@@ -403,6 +403,35 @@ def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
         internal._internal_rpc_pickler.deserialize(forged, [])
 
 
+def test_nbrpcs_own_globals_go_as_extension_codes_and_a_taken_code_is_refused(shell):
+    """The usual call names its carrier and its function by pickle's extension codes,
+    which the receiver finds without an import; a process where another library took one
+    of the codes refuses to start serving, naming the code and the fix."""
+    import pickletools
+    import subprocess
+    import sys
+
+    from nbrpc.wire import serialization
+
+    run(shell, "def quadruple(x):\n    return 4 * x")
+    for _ in ("in full", "by identity, its codes found on the worker"):
+        assert run(shell, 'rpc.rpc_sync("worker1", quadruple, args=(2,))') == 8
+    udf = internal.PythonUDF(interrupts.Stoppable((shell.user_ns["quadruple"], "1-2", None)), (2,), {})
+    receivers.begin("worker1")
+    try:
+        (payload, _), _ = c_pickling.call_message(udf, None)
+    finally:
+        receivers.end()
+    codes = [arg for op, arg, _ in pickletools.genops(payload[signing.HEADER_SIZE:]) if op.name.startswith("EXT")]
+    assert codes == [serialization.EXTENSIONS[("nbrpc.calls.interrupts", "Stoppable")],
+                     serialization.EXTENSIONS[("nbrpc.wire.definitions", "_pinned_function")]]
+    taken = ("import copyreg\ncopyreg.add_extension('otherlib', 'thing', 0x6E64)\n"
+             "from nbrpc.wire import serialization\nserialization.install()")
+    done = subprocess.run([sys.executable, "-c", taken], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "extension code 0x6e64" in done.stderr and "copyreg.remove_extension" in done.stderr, done.stderr
+
+
 def _echo(*args, **kwargs):
     return args, kwargs
 

@@ -129,9 +129,35 @@ def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
     return pickle.Unpickler(file, **kwargs)
 
 
+# nbrpc's own globals that the usual messages name (a call's carrier, a function and a
+# class by identity, a tensor or an RRef in torch's table): pickle writes each as a code
+# (``copyreg.add_extension``) that the receiver finds in a table of its unpickler, where
+# a name costs it an import and a lookup (a few microseconds a message on a busy
+# machine). Every member registers the same codes (private use: above 255, which
+# pickle's own registry leaves free).
+EXTENSIONS = {("nbrpc.calls.interrupts", "Stoppable"): 0x6E62,
+              ("nbrpc.calls.interrupts", "Awaited"): 0x6E63,
+              ("nbrpc.wire.definitions", "_pinned_function"): 0x6E64,
+              ("nbrpc.wire.held_instances", "instance_of"): 0x6E65,
+              ("nbrpc.wire.tensor_table", "receive"): 0x6E66,
+              ("nbrpc.recording.rref_ledger", "_receive"): 0x6E67}
+
+
+def _register_extensions() -> None:
+    for (module, name), code in EXTENSIONS.items():
+        try:
+            copyreg.add_extension(module, name, code)  # (the same again: a no-op)
+        except ValueError as e:
+            raise RuntimeError(
+                f"nbrpc names {module}.{name} by pickle's extension code {code:#x}, and another library "
+                f"in this process registered that code or name otherwise ({e}). Remove that registration "
+                "(copyreg.remove_extension) before nbrpc starts") from e
+
+
 def install() -> None:
     """Make torch RPC in this process use ``RpcPickler``, kept per thread (``serialize``), and
-    ``rpc_unpickler`` (idempotent)."""
+    ``rpc_unpickler``, with nbrpc's ``EXTENSIONS`` (idempotent)."""
+    _register_extensions()
     torch_compat.patch(torch_compat.PICKLER, RpcPickler)
     torch_compat.patch(torch_compat.UNPICKLER, rpc_unpickler)
     torch_compat.patch(torch_compat.SERIALIZE, serialize)
