@@ -1,6 +1,7 @@
-"""Tensors go in torch's tensor table under ``tensor_table.receive``: one module function a
-message, named by its extension code (three bytes, no import on arrival), and what arrives is what torch's own receiver gives (values, types, views of one
-storage, gradients' requirement), both ways over a real cluster."""
+"""Tensors go in torch's tensor table under ``tensor_table.receive``, a module function
+named by its extension code (three bytes, no import on arrival), and what arrives is what
+torch's own receiver gives (values, types, views of one storage, gradients' requirement),
+both ways over a real cluster."""
 
 from __future__ import annotations
 
