@@ -124,6 +124,9 @@ class _NoCalls:
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
 
+    def fetching(self, *args) -> tuple[None, None]:  # (a fetch's key and its remote's)
+        return None, None
+
 
 def _torch_own(*points) -> list[tuple]:
     return [(owner, name, torch_compat._originals[(owner, name)]) for point in points for owner, name in point]

@@ -188,6 +188,25 @@ def test_a_quick_run_of_one_part_writes_its_rows(tmp_path):
     assert "call recording on" in done.stdout
 
 
+@pytest.mark.slow
+def test_every_part_of_the_call_path_can_be_left_out_of_every_loop():
+    """``make bench-parts`` in brief: each loop runs with each part left out (the stand-ins
+    keep the calls working: a remote's fetch with the calls in flight left out too) and
+    its table names every part with a figure."""
+    sys.path.insert(0, str(BENCHMARKS.parent))
+    try:
+        from nbrpc import _bench
+    finally:
+        sys.path.remove(str(BENCHMARKS.parent))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "parts.py"), "--rounds", "1", "--calls", "4"],
+                          capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert sum("per call (us)" in line for line in lines) == 7, done.stdout  # one table a loop
+    for part in _bench.PARTS:
+        assert sum(part in line and line.endswith("% of the wall") for line in lines) == 7, (part, done.stdout)
+
+
 def _runs(values: list[float]) -> list[dict]:
     return [{"sync_ms": v, "remote_ms": v, "throughput": 1 / v, "tensor_ms": v} for v in values]
 
