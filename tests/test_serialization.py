@@ -404,8 +404,8 @@ def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
 
 
 def test_nbrpcs_own_globals_go_as_extension_codes_and_a_taken_code_is_refused(shell):
-    """The usual call names its carrier and its function by pickle's extension codes,
-    which the receiver finds without an import; a process where another library took one
+    """The usual call names torch's call, its carrier and its function by pickle's
+    extension codes, which the receiver finds without an import; a process where another library took one
     of the codes refuses to start serving, naming the code and the fix."""
     import pickletools
     import subprocess
@@ -423,8 +423,10 @@ def test_nbrpcs_own_globals_go_as_extension_codes_and_a_taken_code_is_refused(sh
     finally:
         receivers.end()
     codes = [arg for op, arg, _ in pickletools.genops(payload[signing.HEADER_SIZE:]) if op.name.startswith("EXT")]
-    assert codes == [serialization.EXTENSIONS[("nbrpc.calls.interrupts", "Stoppable")],
+    assert codes == [serialization.EXTENSIONS[("torch.distributed.rpc.internal", "PythonUDF")],
+                     serialization.EXTENSIONS[("nbrpc.calls.interrupts", "Stoppable")],
                      serialization.EXTENSIONS[("nbrpc.wire.definitions", "_pinned_function")]]
+    assert b"torch" not in payload and b"nbrpc." not in payload  # (no name left to import)
     taken = ("import copyreg\ncopyreg.add_extension('otherlib', 'thing', 0x6E64)\n"
              "from nbrpc.wire import serialization\nserialization.install()")
     done = subprocess.run([sys.executable, "-c", taken], capture_output=True, text=True, timeout=120)

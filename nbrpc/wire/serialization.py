@@ -129,18 +129,20 @@ def rpc_unpickler(file: io.BytesIO, **kwargs) -> pickle.Unpickler:
     return pickle.Unpickler(file, **kwargs)
 
 
-# nbrpc's own globals that the usual messages name (a call's carrier, a function and a
-# class by identity, a tensor or an RRef in torch's table): pickle writes each as a code
-# (``copyreg.add_extension``) that the receiver finds in a table of its unpickler, where
-# a name costs it an import and a lookup (a few microseconds a message on a busy
-# machine). Every member registers the same codes (private use: above 255, which
-# pickle's own registry leaves free).
+# The globals that the usual messages name (nbrpc's: a call's carrier, a function and a
+# class by identity, a tensor or an RRef in torch's table; torch's private ones of RPC:
+# a call, an RRef helper): pickle writes each as a code (``copyreg.add_extension``) that
+# the receiver finds in a table of its unpickler, where a name costs it an import and a
+# lookup (a few microseconds a message on a busy machine). Every member registers the
+# same codes (above 255, which pickle's own registry leaves free).
 EXTENSIONS = {("nbrpc.calls.interrupts", "Stoppable"): 0x6E62,
               ("nbrpc.calls.interrupts", "Awaited"): 0x6E63,
               ("nbrpc.wire.definitions", "_pinned_function"): 0x6E64,
               ("nbrpc.wire.held_instances", "instance_of"): 0x6E65,
               ("nbrpc.wire.tensor_table", "receive"): 0x6E66,
-              ("nbrpc.recording.rref_ledger", "_receive"): 0x6E67}
+              ("nbrpc.recording.rref_ledger", "_receive"): 0x6E67,
+              **{(name.__module__, name.__qualname__): 0x6E70 + i
+                 for i, name in enumerate(torch_compat.MESSAGE_GLOBALS)}}
 
 
 def _register_extensions() -> None:
