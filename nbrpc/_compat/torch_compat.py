@@ -286,9 +286,7 @@ rref_from_fork_data = PyRRef._deserialize
 # The functions an RRef helper (``rref.rpc_sync().method(...)``) runs on the owner,
 # named by the method in the timeline; known to work with torch 2.11 to 2.15.
 RREF_HELPERS = (rref_proxy._local_invoke, rref_proxy._local_invoke_async_execution)
-# torch's globals in every call's message and in an RRef helper's: private to RPC, so
-# ``serialization`` names them by pickle's extension codes as it names nbrpc's own.
-MESSAGE_GLOBALS = (PythonUDF, *RREF_HELPERS)
+MESSAGE_GLOBALS = (PythonUDF, *RREF_HELPERS)  # a call's and a helper's, RPC's alone: by code (serialization.EXTENSIONS)
 
 
 def fork_data(rref) -> tuple:
