@@ -48,16 +48,19 @@ demo: $(READY)
 PARALLEL ?= 3
 XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadfile)
 # The notebooks under nbval, two at once (--dist loadscope keeps a notebook's cells in
-# order in one kernel, as nbval asks), but those about hangs, whose findings come within
-# seconds, alone. Two: beside the serial tests, at the idle priority, three starved a lab's
-# workers long enough for its hang watcher to show a member frozen.
+# order in one kernel, as nbval asks), but alone those about hangs, whose findings come
+# within seconds, and those that assert what a timing reads (tutorial 03: the observers
+# wait on the agent for most of an episode; beside the serial tests, at the idle priority,
+# a starved observer's own steps read 27%). Two: beside the serial tests, three starved a
+# lab's workers long enough for its hang watcher to show a member frozen.
 NBVAL := $(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg
 NOTEBOOKS := tutorials/*.ipynb tutorials/labs/source
-HANG_NOTEBOOKS := tutorials/07_when_rpc_hangs.ipynb tutorials/labs/source/09_hangs
+ALONE_NOTEBOOKS := tutorials/03_reinforcement_learning.ipynb tutorials/07_when_rpc_hangs.ipynb \
+	tutorials/labs/source/09_hangs
 NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n 2 --dist loadscope)
 
 # What runs beside the serial tests, at the idle priority (.ci/beside.sh): the tests marked
-# ``beside`` and the notebooks, but the hang ones, which run alone after. CI adds the lint,
+# ``beside`` and the notebooks, but ``ALONE_NOTEBOOKS``, which run alone after. CI adds the lint,
 # the docs and the newest torch's parallel tests (.ci/beside-serial.sh). With PARALLEL=0
 # nothing runs beside. BESIDE_SERIAL= (empty) runs them after the serial tests instead.
 BESIDE_SERIAL ?= $(MAKE) test-beside test-notebooks
@@ -71,7 +74,7 @@ test: $(READY)
 	$(PY) -m pytest tests -m "serial and machine_wide" --durations=10
 	bash .ci/beside.sh '$(BESIDE)' $(PY) -m pytest tests -m "serial and not machine_wide" --durations=25
 	$(if $(BESIDE),,$(MAKE) test-beside test-notebooks)
-	$(NBVAL) $(HANG_NOTEBOOKS)
+	$(NBVAL) $(ALONE_NOTEBOOKS)
 
 # NBRPC_FROZEN_AFTER=30: beside the serial tests, at the idle priority, a worker may leave
 # the hang watch's probes unanswered for over its 3 s, and a long cell then shows it as
@@ -82,7 +85,7 @@ test-beside: $(READY)
 	NBRPC_FROZEN_AFTER=30 $(PY) -m pytest tests -m beside $(BESIDE_XDIST) --durations=10
 
 test-notebooks: $(READY)
-	NBRPC_FROZEN_AFTER=30 $(NBVAL) $(NBVAL_XDIST) $(addprefix --deselect=,$(HANG_NOTEBOOKS)) $(NOTEBOOKS)
+	NBRPC_FROZEN_AFTER=30 $(NBVAL) $(NBVAL_XDIST) $(addprefix --deselect=,$(ALONE_NOTEBOOKS)) $(NOTEBOOKS)
 
 lint: $(READY)
 	$(VENV)/bin/ruff check nbrpc nbrpc_server tests benchmarks conformance docs
