@@ -193,11 +193,8 @@ def test_every_part_of_the_call_path_can_be_left_out_of_every_loop():
     """``make bench-parts`` in brief: each loop runs with each part left out (the stand-ins
     keep the calls working: a remote's fetch with the calls in flight left out too) and
     its table names every part with a figure."""
-    sys.path.insert(0, str(BENCHMARKS.parent))
-    try:
-        from nbrpc import _bench
-    finally:
-        sys.path.remove(str(BENCHMARKS.parent))
+    from nbrpc import _bench
+
     done = subprocess.run([sys.executable, str(BENCHMARKS / "parts.py"), "--rounds", "1", "--calls", "4"],
                           capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
     assert done.returncode == 0, done.stderr[-3000:]

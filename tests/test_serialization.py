@@ -405,8 +405,8 @@ def test_a_call_pickled_all_in_c_is_signed_and_checked(shell):
 
 def test_nbrpcs_own_globals_go_as_extension_codes_and_a_taken_code_is_refused(shell):
     """The usual call names torch's call, its carrier and its function by pickle's
-    extension codes, which the receiver finds without an import; a process where another library took one
-    of the codes refuses to start serving, naming the code and the fix."""
+    extension codes, which the receiver finds without an import; a process where another
+    library took one of the codes refuses to start serving, naming the code and the fix."""
     import pickletools
     import subprocess
     import sys
