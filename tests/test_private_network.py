@@ -215,6 +215,50 @@ def test_the_nbrpc_kernel_keeps_its_own_network_and_gives_its_cluster_a_private_
     assert said.startswith("ClusterRunningError: this kernel's RPC lives in its private network")
 
 
+# A server that starts an nbrpc kernel and ends at once (culled, or stopped, as the kernel starts),
+# under a subreaper (a container's init, a CI runner): the orphaned kernel comes to the reaper,
+# not to init, which ipykernel's own watch of its parent takes for the parent's death.
+ORPHANING_SERVER = """
+import os, sys
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+km = KernelManager(kernel_name="nbrpc", kernel_spec_manager=KernelSpecManager(kernel_dirs=[sys.argv[1]]))
+km.start_kernel(stdout=open(sys.argv[2], "w"), stderr=open(sys.argv[2], "w"))
+print(km.provisioner.pid, flush=True)
+os._exit(0)
+"""
+REAPER = """
+import ctypes, json, os, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+server = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], stdout=subprocess.PIPE, text=True)
+kernel = int(server.stdout.readline())
+server.wait()
+began = time.monotonic()
+while time.monotonic() - began < 30:
+    if os.waitpid(kernel, os.WNOHANG)[0] == kernel:
+        print(json.dumps({"kernel": kernel, "ended_after": time.monotonic() - began}))
+        sys.exit()
+    time.sleep(0.05)
+os.kill(kernel, 9)
+os.waitpid(kernel, 0)
+print(json.dumps({"kernel": kernel, "ended_after": None}))
+"""
+
+
+def test_an_nbrpc_kernel_ends_with_a_server_that_ended_as_it_started(tmp_path, pids):
+    folder = kernel.install(prefix=str(tmp_path / "prefix"))
+    said = tmp_path / "kernel.log"
+    reaper = subprocess.Popen([sys.executable, "-c", REAPER, ORPHANING_SERVER, os.path.dirname(folder), str(said)],
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")})
+    pids.add(reaper.pid)
+    out, _ = reaper.communicate(timeout=120)
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["ended_after"] is not None, f"the kernel outlived its server by 30 s:\n{said.read_text()}"
+    assert "nbrpc kernel: the process that launched it" in said.read_text()
+    print(f"\nthe orphaned kernel ended {seen['ended_after']:.2f} s after its server")
+
+
 ATTACH = """
 import nbrpc
 cluster = nbrpc.Cluster(attach=0, bind="127.0.0.1", progress=None).start()

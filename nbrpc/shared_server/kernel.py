@@ -5,7 +5,8 @@ Its kernel spec runs this file by path (``python .../nbrpc/shared_server/kernel.
 {connection_file}``), not with ``-m``: only a process with one thread can enter a user
 namespace, and importing the nbrpc package (torch, numpy's thread pool) starts threads.
 Where the server forbids user namespaces the kernel starts as a plain one, and says why
-in ``NBRPC_NO_PRIVATE_NETWORK``. ``install`` writes the kernel spec.
+in ``NBRPC_NO_PRIVATE_NETWORK``. It ends with the server that launched it, from its first
+step (``watch_parent``). ``install`` writes the kernel spec.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import os
 import runpy
 import sys
+import threading
+import time
 
 NAME = "nbrpc"
 DISPLAY_NAME = "Python 3 (nbrpc)"
@@ -49,12 +52,53 @@ def _private_network():
     return module
 
 
+def _parent_gone(parent: int, direct: bool) -> bool:
+    """Whether the process that launched this kernel has ended: a child's parent changes when
+    its parent ends; a kernel behind a wrapper asks whether ``parent`` still exists."""
+    if direct:
+        return os.getppid() != parent
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
+def watch_parent() -> None:
+    """End this kernel when the process that launched it ends (``JPY_PARENT_PID``, which
+    jupyter_client sets), even if that was before the kernel started.
+
+    ipykernel watches too, but from when it has started, seconds later: if its server ended
+    before (a culled server, a stopped one), it takes its new parent for its own unless that is
+    init, and under a subreaper (a container's init, a CI runner) the kernel outlives its server.
+    """
+    parent = int(os.environ.get("JPY_PARENT_PID") or 0)
+    if parent <= 1:
+        return
+    direct = os.getppid() == parent
+
+    def watch() -> None:
+        while not _parent_gone(parent, direct):
+            time.sleep(1.0)
+        print(f"nbrpc kernel: the process that launched it ({parent}) has ended; the kernel ends too",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    if _parent_gone(parent, direct):
+        watch()
+
+    threading.Thread(target=watch, name="nbrpc-parent-watch", daemon=True).start()
+
+
 def main() -> None:
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # this folder's modules are not top-level names
     why = _private_network().enter_user_namespace()
     if why:
         os.environ[NO_PRIVATE_NETWORK_ENV] = why
+    watch_parent()  # a thread: after the user namespace, which only a one-threaded process enters
     runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
 
 
