@@ -205,9 +205,8 @@ def hub(pids):
 
 @pytest.fixture
 def culling_hub(pids):
-    """A hub whose idle culler (jupyterhub-idle-culler, as a hub service) stops a server
-    idle for 10 s."""
-    yield from _running_hub(pids, students=STUDENTS[:1], extra_config=CULLER.format(python=sys.executable))
+    """A hub with a service for jupyterhub-idle-culler, which ``start_culler`` starts."""
+    yield from _running_hub(pids, students=STUDENTS[:1], extra_config=CULLER.format(token=CULLER_TOKEN))
 
 
 def _running_hub(pids, students=STUDENTS, **options):
@@ -223,16 +222,39 @@ def _running_hub(pids, students=STUDENTS, **options):
         running.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        # What the students still run (servers the test left running, a kernel started as its
+        # server ended) is ended by pid after the test, not left to the next test of theirs.
+        pids.add(*[pid for pid, _ in students_processes(students)])
         remove_homes(students)
 
 
+def students_processes(names) -> list[tuple[int, str]]:
+    """The students' live processes (zombies have ended: only their parent's reaping is left)."""
+    return [(q.pid, " ".join(q.info["cmdline"] or ()))
+            for q in psutil.process_iter(["username", "cmdline", "status"])
+            if q.info["username"] in names and q.info["status"] != psutil.STATUS_ZOMBIE]
+
+
+# The idle culler as an external service of the hub, started by the test once its cluster is
+# up: started with the hub, it counted the server idle from its start and once culled it as
+# its first kernel started, on a slow machine.
+CULLER_TOKEN = secrets.token_hex(16)
 CULLER = """
-c.JupyterHub.services.append({{"name": "idle-culler", "command": [
-    {python!r}, "-m", "jupyterhub_idle_culler", "--timeout=10", "--cull-every=2"]}})
+c.JupyterHub.services.append({{"name": "idle-culler", "api_token": {token!r}}})
 c.JupyterHub.load_roles.append({{"name": "idle-culler", "services": ["idle-culler"],
     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}})
 c.JupyterHub.last_activity_interval = 2  # the proxy's activity, read often
 """
+
+
+def start_culler(hub: Hub) -> subprocess.Popen:
+    """jupyterhub-idle-culler, stopping the hub's servers idle for 10 s."""
+    culler = subprocess.Popen([sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=10", "--cull-every=2"],
+                              stdout=hub.log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "JUPYTERHUB_API_TOKEN": CULLER_TOKEN,
+                                   "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub.port}/hub/api"})
+    hub.pids.add(culler.pid)
+    return culler
 
 
 async def run_cells(url: str, token: str, cells: list[str], timeout: float = 300) -> list[dict]:
@@ -408,13 +430,9 @@ def test_a_students_rref_graph_renders_through_the_hubs_proxy(hub, pids, tmp_pat
     status, _ = hub.api("DELETE", f"/hub/api/users/{name}/server")
     assert status in (202, 204)
 
-    def students_processes():  # zombies have ended: only their parent's reaping is left
-        return [(q.pid, " ".join(q.info["cmdline"] or ()))
-                for q in psutil.process_iter(["username", "cmdline", "status"])
-                if q.info["username"] == name and q.info["status"] != psutil.STATUS_ZOMBIE]
-
-    wait_until(lambda: not students_processes(), timeout=10)
-    assert not students_processes(), f"processes of the student outlived the server: {students_processes()}"
+    wait_until(lambda: not students_processes((name,)), timeout=10)
+    left = students_processes((name,))
+    assert not left, f"processes of the student outlived the server: {left}"
 
 
 def test_a_culled_servers_kernel_and_workers_end(culling_hub, pids):
@@ -431,8 +449,11 @@ def test_a_culled_servers_kernel_and_workers_end(culling_hub, pids):
     seen = json.loads(results[2]["out"].strip().splitlines()[-1])
     pids.add(seen["kernel"], *seen["workers"])
 
+    culler = start_culler(hub)
     culled = wait_until(lambda: not hub.api("GET", f"/hub/api/users/{name}")[1]["servers"], timeout=90,
                         interval=0.5)
+    culler.terminate()
+    culler.wait(timeout=30)
     assert culled, f"the idle server was not culled:\n{hub.tail()}"
     assert f"Culling server {name}" in (hub.folder / "hub.log").read_text(errors="replace")
     stopped = time.monotonic()

@@ -20,11 +20,10 @@ import urllib.request
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 from conftest import LOCK_CELL, wait_until
 from test_browser import ARTIFACTS, chromium_tab, why_no_browser
-from test_hub import STUDENTS, _running_hub
+from test_hub import STUDENTS, _running_hub, students_processes
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.slow]
 
@@ -86,13 +85,6 @@ def nbrpc_api(hub, owner: str, path: str, token: str, method: str = "GET") -> tu
     except urllib.error.HTTPError as e:
         e.close()
         return e.code, None
-
-
-def students_processes(names) -> list[tuple[int, str]]:
-    """The students' live processes (zombies have ended: only their parent's reaping is left)."""
-    return [(q.pid, " ".join(q.info["cmdline"] or ()))
-            for q in psutil.process_iter(["username", "cmdline", "status"])
-            if q.info["username"] in names and q.info["status"] != psutil.STATUS_ZOMBIE]
 
 
 def test_a_class_uses_the_side_panel_through_the_hub(hub, pids, tmp_path):
