@@ -331,8 +331,12 @@ def test_kernel_restart_ends_workers(kernel, pids):
     assert len(workers) == 2 and all(pid_alive(p) for p in workers)
     assert {_environ(p)["NBRPC_DRIVER_PID"] for p in workers} == {str(kernel_pid)}
 
-    # The stop button during a long call gives the kernel back promptly.
+    # The stop button during a long call gives the kernel back promptly. A remote error
+    # first: IPython's first traceback through torch's rpc/api.py parses that file (0.4-0.5 s
+    # here, as under raw torch), which the interrupted call's traceback would otherwise pay.
     _execute(kc, "import time\nimport torch.distributed.rpc as rpc")
+    failed = kc.execute_interactive("rpc.rpc_sync('worker1', int, args=('x',))", timeout=60)["content"]
+    assert (failed["status"], failed["ename"]) == ("error", "ValueError")
     msg_id = kc.execute("rpc.rpc_sync('worker1', time.sleep, args=(60,))")
     time.sleep(1.0)
     km.interrupt_kernel()
