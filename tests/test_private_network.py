@@ -215,16 +215,22 @@ def test_the_nbrpc_kernel_keeps_its_own_network_and_gives_its_cluster_a_private_
     assert said.startswith("ClusterRunningError: this kernel's RPC lives in its private network")
 
 
-# A server that starts an nbrpc kernel and ends at once (culled, or stopped, as the kernel starts),
-# under a subreaper (a container's init, a CI runner): the orphaned kernel comes to the reaper,
-# not to init, which ipykernel's own watch of its parent takes for the parent's death.
+# A server that starts an nbrpc kernel and ends as it starts (culled, or stopped): once the
+# kernel has a second thread (its first step's watch; ipykernel starts its own watch after its
+# other threads), under a subreaper (a container's init, a CI runner). The orphaned kernel
+# comes to the reaper, not to init, which ipykernel's watch takes for its parent.
 ORPHANING_SERVER = """
-import os, sys
+import os, sys, time
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 km = KernelManager(kernel_name="nbrpc", kernel_spec_manager=KernelSpecManager(kernel_dirs=[sys.argv[1]]))
-km.start_kernel(stdout=open(sys.argv[2], "w"), stderr=open(sys.argv[2], "w"))
-print(km.provisioner.pid, flush=True)
+log = open(sys.argv[2], "w")
+km.start_kernel(stdout=log, stderr=log)
+pid = km.provisioner.pid
+began = time.monotonic()
+while len(os.listdir(f"/proc/{pid}/task")) < 2 and time.monotonic() - began < 60:
+    time.sleep(0.005)
+print(pid, flush=True)
 os._exit(0)
 """
 REAPER = """

@@ -52,42 +52,28 @@ def _private_network():
     return module
 
 
-def _parent_gone(parent: int, direct: bool) -> bool:
-    """Whether the process that launched this kernel has ended: a child's parent changes when
-    its parent ends; a kernel behind a wrapper asks whether ``parent`` still exists."""
-    if direct:
-        return os.getppid() != parent
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass
-    return False
-
-
 def watch_parent() -> None:
-    """End this kernel when the process that launched it ends (``JPY_PARENT_PID``, which
-    jupyter_client sets), even if that was before the kernel started.
+    """End this kernel when the process that launched it ends: from its first step, where
+    ipykernel's own watch starts seconds later, once it has started.
 
-    ipykernel watches too, but from when it has started, seconds later: if its server ended
-    before (a culled server, a stopped one), it takes its new parent for its own unless that is
-    init, and under a subreaper (a container's init, a CI runner) the kernel outlives its server.
+    A server that ended in between (culled, or stopped, as the kernel started) left the
+    kernel a new parent, which ipykernel takes for its own unless it is init: under a
+    subreaper (a container's init, ``systemd --user``, a CI runner) the kernel outlived its
+    server. Only a kernel that jupyter_client launched itself is watched (its parent is
+    ``JPY_PARENT_PID``); one behind a wrapper (``srun``, ``sudo``) is left to ipykernel, as
+    is one whose server ended before this step.
     """
     parent = int(os.environ.get("JPY_PARENT_PID") or 0)
-    if parent <= 1:
+    if parent <= 1 or os.getppid() != parent:
         return
-    direct = os.getppid() == parent
 
     def watch() -> None:
-        while not _parent_gone(parent, direct):
+        while os.getppid() == parent:
             time.sleep(1.0)
-        print(f"nbrpc kernel: the process that launched it ({parent}) has ended; the kernel ends too",
-              file=sys.stderr, flush=True)
+        # To the kernel's log (its file, not the sys.stderr ipykernel sends to the notebook).
+        os.write(2, f"nbrpc kernel: the process that launched it ({parent}) has ended; the kernel ends too\n"
+                 .encode())
         os._exit(1)
-
-    if _parent_gone(parent, direct):
-        watch()
 
     threading.Thread(target=watch, name="nbrpc-parent-watch", daemon=True).start()
 
