@@ -80,11 +80,12 @@ test: $(READY)
 # the hang watch's probes unanswered for over its 3 s, and a long cell then shows it as
 # frozen: a lab's (labs 03 and 08) and an upstream program's (batch_parameter_server's
 # trainer, in CI). No page or test run here stages a frozen member; the notebooks about
-# hangs run with the default. A notebook's kernel may wait there over nbval's 60 s to start
-# (once in CI on a slow machine: every cell of tutorial 01 "didn't respond in 60 seconds").
+# hangs run with the default.
 test-beside: $(READY)
 	NBRPC_FROZEN_AFTER=30 $(PY) -m pytest tests -m beside $(BESIDE_XDIST) --durations=10
 
+# A notebook's kernel may wait there over nbval's 60 s to start (once in CI on a slow
+# machine: every cell of tutorial 01 "didn't respond in 60 seconds"): 180 s.
 test-notebooks: $(READY)
 	NBRPC_FROZEN_AFTER=30 $(NBVAL) $(NBVAL_XDIST) --nbval-kernel-startup-timeout=180 $(addprefix --deselect=,$(ALONE_NOTEBOOKS)) $(NOTEBOOKS)
 
