@@ -27,7 +27,7 @@ TORCH_INSTALL ?= $(UV_INSTALL) $(addprefix --find-links ,$(FIND_LINKS))
 NEWEST := VENV=.venv-newest TORCH="$(NEWEST_TORCH)"
 DOCS_READY := $(VENV)/.nbrpc-docs-installed
 
-.PHONY: demo test test-beside test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
+.PHONY: demo test test-serial test-beside test-notebooks test-fast test-newest test-newest-parallel test-newest-serial newest-env test-runtime test-runtime-parallel test-runtime-serial bench bench-parts bench-gate lint lab conformance docs clean
 
 # Installing builds the JupyterLab extension (labextension/, with jlpm): Node.js is needed here.
 $(READY): pyproject.toml labextension/package.json labextension/yarn.lock
@@ -54,10 +54,10 @@ demo: $(READY)
 PARALLEL ?= 3
 XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadfile)
 # The notebooks under nbval, two at once (--dist loadscope keeps a notebook's cells in
-# order in one kernel, as nbval asks), but alone those about hangs, whose findings come
-# within seconds, and those that assert what a timing reads (tutorial 03: the observers
-# wait on the agent for most of an episode; beside the serial tests, at the idle priority,
-# a starved observer's own steps read 27%). Two: beside the serial tests, three starved a
+# order in one kernel, as nbval asks), but one at a time, as serial tests, those about hangs,
+# whose findings come within seconds, and those that assert what a timing reads (tutorial 03:
+# the observers wait on the agent for most of an episode; beside the serial tests, at the idle
+# priority, a starved observer's own steps read 27%). Two: beside the serial tests, three starved a
 # lab's workers long enough for its hang watcher to show a member frozen.
 NBVAL := $(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg
 NOTEBOOKS := tutorials/*.ipynb tutorials/labs/source
@@ -66,11 +66,13 @@ ALONE_NOTEBOOKS := tutorials/03_reinforcement_learning.ipynb tutorials/07_when_r
 NBVAL_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n 2 --dist loadscope)
 
 # What runs beside the serial tests, at the idle priority (.ci/beside.sh): the tests marked
-# ``beside`` and the notebooks, but ``ALONE_NOTEBOOKS``, which run alone after. CI adds the lint,
-# the docs and the newest torch's parallel tests (.ci/beside-serial.sh). With PARALLEL=0
-# nothing runs beside. BESIDE_SERIAL= (empty) runs them after the serial tests instead.
+# ``beside`` and the notebooks, but ``ALONE_NOTEBOOKS``, which run after the serial tests at
+# their priority. CI adds the lint, the docs and the newest torch's parallel tests
+# (.ci/beside-serial.sh), and its serial ones after ALONE_NOTEBOOKS (AFTER_SERIAL). With
+# PARALLEL=0 nothing runs beside. BESIDE_SERIAL= (empty) runs them after the serial tests instead.
 BESIDE_SERIAL ?= $(MAKE) test-beside test-notebooks
 BESIDE := $(if $(filter-out 0,$(PARALLEL)),$(BESIDE_SERIAL))
+AFTER_SERIAL ?=
 # The ``beside`` tests two at once, test by test (their files share no cluster).
 BESIDE_XDIST := $(if $(filter-out 0,$(PARALLEL)),-n 2 --dist load)
 
@@ -78,9 +80,15 @@ test: $(READY)
 	bash .ci/system-packages.sh
 	$(PY) -m pytest tests -m "not serial and not beside" $(XDIST) --durations=25
 	$(PY) -m pytest tests -m "serial and machine_wide" --durations=10
-	bash .ci/beside.sh '$(BESIDE)' $(PY) -m pytest tests -m "serial and not machine_wide" --durations=25
+	bash .ci/beside.sh '$(BESIDE)' $(MAKE) test-serial
 	$(if $(BESIDE),,$(MAKE) test-beside test-notebooks)
+
+# The serial tests, then ALONE_NOTEBOOKS at the same priority (what runs beside them takes
+# only the CPU they leave idle), then AFTER_SERIAL.
+test-serial: $(READY)
+	$(PY) -m pytest tests -m "serial and not machine_wide" --durations=25
 	$(NBVAL) $(ALONE_NOTEBOOKS)
+	$(AFTER_SERIAL)
 
 # NBRPC_FROZEN_AFTER=30: beside the serial tests, at the idle priority, a worker may leave
 # the hang watch's probes unanswered for over its 3 s, and a long cell then shows it as

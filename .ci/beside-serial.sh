@@ -4,7 +4,8 @@
 # 2.8 GB download, mostly waiting on the network; beside the parallel tier, which keeps
 # both cores busy, its 74 CPU seconds were that tier's), and meanwhile the lint, the tests
 # marked beside, the notebooks and the docs; then that torch's tests that may run beside
-# others. Each step prints how long it took, as .ci/run's tiers do.
+# others (its serial ones wait for its environment: .ci/newest-serial.sh). Each step prints
+# how long it took, as .ci/run's tiers do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
