@@ -122,6 +122,7 @@ def test_a_remote_traceback_points_at_the_cell_and_line(kernel):
         assert reply["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_a_remote_traceback_in_a_worker_cell_points_at_that_workers_cell(kernel):
     """A function defined by ``%%rpc_on worker1`` fails on worker2: the traceback names
     worker1's cell (its execution count there) and line, with the source line."""

@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import nbformat
+import pytest
 from conftest import kernel_pids, wait_gone
 
 
+@pytest.mark.slow
 def test_run_executes_a_notebook_over_unix_sockets_and_ends_its_kernel(tmp_path, pids):
     notebook = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("%load_ext nbrpc\n%rpc_init -n 1"),

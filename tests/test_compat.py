@@ -150,6 +150,7 @@ def test_ipykernels_private_name_publishes_a_debug_event():
     assert "debug_event" in inspect.getsource(Kernel._publish_debug_event)
 
 
+@pytest.mark.slow
 def test_debugpys_patches_of_process_creation_are_undone():
     import subprocess
     import sys

@@ -79,6 +79,7 @@ cluster.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_the_driver_raises_its_descriptor_limit(drivers):
     # torch keeps two descriptors per departed worker for the kernel's life; 1024 would
     # run out after a few hundred clusters.

@@ -319,6 +319,7 @@ def _execute(kc, code: str, timeout: float = SUBPROCESS_START) -> str:
 
 
 
+@pytest.mark.slow
 def test_kernel_restart_ends_workers(kernel, pids):
     km, kc = kernel
     kernel_pid = km.provisioner.pid
@@ -474,6 +475,7 @@ def test_worker_crashing_at_start(clusters, pids, tmp_path):
     _start_works_after(clusters, pids)
 
 
+@pytest.mark.slow
 def test_worker_never_joining(clusters, pids, tmp_path):
     (tmp_path / "sitecustomize.py").write_text(NEVER_JOINS)
     startup_timeout = 15.0
@@ -641,6 +643,7 @@ def _connections_to(ports: set[int]) -> list[tuple]:
             if c.raddr and c.raddr.port in ports]
 
 
+@pytest.mark.slow
 def test_rpc_shutdown_in_a_notebook_shows_no_pipe_warnings(kernel):
     # The workers close their pipes as they finish exiting, after %rpc_shutdown returns;
     # TensorPipe's warning for each ("encountered error when reading incoming request")

@@ -101,6 +101,7 @@ def server(pids):
         subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.netns
 def test_a_classmates_port_scan_leaves_the_nbrpc_kernels_cluster_working(server, student, classmate, drivers):
     student.netns = classmate.netns = server
@@ -194,6 +195,7 @@ def test_nbrpc_kernelspec_installs_it(tmp_path):
     assert spec["display_name"] == "Python 3 (nbrpc)"
 
 
+@pytest.mark.slow
 def test_the_nbrpc_kernel_keeps_its_own_network_and_gives_its_cluster_a_private_one(nbrpc_kernel):
     kc = nbrpc_kernel()
     _run(kc, "%load_ext nbrpc")

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from conftest import DRIVER_START, wait_gone, wait_until
 
 from nbrpc.shared_server import scratch
@@ -31,6 +32,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_folders_of_a_cluster_killed_outright_go_at_the_next_start(drivers):
     killed = drivers(DRIVER)
     record = killed.expect("folders", DRIVER_START)

@@ -188,6 +188,7 @@ def _memfd_holders(pids) -> list[int]:
     return held
 
 
+@pytest.mark.slow
 def test_killed_receiver_or_sender_leaves_nothing(drivers, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", TESTS)  # the driver script imports this module
     driver = drivers(ENDINGS_DRIVER)
