@@ -58,6 +58,27 @@ def test_a_file_is_one_xdist_unit_and_the_one_at_a_time_files_one_together():
                                                                   conftest.xdist_scope("tests/test_attach.py::t")}
 
 
+@pytest.mark.parametrize(("expression", "collected", "left_out"), [
+    ("serial and machine_wide", {"test_limits.py"}, {"test_calls.py", "test_labs.py", "test_nbgrader.py"}),
+    # test_labs.py is serial in one class only: it is collected for both
+    ("serial and not machine_wide", {"test_calls.py", "test_labs.py"}, {"test_limits.py", "test_nbgrader.py"}),
+    ("not serial and not beside", {"test_nbgrader.py", "test_labs.py"}, {"test_calls.py", "test_upstream.py"}),
+    # markers given in the files themselves (gpu, browser, hub, slow) may be either
+    ("torch_version and not gpu and not browser and not netns and not hub and serial",
+     {"test_calls.py", "test_differential.py"}, {"test_nbgrader.py", "test_upstream.py", "test_limits.py"}),
+    ("slow or beside", {"test_calls.py", "test_upstream.py"}, set()),
+    # anything but plain marker names and and/or/not: every file, as pytest decides
+    ("serial in beside", {"test_calls.py", "test_nbgrader.py"}, set()),
+    ("", {"test_calls.py", "test_nbgrader.py"}, set()),
+])
+def test_a_file_no_test_of_the_expression_can_come_from_is_not_imported(request, monkeypatch, expression,
+                                                                        collected, left_out):
+    monkeypatch.setattr(request.config.option, "markexpr", expression)
+    ignored = {name: conftest.pytest_ignore_collect(TESTS / name, request.config) for name in collected | left_out}
+    assert ignored == {**dict.fromkeys(collected), **dict.fromkeys(left_out, True)}
+    assert conftest.pytest_ignore_collect(TESTS / "upstream" / "rl.py", request.config) is None
+
+
 def test_the_units_handed_out_first_exist():
     for scope in conftest.LONGEST_FIRST:
         assert scope in conftest.ONE_AT_A_TIME or (TESTS.parent / scope).is_file(), scope
