@@ -540,6 +540,8 @@ def test_timeline_in_jupyterlab(page):
     before = ticks(cell)
     plot = cell.locator(".nbrpc-host .nbrpc-tl-plot")
 
+    steps = []  # what each wheel step met, for the message if the zoom never shows
+
     def wheel_in() -> bool:
         # Where the plot is now: the live refresh redraws it every second, and may move it
         # or replace it between two steps (then the next try finds the new one).
@@ -551,15 +553,22 @@ def test_timeline_in_jupyterlab(page):
         except PlaywrightError as e:
             if "not attached" not in str(e):
                 raise
+            steps.append("the plot was replaced")
             return False
         if box is None:
+            steps.append("the plot had no box")
             return False
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 5)
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(x, y)
         page.mouse.wheel(0, -300)
         page.wait_for_timeout(50)
+        under = page.evaluate("([x, y]) => { const e = document.elementFromPoint(x, y);"
+                              " return e ? `${e.tagName}.${e.getAttribute('class')}` : null; }", [x, y])
+        steps.append(f"at ({x:.0f}, {y:.0f}) over {under}: share {shown_share(cell)}, ticks {ticks(cell)}")
         return ticks(cell) != before and shown_share(cell) < 0.5
 
-    wait_for(wheel_in, timeout=30, what="the axis to follow the zoom")
+    assert wait_until(wheel_in, timeout=30, interval=0.1), \
+        "the axis did not follow the zoom; the wheel steps met:\n" + "\n".join(steps[-8:])
     assert 0 < shown_share(cell) < 0.5  # a few wheel steps in: under half the window shows
     cell.locator(".nbrpc-tl-reset").click()
     wait_for(lambda: shown_share(cell) == 1, timeout=5, what="show all")

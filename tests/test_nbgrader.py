@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,7 +180,9 @@ def nbgrader_at_once(courses: list[Path], *args: str, timeout: float = COMMAND_T
     Fails with a run's output if it fails or is still running after ``timeout`` seconds
     (then every run still going is ended, with the kernels it started)."""
     # nbgrader runs its environment's `alembic` by name: that environment's bin comes first.
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # A kernel or worker that crashes prints its Python stacks into the output (faulthandler).
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONFAULTHANDLER": "1"}
     outputs = [tempfile.TemporaryFile("w+") for _ in courses]  # not pipes: no run waits on a full one
     began = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, stdout=output,
@@ -201,9 +204,17 @@ def nbgrader_at_once(courses: list[Path], *args: str, timeout: float = COMMAND_T
         out = output.read()
         output.close()
         if i not in took:
-            pytest.fail(f"nbgrader {' '.join(args)} hung for {timeout} s in {courses[i]}:\n{out[-3000:]}")
-        assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed in {courses[i]}:\n{out[-3000:]}"
+            pytest.fail(f"nbgrader {' '.join(args)} hung for {timeout} s in {courses[i]}:\n{excerpt(out)}")
+        assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed in {courses[i]}:\n{excerpt(out)}"
     return [took[i] for i in range(len(procs))]
+
+
+def excerpt(output: str) -> str:
+    """An nbgrader command's output, shortened: around each submission it failed to process
+    (what its kernel printed last, the traceback nbgrader logged; often long before the
+    end), then the output's end."""
+    failures = [m.start() for m in re.finditer("There was an error processing assignment: ", output)]
+    return "".join(f"...{output[max(0, at - 2000):at + 3000]}\n...\n" for at in failures) + output[-3000:]
 
 
 def cells(notebook) -> dict[str, nbformat.NotebookNode]:
