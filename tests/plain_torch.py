@@ -1,5 +1,7 @@
 """A plain script under raw torch: each rank its own process calling ``init_rpc``, as a
-script's user runs it; what the tests compare nbrpc's behaviour with."""
+script's user runs it; what the tests compare nbrpc's behaviour with. It joins on uv,
+nbrpc's transport: torch's default adds shm, whose pollers spin a core per process for as
+long as the group lives (on the test machine's 2 cores, they starved the tests beside)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ JOIN = '''
 import sys
 import torch.distributed.rpc as rpc
 RANK, NAMES = int(sys.argv[1]), sys.argv[3].split(",")
-_options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rpc_timeout=60)
+_options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rpc_timeout=60,
+                                           _transports=["uv"])
 rpc.init_rpc(NAMES[RANK], rank=RANK, world_size=len(NAMES), rpc_backend_options=_options)
 '''
 

@@ -67,13 +67,15 @@ RL_SPAWN = '''
 def run_worker(rank, world_size):
     os.environ['MASTER_ADDR'] = 'localhost'
     os.environ['MASTER_PORT'] = '{port}'
+    # On uv, as nbrpc's members: torch's default adds shm, whose pollers spin a core per process.
+    options = rpc.TensorPipeRpcBackendOptions(_transports=["uv"])
     if rank == 0:
         # rank0 is the agent
-        rpc.init_rpc(AGENT_NAME, rank=rank, world_size=world_size)
+        rpc.init_rpc(AGENT_NAME, rank=rank, world_size=world_size, rpc_backend_options=options)
 {agent}
     else:
         # other ranks are the observer
-        rpc.init_rpc(OBSERVER_NAME.format(rank), rank=rank, world_size=world_size)
+        rpc.init_rpc(OBSERVER_NAME.format(rank), rank=rank, world_size=world_size, rpc_backend_options=options)
         # observers passively waiting for instructions from agents
     rpc.shutdown()
 

@@ -4,7 +4,8 @@
 one ``time.sleep``, or spins in Python) and returns, per form, the error's class, its
 text and the seconds until it was raised. ``test_timeouts`` runs it in a notebook's
 cluster; ``python timeout_forms.py PORT`` runs it in three plain processes under raw
-torch (``init_rpc``, as a script does) and prints the same facts as JSON.
+torch (``init_rpc``, as a script does, on uv as nbrpc: shm's pollers spin a core per
+process) and prints the same facts as JSON.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def measure(tries: int = 2) -> dict:
 
 def _member(rank: int, port: int) -> None:
     options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, rpc_timeout=60,
-                                              init_method=f"tcp://127.0.0.1:{port}")
+                                              init_method=f"tcp://127.0.0.1:{port}", _transports=["uv"])
     rpc.init_rpc(["master", "worker1", "worker2"][rank], rank=rank, world_size=3, rpc_backend_options=options)
     if rank == 0:
         facts = measure()

@@ -1,7 +1,8 @@
 """The raw torch side: three plain processes (master, worker1, worker2) that join with
 ``init_rpc`` and import ``differential.scenarios``, as upstream scripts import their
 functions. master reads one JSON request a line on its stdin and answers each with
-``scenarios.run``'s facts, one JSON line on its stdout.
+``scenarios.run``'s facts, one JSON line on its stdout. They join on uv, as nbrpc's members
+do: torch's default adds shm, whose pollers spin a core per process while the group lives.
 
 ``python raw.py RANK PORT`` is one process; ``RawTorch`` starts the three and asks.
 """
@@ -33,7 +34,7 @@ def member(rank: int, port: int) -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, rpc_timeout=60,
-                                              init_method=f"tcp://127.0.0.1:{port}")
+                                              init_method=f"tcp://127.0.0.1:{port}", _transports=["uv"])
     rpc.init_rpc(NAMES[rank], rank=rank, world_size=len(NAMES), rpc_backend_options=options)
     if rank == 0:
         answers.write(json.dumps({"ready": True}) + "\n")
