@@ -11,6 +11,15 @@ from conformance import patching
 
 MODE = patching.apply()
 
+# ``NBRPC_CONFORMANCE_TRANSPORTS=uv`` (make test's subset): torch's tests join on the
+# transports named, as nbrpc's members join on uv, instead of all of TensorPipe's. shm's
+# pollers spin a core per rank while it lives: on 2 cores, the subset took 81 s of CPU, 56 on uv.
+# Set before torch's test modules import ``tp_transports`` by name.
+if os.environ.get("NBRPC_CONFORMANCE_TRANSPORTS"):
+    from torch.testing._internal import common_distributed
+
+    common_distributed.tp_transports = lambda: os.environ["NBRPC_CONFORMANCE_TRANSPORTS"].split(",")
+
 # torch's own modules, not rpc_utils: that one imports the JIT and DDP suites too, which
 # script dozens of functions at import, seconds in every rank of every test.
 from torch.testing._internal.common_distributed import MultiProcessTestCase  # noqa: E402

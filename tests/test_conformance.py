@@ -6,7 +6,8 @@ picks one test for each path nbrpc patches (calls, RRefs and their helpers,
 ``DistributedOptimizer``, dynamic membership) and asserts each passes. torch's
 ``MultiProcessTestCase`` starts and ends the ranks, here from a forkserver that imported
 torch, its test modules and nbrpc's patches once (``conformance/suites.py``; the full
-suites spawn them, as torch does); ``TIMEOUT`` bounds each test.
+suites spawn them, as torch does), on uv, the transport nbrpc's members join on (shm's
+pollers spin a core per rank); ``TIMEOUT`` bounds each test.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def outcomes(junit: Path) -> dict[str, str]:
 def test_torchs_rpc_tests_pass_with_nbrpcs_patches(tmp_path):
     junit = tmp_path / "subset.xml"
     env = dict(os.environ, NBRPC_CONFORMANCE="nbrpc", NBRPC_CONFORMANCE_KEY=secrets.token_hex(32),
-               NBRPC_CONFORMANCE_START="forkserver",
+               NBRPC_CONFORMANCE_START="forkserver", NBRPC_CONFORMANCE_TRANSPORTS="uv",
                DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(TIMEOUT),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     ids = [f"conformance/suites.py::{suite}::{test}" for suite, tests in SUBSET.items() for test in tests]
