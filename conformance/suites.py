@@ -15,10 +15,11 @@ MODE = patching.apply()
 # transports named, as nbrpc's members join on uv, instead of all of TensorPipe's. shm's
 # pollers spin a core per rank while it lives: on 2 cores, the subset took 81 s of CPU, 56 on uv.
 # Set before torch's test modules import ``tp_transports`` by name.
-if os.environ.get("NBRPC_CONFORMANCE_TRANSPORTS"):
+TRANSPORTS = [name for name in os.environ.get("NBRPC_CONFORMANCE_TRANSPORTS", "").split(",") if name]
+if TRANSPORTS:
     from torch.testing._internal import common_distributed
 
-    common_distributed.tp_transports = lambda: os.environ["NBRPC_CONFORMANCE_TRANSPORTS"].split(",")
+    common_distributed.tp_transports = lambda: list(TRANSPORTS)
 
 # torch's own modules, not rpc_utils: that one imports the JIT and DDP suites too, which
 # script dozens of functions at import, seconds in every rank of every test.
