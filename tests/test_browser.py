@@ -564,8 +564,9 @@ def test_timeline_in_jupyterlab(page):
         page.wait_for_timeout(50)
         under = page.evaluate("([x, y]) => { const e = document.elementFromPoint(x, y);"
                               " return e ? `${e.tagName}.${e.getAttribute('class')}` : null; }", [x, y])
-        steps.append(f"at ({x:.0f}, {y:.0f}) over {under}: share {shown_share(cell)}, ticks {ticks(cell)}")
-        return ticks(cell) != before and shown_share(cell) < 0.5
+        share, now = shown_share(cell), ticks(cell)
+        steps.append(f"at ({x:.0f}, {y:.0f}) over {under}: share {share}, ticks {now}")
+        return now != before and share < 0.5
 
     assert wait_until(wheel_in, timeout=30, interval=0.1), \
         "the axis did not follow the zoom; the wheel steps met:\n" + "\n".join(steps[-8:])
