@@ -27,8 +27,25 @@ def _bad_value(n):
     raise ValueError(f"bad value {n}")
 
 
+class BadInput(Exception):
+    """A remote error of a class of the user's (torch's C++ would make it a RuntimeError)."""
+
+
+def _bad_input(n):
+    raise BadInput(f"bad input {n}")
+
+
 def _wait(fut):
     return fut.wait()
+
+
+def _error_of_wait(fut):
+    """What ``fut.wait()`` raised, as the value of the callback."""
+    try:
+        fut.wait()
+    except Exception as e:
+        return e
+    return None
 
 
 def _call(failure: str):
@@ -118,6 +135,26 @@ def test_a_done_callbacks_wait_raises_from_the_callback(cluster, failure):
     assert issubclass(kind, ValueError if failure == "raises" else RuntimeError), kind
     assert _words(failure) in text
     assert [f.name for f in frames] == ["note"], frames
+
+
+@pytest.mark.parametrize("remote, kind", [(_bad_value, "ValueError"), (_bad_input, "BadInput")])
+def test_the_callers_error_and_a_callbacks_keep_their_own_tracebacks(cluster, remote, kind):
+    """The caller's ``wait()`` and a callback's, on one failed call, in either order: each
+    error's traceback holds its own frames, and the later raise leaves the other's as it was."""
+    for callback_first in (True, False):
+        fut = rpc.rpc_async("worker1", remote, args=(3,))
+        if callback_first:
+            seen = _settled(fut).then(_error_of_wait).wait()
+        with pytest.raises(Exception, match="bad (value|input) 3") as info:
+            fut.wait()
+        callers, callers_frames = info.value, traceback.extract_tb(info.value.__traceback__)
+        if not callback_first:
+            seen = fut.then(_error_of_wait).wait()
+        assert type(callers).__name__ == type(seen).__name__ == kind
+        assert seen is not callers
+        assert traceback.extract_tb(callers.__traceback__) == callers_frames
+        assert callers_frames[-1].name == "test_the_callers_error_and_a_callbacks_keep_their_own_tracebacks"
+        assert [f.name for f in traceback.extract_tb(seen.__traceback__)] == ["_error_of_wait"], callback_first
 
 
 def test_a_callback_gets_the_calls_value(cluster):

@@ -9,6 +9,7 @@ frames only, never nbrpc's.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -51,6 +52,7 @@ class NamedFuture(torch.futures.Future):
         self._key = key  # in PENDING while in flight
         self._served = interrupts.calling_from_here(call[0], call[3])  # what made it, on this member
         self._stopping: torch.futures.Future | None = None  # the stop its timeout sent
+        self._failure: BaseException | None = None  # set by _settle before it settles this future
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
         # The view and, on failure, its error (``_outcome``, maybe on another thread, maybe
@@ -80,22 +82,29 @@ class NamedFuture(torch.futures.Future):
                 self._stopping = stopping.stop_if_timed_out(e, self._call[0], self._call[3])
             # Only a look: ``wait`` raises the remote exception itself.
             self._record.answered(remote_errors.original(e, take=False) or e)
-            self.set_exception(remote_errors.tidy(e))
+            self._failure = remote_errors.tidy(e).with_traceback(None)  # no one has it yet
+            self.set_exception(self._failure)
         else:
             self._record.answered()
             _CFuture.set_result(self, value)
 
-    def _outcome(self, pair: dict, _call):
+    def _outcome(self, pair: dict, _settled):
         """The view's value: the call's, or its error as ``wait`` names it (without waiting
-        for a stop's answer, nor for a person paused in a debugger), raised by the view."""
-        try:
-            return _CFuture.wait(self)  # settled by now, or soon (a view made while _settle ran)
-        except Exception as e:
-            error = self._named_now(e).with_traceback(None)
-            pair["error"] = error
-            if len(pair) == 2:
-                set_unwrap(pair["view"], RAISE)
-            return error
+        for a stop's answer, nor for a person paused in a debugger), raised by the view.
+
+        The error is not raised here, and the view's is a copy (``_own``): each raise
+        writes its frames into the exception, and the caller's ``wait`` raises the same
+        one, maybe at this moment on another thread."""
+        if self._failure is None:
+            try:
+                return _CFuture.wait(self)
+            except Exception:  # settled meanwhile on the agent's thread: a view made in __init__,
+                pass  # so no one else has this future, nor its error, yet
+        error = _own(self._named_now(self._failure))
+        pair["error"] = error
+        if len(pair) == 2:
+            set_unwrap(pair["view"], RAISE)
+        return error
 
     def _named_now(self, error: Exception) -> BaseException:
         """``error`` as ``wait`` raises it, the stop's answer as far as it came."""
@@ -132,6 +141,18 @@ class NamedFuture(torch.futures.Future):
             # raise adds no entry for this one, see ``remote_errors.without_our_frames``).
             e.__traceback__ = None
             raise
+
+
+def _own(error: BaseException) -> BaseException:
+    """A copy of ``error`` without its traceback, re-made from its ``args`` as pickling
+    re-makes it, with its chain; ``error`` itself where its class cannot be re-made so."""
+    try:
+        made = copy.copy(error)
+    except Exception:
+        return error
+    made.__cause__, made.__context__ = error.__cause__, error.__context__
+    made.__suppress_context__ = error.__suppress_context__
+    return made
 
 
 def collect_all(futures):
