@@ -59,7 +59,9 @@ XDIST := $(if $(filter-out 0,$(PARALLEL)),-n $(PARALLEL) --dist loadfile)
 # the observers wait on the agent for most of an episode; beside the serial tests, at the idle
 # priority, a starved observer's own steps read 27%). Two: beside the serial tests, three starved a
 # lab's workers long enough for its hang watcher to show a member frozen.
-NBVAL := $(PY) -m pytest -p no:cacheprovider --nbval --nbval-sanitize-with tutorials/sanitize.cfg
+# Each notebook's kernel on Unix sockets (tests/unix_socket_kernels.py says why).
+NBVAL := $(PY) -m pytest -p no:cacheprovider -p tests.unix_socket_kernels --nbval \
+	--nbval-sanitize-with tutorials/sanitize.cfg
 NOTEBOOKS := tutorials/*.ipynb tutorials/labs/source
 ALONE_NOTEBOOKS := tutorials/03_reinforcement_learning.ipynb tutorials/07_when_rpc_hangs.ipynb \
 	tutorials/labs/source/09_hangs

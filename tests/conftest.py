@@ -10,7 +10,6 @@ import keyword
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from unix_socket_kernels import UnixSocketKernelManager
 
 import nbrpc
 from nbrpc._util import kill_pids, pid_alive, start_time, unused_loopback_port
@@ -99,18 +99,12 @@ def run(shell, code: str):
 @contextlib.contextmanager
 def unix_socket_kernel():
     """A kernel manager (not started) whose kernel listens on Unix sockets in a folder of its
-    own, removed at the end, as ``nbrpc run``'s: jupyter_client picks TCP ports by binding
-    port 0 and closing it, and with three test files at once another process's socket
-    took such a port before the kernel bound it."""
-    from jupyter_client import KernelManager
-
-    from nbrpc.shared_server import scratch
-
-    sockets = scratch.make("test-kernel", sockets=True)
+    own (``unix_socket_kernels``), removed at the end, started or not."""
+    km = UnixSocketKernelManager(kernel_name="python3")
     try:
-        yield KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "kernel"))
+        yield km
     finally:
-        shutil.rmtree(sockets, ignore_errors=True)
+        km.remove_sockets_folder()
 
 
 def execute_cells(folder, sources, timeout: float = 240, allow_errors: bool = False):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import execute, streamed, wait_gone
 from dap import Dap, cell_value, stops_at
+from unix_socket_kernels import UnixSocketKernelManager
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +46,7 @@ FIRST_OPTIMIZER = "import torch.distributed.optim\n_ = torch.optim.SGD([torch.ze
 @pytest.fixture(scope="module")
 def lab():
     """A driver kernel with JupyterLab's debugger on, then ``%rpc_init -n 2``; its ``Dap``."""
-    from jupyter_client import KernelManager
-
-    km = KernelManager(kernel_name="python3")
+    km = UnixSocketKernelManager(kernel_name="python3")
     km.start_kernel()
     kc = km.client()
     kc.start_channels()

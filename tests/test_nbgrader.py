@@ -24,6 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import kernel_pids, wait_gone, wait_until, worker_pids
+from unix_socket_kernels import nbgrader_config
 
 LABS = Path(__file__).parent.parent / "tutorials" / "labs"
 sys.path.insert(0, str(LABS.parent.parent / "docs" / "_ext"))  # the docs' lab pages
@@ -231,6 +232,13 @@ def errors(cell) -> str:
     return "\n".join("\n".join(o.traceback) for o in cell.get("outputs", []) if o.output_type == "error")
 
 
+def copy_config(folder: Path) -> None:
+    """The course's nbgrader config in ``folder``, its grading kernels on Unix sockets."""
+    shutil.copy(LABS / "nbgrader_config.py", folder)
+    with open(folder / "nbgrader_config.py", "a") as config:
+        config.write(nbgrader_config())
+
+
 @pytest.fixture(scope="module")
 def course(tmp_path_factory) -> dict:
     """The labs course, graded: each lab's course folder, and what outlived the grading.
@@ -243,7 +251,7 @@ def course(tmp_path_factory) -> dict:
     lanes = deal(GRADING_SECONDS, LANES)
     folders = [tmp_path_factory.mktemp("course") for _ in lanes]
     for folder, labs in zip(folders, lanes):
-        shutil.copy(LABS / "nbgrader_config.py", folder)
+        copy_config(folder)
         for assignment in labs:
             shutil.copytree(LABS / "source" / assignment, folder / "source" / assignment)
     workers_before, kernels_before = worker_pids(), kernel_pids()
@@ -398,7 +406,7 @@ def test_a_runaway_submission_is_stopped_and_leaves_nothing(tmp_path):
     # and ignores the interrupt: its test cell, the score cell and %rpc_shutdown each run
     # into the time limit, and nbgrader kills the kernel at the end.
     folder, assignment = tmp_path, "01_rpc_basics"
-    shutil.copy(LABS / "nbgrader_config.py", folder)
+    copy_config(folder)
     shutil.copytree(LABS / "source" / assignment, folder / "source" / assignment)
     nbgrader(folder, "generate_assignment", assignment)
     source, runaway = notebooks(folder, assignment, "source", "release")

@@ -25,6 +25,7 @@ import time
 import minislurm
 import pytest
 from conftest import execute_cells, find_processes, wait_gone, wait_until
+from unix_socket_kernels import UnixSocketKernelManager
 
 import nbrpc
 from nbrpc.errors import JobRefusedError
@@ -433,9 +434,7 @@ def test_magics_in_a_notebook_status_shows_the_job_and_kernel_shutdown_cancels_i
 
 @pytest.mark.parametrize("how", ["restart", "SIGKILL"])
 def test_kernel_restart_or_kill_cancels_the_job(slurm, queue_empty, tmp_path, how):
-    from jupyter_client import KernelManager
-
-    kernel = KernelManager(kernel_name="python3")
+    kernel = UnixSocketKernelManager(kernel_name="python3")
     kernel.start_kernel(cwd=str(tmp_path))
     client = kernel.client()
     client.start_channels()

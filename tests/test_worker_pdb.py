@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import execute, streamed, wait_gone
+from unix_socket_kernels import UnixSocketKernelManager
 
 pytestmark = pytest.mark.slow
 
@@ -46,9 +47,7 @@ class Counter:
 @pytest.fixture(scope="module")
 def notebook(tmp_path_factory):
     """A notebook kernel running ``%rpc_init -n 2`` with the module's definitions."""
-    from jupyter_client import KernelManager
-
-    km = KernelManager(kernel_name="python3")
+    km = UnixSocketKernelManager(kernel_name="python3")
     km.start_kernel(cwd=str(tmp_path_factory.mktemp("notebook")))
     kc = km.client()
     kc.start_channels()
