@@ -17,14 +17,14 @@ import os
 import shutil
 import tempfile
 
-from jupyter_client import KernelManager
+from jupyter_client import AsyncKernelManager, KernelManager
 from traitlets import default
 
 # A Unix socket's path fits in 107 bytes: the folder goes under /tmp, not a deep $TMPDIR.
 SOCKETS_BASE = "/tmp"
 
 
-class UnixSocketKernelManager(KernelManager):
+class UnixSockets:
     """A local kernel whose sockets are files in a private folder of its own (``ip``),
     removed with the kernel's connection file when it shuts down."""
 
@@ -45,11 +45,20 @@ class UnixSocketKernelManager(KernelManager):
             shutil.rmtree(os.path.dirname(self.ip), ignore_errors=True)
 
 
+class UnixSocketKernelManager(UnixSockets, KernelManager):
+    """For a blocking client: the tests' own kernels and nbval's."""
+
+
+class AsyncUnixSocketKernelManager(UnixSockets, AsyncKernelManager):
+    """For nbclient, which awaits its kernel's client (nbgrader's grading): with a blocking
+    one, a cell that runs into its time limit is never stopped."""
+
+
 def nbgrader_config() -> str:
     """The lines that give an nbgrader course's grading kernels this module's manager."""
     here = os.path.dirname(os.path.abspath(__file__))
     return (f"\nimport sys\nsys.path.insert(0, {here!r})\n"
-            'c.NotebookClient.kernel_manager_class = "unix_socket_kernels.UnixSocketKernelManager"\n')
+            'c.NotebookClient.kernel_manager_class = "unix_socket_kernels.AsyncUnixSocketKernelManager"\n')
 
 
 def pytest_configure(config) -> None:
