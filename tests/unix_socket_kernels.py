@@ -32,8 +32,13 @@ class UnixSockets:
     def _transport_default(self) -> str:
         return "ipc"
 
+    sockets_folder: str | None = None  # made with the first look at ``ip``
+
     def _ip_default(self) -> str:  # jupyter_client's dynamic default, by its name
-        return os.path.join(tempfile.mkdtemp(prefix="kernel-", dir=SOCKETS_BASE), "kernel")
+        if self.transport != "ipc":
+            return super()._ip_default()
+        self.sockets_folder = tempfile.mkdtemp(prefix="kernel-", dir=SOCKETS_BASE)
+        return os.path.join(self.sockets_folder, "kernel")
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
@@ -41,8 +46,8 @@ class UnixSockets:
             self.remove_sockets_folder()
 
     def remove_sockets_folder(self) -> None:
-        if self.transport == "ipc" and "ip" in self._trait_values:
-            shutil.rmtree(os.path.dirname(self.ip), ignore_errors=True)
+        if self.sockets_folder is not None:
+            shutil.rmtree(self.sockets_folder, ignore_errors=True)
 
 
 class UnixSocketKernelManager(UnixSockets, KernelManager):
