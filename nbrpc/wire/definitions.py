@@ -244,15 +244,6 @@ def class_identity(cls: type) -> tuple:
     return _pinned_function, ((ident.origin, ident.token, 0), "class")
 
 
-def held_by_receiver(cls: type, by_identity: tuple) -> bool:
-    """Whether ``cls`` (of reduction ``class_identity``) goes by identity, as ``reduce_class``
-    sends it (top-level, held or made by the receiver, or fetched: see ``receivers``), noting nothing."""
-    key = by_identity[1][0]
-    name = cls.__name__  # top-level: stored under its name (``_stored_under``, for a class)
-    return (cls.__qualname__ == name and namespace().get(name) is cls and (
-        receivers.holds_already(key) or receivers.made_by_receiver(key[0]) or receivers.any_fetcher()))
-
-
 def _stored_under(obj) -> str | None:
     """The global name ``obj`` is stored under where it was defined, if any."""
     name = obj.__name__

@@ -19,9 +19,10 @@ from collections.abc import Callable
 import cloudpickle
 
 from . import definitions, module_globals
+from .receivers import receivers
 
 _AS_OBJECT = (object.__reduce_ex__, object.__reduce__, object.__getstate__)
-# class -> (its __mro__, its reduction by identity, its instances' reducer), the last two
+# class -> (its __mro__, its key by identity, its instances' reducer), the last two
 # None where it is not a plain notebook class: told once per class (and again if its
 # bases change), for ``KINDS_KEPT`` classes at most (a class made in a loop makes one
 # each time). A forked child starts without (its definitions have another origin:
@@ -36,15 +37,20 @@ def held(obj, cls: type) -> tuple[dict, Callable] | None:
     ``obj`` is no module's global and an instance of a top-level notebook class that the
     message's receiver holds (or made: a reply going home), made by ``type`` of notebook
     classes alone (no builtin's layout, no slots) and reduced as ``object`` reduces (no
-    ``copyreg`` reducer); else None."""
+    ``copyreg`` reducer); else None. Asked of every such instance in every message: what
+    can change after a class is made (its name, its place in ``__main__``, its reducers)
+    is asked each time, in one pass."""
     kind = _KINDS.get(cls)
     if kind is None or kind[0] is not cls.__mro__:
         if len(_KINDS) >= KINDS_KEPT:
             _KINDS.clear()
         kind = _KINDS[cls] = (cls.__mro__, *_plain_kind(cls))
-    if (kind[1] is None or cls.__module__ != "__main__" or cls in copyreg.dispatch_table
+    key = kind[1]
+    name = cls.__name__
+    if (key is None or cls.__module__ != "__main__" or cls.__qualname__ != name
+            or cls in copyreg.dispatch_table
             or (cls.__reduce_ex__, cls.__reduce__, cls.__getstate__) != _AS_OBJECT
-            or not definitions.held_by_receiver(cls, kind[1])):
+            or definitions.namespace().get(name) is not cls or not receivers.holds_class(key)):
         return None
     found = getattr(obj, "__dict__", None)
     if type(found) is not dict or module_globals.find(obj) is not None:
@@ -53,15 +59,16 @@ def held(obj, cls: type) -> tuple[dict, Callable] | None:
 
 
 def _plain_kind(cls: type) -> tuple[tuple | None, Callable | None]:
-    """The reduction by identity of a notebook class made by ``type`` of notebook classes
-    alone, none with slots, and its instances' reducer; None and None for any other class."""
+    """The key by which a notebook class made by ``type`` of notebook classes alone, none
+    with slots, goes by identity (``definitions.class_identity``), and its instances'
+    reducer; None and None for any other class."""
     if type(cls) is not type:
         return None, None
     for base in cls.__mro__[:-1]:
         if not definitions.is_notebook_definition(base) or "__slots__" in vars(base):
             return None, None
-    by_identity = definitions.class_identity(cls)
-    return by_identity, _reducer(cls, by_identity[1][0])
+    key = definitions.class_identity(cls)[1][0]
+    return key, _reducer(cls, key)
 
 
 def _reducer(cls: type, key: tuple) -> Callable:

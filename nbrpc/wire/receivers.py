@@ -67,9 +67,12 @@ class Receivers:
         self.local.fresh.append(digest)
         return False
 
-    def holds_already(self, key) -> bool:
-        """Whether the destination of the call being pickled holds ``key``, noting nothing."""
-        return key in self.known.get(self.local.to, ())
+    def holds_class(self, key) -> bool:
+        """Whether the message pickled now may name top-level notebook class ``key`` by
+        identity (``definitions.reduce_class``): its receiver holds it, or made it (a reply
+        going home), or it is an RRef's value for any fetcher (``fetching``)."""
+        local = self.local
+        return key in self.known.get(local.to, ()) or local.home == key[0] or local.fetched
 
     def owning(self, value) -> None:
         """``value``, an instance of a notebook class, is the value of an RRef owned here
@@ -88,13 +91,9 @@ class Receivers:
 
     def fetching(self, on: bool) -> None:
         """An RRef's value is pickled now for a fetch, by a process this one cannot tell
-        (``c_pickling.fetched_message``): its top-level classes go by identity (``any_fetcher``;
+        (``c_pickling.fetched_message``): its top-level classes go by identity (``holds_class``;
         the fetcher checks that it holds them, and fetches again in full if not)."""
         self.local.fetched = on
-
-    def any_fetcher(self) -> bool:
-        """Whether the message pickled now goes to whichever holder of an RRef fetches it."""
-        return self.local.fetched
 
     def remember(self, func, name: str, key: tuple, reduction: tuple) -> None:
         """The destination of the call being pickled holds top-level ``func`` (stored under
@@ -124,12 +123,16 @@ class Receivers:
         self.local.reply = (value, origin)
 
     def reply_home(self, obj) -> str | None:
-        """This thread pickles ``obj``, not a call: its caller's origin if it is the reply
-        ``replying`` named, else None; the note is dropped either way, so that no value
+        """This thread pickles ``obj``, not a call: if it is the reply ``replying`` named,
+        its caller's origin, where the reply now goes (``made_by_receiver``, until
+        ``going_home(None)``); else None. The note is dropped either way, so that no value
         outlives its reply here."""
         local = self.local
         reply, local.reply = local.reply, None
-        return reply[1] if reply is not None and reply[0] is obj else None
+        if reply is None or reply[0] is not obj:
+            return None
+        local.home = reply[1]
+        return reply[1]
 
     def going_home(self, origin: str | None) -> None:
         """The reply pickled now goes to the process of ``origin`` (None: no longer)."""

@@ -73,14 +73,12 @@ def serialize(self, obj):
         return message or _kept_message(self, cls, obj, made)
     # A reply: to its caller's process, if a served call named it (``receivers.replying``);
     # a class its caller made goes there by identity (``definitions.reduce_class``).
-    home = receivers.reply_home(obj)
-    if home is None:
+    if receivers.reply_home(obj) is None:
         if type(obj).__module__ == "__main__" and receivers.is_owned(obj):  # an RRef's value, a fetch's reply
             message = c_pickling.fetched_message(obj, flat)  # its held classes by identity, where it can
             if message is not None:
                 return message
         return c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
-    receivers.going_home(home)
     try:
         return c_pickling.value_message(obj, flat) or _kept_message(self, cls, obj, None)
     finally:
