@@ -146,6 +146,7 @@ bench: $(READY)
 # Where a call's cost goes: the user's loops with one part of nbrpc's call path left out at a time.
 bench-parts: $(READY)
 	$(PY) benchmarks/parts.py
+	$(PY) benchmarks/phases.py
 
 # Fails where a row of benchmarks/results.json got worse than benchmarks/baseline.json, the
 # last accepted run, by more than the runs' own spread (see benchmarks/gate.py).

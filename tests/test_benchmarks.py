@@ -24,7 +24,8 @@ def bench():
     """The benchmark modules, imported as ``run.py`` imports them (from their folder)."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        yield {name: importlib.import_module(name) for name in ("results", "report", "gate", "targets", "user")}
+        yield {name: importlib.import_module(name)
+               for name in ("results", "report", "gate", "targets", "user", "phases")}
     finally:
         sys.path.remove(str(BENCHMARKS))
 
@@ -202,6 +203,27 @@ def test_every_part_of_the_call_path_can_be_left_out_of_every_loop():
     assert sum("per call (us)" in line for line in lines) == 7, done.stdout  # one table a loop
     for part in _bench.PARTS:
         assert sum(part in line and line.endswith("% of the wall") for line in lines) == 7, (part, done.stdout)
+
+
+@pytest.mark.slow
+def test_a_calls_phases_split_it_on_both_sides_for_each_kind_of_argument(bench):
+    """``make bench-parts``'s phases in brief: nbrpc and raw torch each give every phase of
+    an ``rpc_sync`` for each kind of argument outside an autograd context, and the phases
+    of every call add up to the whole call."""
+    phases = bench["phases"]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "phases.py"), "--side", "nbrpc", "--rounds", "1",
+                           "--calls", "3"], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert list(found) == ["int", "tensor", "tensor64k", "dict", "kwargs", "instance"]
+    for kind, by_phase in found.items():
+        assert list(by_phase) == list(phases.PHASES)
+        assert all(len(values) == 3 for values in by_phase.values()), (kind, by_phase)
+        parts = [sum(call) for call in zip(*(by_phase[p] for p in phases.PHASES[:-1]))]
+        assert parts == pytest.approx(by_phase["whole call"], abs=0.01), kind
+        assert all(value > 0 for p in ("driver pickles", "worker pickles") for value in by_phase[p]), kind
+    table = phases.table({"nbrpc": found, "raw": found})
+    assert [line.split("  ")[0] for line in table.splitlines()[1:-1]] == list(phases.PHASES)
 
 
 def _runs(values: list[float]) -> list[dict]:
