@@ -11,10 +11,9 @@ note when they begin and end, on the driver and on the worker; the clock is the 
 monotonic one, which both processes read alike, so a call splits into: the driver's
 wrappers, its pickling of the call, the message reaching the worker, the worker's
 unpickling, running and pickling of the reply, the reply reaching the driver, the
-driver's unpickling and return. Medians per
-phase, in microseconds, and each kind's excess over the int's: what a kind of argument
-adds to each phase, nbrpc's beside raw torch's. A diagnosis, not a comparison with a
-target: ``user.py`` is that.
+driver's unpickling and return. Prints each phase's median per kind, nbrpc's beside raw
+torch's, in microseconds, and the whole call's ratio: where nbrpc spends more or less
+than torch. A diagnosis, not a comparison with a target: ``user.py`` is that.
 """
 
 from __future__ import annotations
@@ -146,20 +145,16 @@ def run_side(side: str, rounds: int, calls: int) -> dict:
 
 
 def table(sides: dict[str, dict]) -> str:
-    """Per phase and kind: each side's median, and its excess over the int's."""
+    """Per phase and kind: nbrpc's median and raw torch's; last, the whole call's ratio."""
     kinds = list(next(iter(sides.values())))
     medians = {side: {kind: {phase: statistics.median(values) for phase, values in phases.items()}
                       for kind, phases in found.items()} for side, found in sides.items()}
-    lines = [f"{'phase (us), nbrpc / raw':<24}" + "".join(f"{kind:>20}" for kind in kinds)]
+    lines = [f"{'us, nbrpc / raw':<18}" + "".join(f"{kind:>17}" for kind in kinds)]
     for phase in PHASES:
-        cells = []
-        for kind in kinds:
-            ours, raw = (medians[side][kind][phase] for side in ("nbrpc", "raw"))
-            cells.append(f"{ours:7.1f} / {raw:<7.1f}" if kind == "int" else
-                         f"{ours - medians['nbrpc']['int'][phase]:+7.1f} / "
-                         f"{raw - medians['raw']['int'][phase]:<+7.1f}")
-        lines.append(f"{phase:<24}" + "".join(f"{cell:>20}" for cell in cells))
-    lines.append("(the int's column: its medians; the others: their excess over the int's)")
+        cells = (f"{medians['nbrpc'][kind][phase]:.1f} / {medians['raw'][kind][phase]:.1f}" for kind in kinds)
+        lines.append(f"{phase:<18}" + "".join(f"{cell:>17}" for cell in cells))
+    ratios = (medians["nbrpc"][kind]["whole call"] / medians["raw"][kind]["whole call"] for kind in kinds)
+    lines.append(f"{'ratio':<18}" + "".join(f"{ratio:>17.3f}" for ratio in ratios))
     return "\n".join(lines)
 
 

@@ -222,8 +222,9 @@ def test_a_calls_phases_split_it_on_both_sides_for_each_kind_of_argument(bench):
         parts = [sum(call) for call in zip(*(by_phase[p] for p in phases.PHASES[:-1]))]
         assert parts == pytest.approx(by_phase["whole call"], abs=0.01), kind
         assert all(value > 0 for p in ("driver pickles", "worker pickles") for value in by_phase[p]), kind
-    table = phases.table({"nbrpc": found, "raw": found})
-    assert [line.split("  ")[0] for line in table.splitlines()[1:-1]] == list(phases.PHASES)
+    lines = phases.table({"nbrpc": found, "raw": found}).splitlines()
+    assert [line.split("  ")[0] for line in lines[1:-1]] == list(phases.PHASES)
+    assert lines[-1].split()[1:] == ["1.000"] * len(found)  # the whole call's ratio, a side against itself
 
 
 def _runs(values: list[float]) -> list[dict]:
