@@ -54,8 +54,14 @@ def _noted_deserialize(self, body, tensors):
 _internal._InternalRPCPickler.serialize = _noted_serialize
 _internal._InternalRPCPickler.deserialize = _noted_deserialize
 """
+# Evaluated in the worker: its notes emptied; its notes so far, the list emptied.
+_EMPTY = "__import__('torch.distributed.rpc.internal', fromlist=['_'])._phase_notes.clear()"
+_TAKE = ("(lambda notes: (list(notes), notes.clear())[0])"
+         "(__import__('torch.distributed.rpc.internal', fromlist=['_'])._phase_notes)")
+
+
 def _take_notes() -> list:
-    """The notes so far, the list emptied (run by ``eval`` in a process, and here)."""
+    """This process's notes so far, the list emptied."""
     import torch.distributed.rpc.internal as internal
 
     notes = list(internal._phase_notes)
@@ -91,11 +97,6 @@ def measure(rounds: int, calls: int) -> dict[str, dict[str, list[float]]]:
             if turn:  # the first: connections, threads, each kind's first send
                 _split(found[kind], spans, driver, worker)
     return {kind: phases for kind, phases in found.items() if phases["whole call"]}
-
-
-_EMPTY = "__import__('torch.distributed.rpc.internal', fromlist=['_'])._phase_notes.clear()"
-_TAKE = ("(lambda notes: (list(notes), notes.clear())[0])"
-         "(__import__('torch.distributed.rpc.internal', fromlist=['_'])._phase_notes)")
 
 
 def _split(phases: dict, spans: list, driver: list, worker: list) -> None:

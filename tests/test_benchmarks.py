@@ -207,9 +207,9 @@ def test_every_part_of_the_call_path_can_be_left_out_of_every_loop():
 
 @pytest.mark.slow
 def test_a_calls_phases_split_it_on_both_sides_for_each_kind_of_argument(bench):
-    """``make bench-parts``'s phases in brief: nbrpc and raw torch each give every phase of
-    an ``rpc_sync`` for each kind of argument outside an autograd context, and the phases
-    of every call add up to the whole call."""
+    """``make bench-parts``'s phases in brief: nbrpc's side gives every phase of an
+    ``rpc_sync`` for each kind of argument outside an autograd context, the phases of
+    every call adding up to the whole call, and the table puts them beside another side's."""
     phases = bench["phases"]
     done = subprocess.run([sys.executable, str(BENCHMARKS / "phases.py"), "--side", "nbrpc", "--rounds", "1",
                            "--calls", "3"], capture_output=True, text=True, timeout=300, cwd=BENCHMARKS)
