@@ -201,6 +201,35 @@ def test_exception_in_run_shows_worker_and_traceback(cluster):
 # -- timeouts --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("torch_said", ["EOF: end of file", "ECONNRESET: connection reset by peer",
+                                        "EPIPE: broken pipe"])
+def test_a_dropped_connection_waits_for_the_workers_fate_and_names_it(torch_said):
+    """A worker's process that ended (a scheduler's time limit, a kill) drops its connection
+    a moment before the launcher's watch sees it end: torch's error, whichever way the
+    connection dropped (a Slurm time limit once gave ECONNRESET), waits for the worker's
+    fate and becomes ``WorkerDiedError`` naming it."""
+    from nbrpc.calls import failures
+
+    told = time.monotonic() + 0.3  # when the watch sees the process end
+
+    def fate(name: str) -> str | None:
+        return "ended: its job reached its time limit (TIMEOUT)" if name == "gone" and time.monotonic() > told else None
+
+    error = RuntimeError(f"{torch_said} (this error originated at tensorpipe/transport/uv/connection_impl.cc:132)")
+    failures.WORKER_FATES.add(fate)
+    try:
+        found = failures.named(error, "gone", "rpc_sync('gone', sleep)", 5.0)
+        began = time.monotonic()  # any other error of a worker that runs is left as it is, at once
+        other = RuntimeError("a remote function's own RuntimeError")
+        assert failures.named(other, "running", "rpc_sync('running', f)", 5.0) is other
+        assert time.monotonic() - began < 0.5
+    finally:
+        failures.WORKER_FATES.discard(fate)
+    assert isinstance(found, nbrpc.WorkerDiedError)
+    assert "worker 'gone' ended: its job reached its time limit (TIMEOUT)" in str(found)
+    assert torch_said in str(found)
+
+
 def test_timeout_names_the_worker(cluster):
     began = time.monotonic()
     with pytest.raises(nbrpc.RpcTimeoutError) as info:

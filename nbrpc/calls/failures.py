@@ -26,6 +26,9 @@ from . import stopping
 
 # ``fate(name)``: why worker ``name`` is gone, or None; the running cluster registers one.
 WORKER_FATES = Hooks()
+# What torch's transport says when a worker's connection drops: closed (its process ended),
+# reset (it ended with data unread: a scheduler's kill mid-call) or broken on a write.
+CONNECTION_LOST = ("EOF", "ECONNRESET", "EPIPE")
 
 
 def worker_fate(name: str) -> str | None:
@@ -66,7 +69,7 @@ def named(error: RuntimeError, to, label: str, timeout: float, key: str | None =
         return original
     name = destination_name(to)
     fate = worker_fate(name)
-    if not fate and "EOF" in str(error):
+    if not fate and any(sign in str(error) for sign in CONNECTION_LOST):
         # The worker's process ended (killed, or ended by its scheduler): torch saw its
         # connection drop a moment before the launcher's watch on the process did.
         deadline = time.monotonic() + 2.0
