@@ -69,7 +69,8 @@ def named(error: RuntimeError, to, label: str, timeout: float, key: str | None =
         return original
     name = destination_name(to)
     fate = worker_fate(name)
-    if not fate and any(sign in str(error) for sign in CONNECTION_LOST):
+    text = str(error)
+    if not fate and any(sign in text for sign in CONNECTION_LOST):
         # The worker's process ended (killed, or ended by its scheduler): torch saw its
         # connection drop a moment before the launcher's watch on the process did.
         deadline = time.monotonic() + 2.0
@@ -83,7 +84,6 @@ def named(error: RuntimeError, to, label: str, timeout: float, key: str | None =
             f"then %rpc_init) to get {name!r} back{PENDING.explained(key)}. Torch said: {error}"
         )
         return WorkerDiedError(msg)
-    text = str(error)
     if text.startswith(f"{SerializationError.__name__}: "):
         # The worker could not pickle its reply; torch hands back only the text,
         # followed by its C++ stack.
