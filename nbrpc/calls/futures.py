@@ -55,20 +55,29 @@ class NamedFuture(torch.futures.Future):
         self._failure: BaseException | None = None  # set by _settle before it settles this future
         self.call = fut  # torch's own future of the call
         fut.add_done_callback(self._settle)
+
+    # C methods of the view, so that no frame of nbrpc's is under a callback (a property's
+    # has returned before the callback is added).
+    then = property(lambda self: functools.partial(_CFuture.then, self._viewed()))
+    add_done_callback = property(lambda self: functools.partial(_CFuture.add_done_callback, self._viewed()))
+
+    def _viewed(self) -> torch.futures.Future:
+        """The view callbacks go on, made when first asked for or as the call fails: most
+        futures are only waited for, and a view costs each call a callback on the agent's
+        thread. Made on ``call``, after ``_settle``; at once where the call is over."""
+        view = self.__dict__.get("_view")
+        if view is not None:
+            return view
         # The view and, on failure, its error (``_outcome``, maybe on another thread, maybe
         # before ``then`` returns): whichever is stored second finds both and sets the raise
         # (each store and look is one step under the GIL; setting it twice is harmless).
         pair = {}
-        view = _CFuture.then(fut, functools.partial(self._outcome, pair))  # after _settle
+        view = _CFuture.then(self.call, functools.partial(self._outcome, pair))
         pair["view"] = view
         if len(pair) == 2:
             set_unwrap(view, RAISE)
-        self._view = view
-
-    # C methods of the view, so that no frame of nbrpc's is under a callback (a property's
-    # has returned before the callback is added).
-    then = property(lambda self: functools.partial(_CFuture.then, self._view))
-    add_done_callback = property(lambda self: functools.partial(_CFuture.add_done_callback, self._view))
+        # Made on two threads at once, the first stored is everyone's (the other is dropped).
+        return self.__dict__.setdefault("_view", view)
 
     def _settle(self, fut: torch.futures.Future) -> None:
         torch_compat.keep_thread_state()
@@ -83,6 +92,7 @@ class NamedFuture(torch.futures.Future):
             # Only a look: ``wait`` raises the remote exception itself.
             self._record.answered(remote_errors.original(e, take=False) or e)
             self._failure = remote_errors.tidy(e).with_traceback(None)  # no one has it yet
+            self._viewed()  # its error named before ``wait`` can take the remote exception
             self.set_exception(self._failure)
         else:
             self._record.answered()
@@ -98,8 +108,8 @@ class NamedFuture(torch.futures.Future):
         if self._failure is None:
             try:
                 return _CFuture.wait(self)
-            except Exception:  # settled meanwhile on the agent's thread: a view made in __init__,
-                pass  # so no one else has this future, nor its error, yet
+            except Exception:  # failed meanwhile on the agent's thread (a view made as the call
+                pass  # ended): its error is ``_failure``
         error = _own(self._named_now(self._failure))
         pair["error"] = error
         if len(pair) == 2:
