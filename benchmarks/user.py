@@ -149,6 +149,10 @@ def take_turns(runs: int, calls: int, trips: int, progress=print) -> dict[str, l
 
 # The sides that run at once in ``side_by_side``, and its rows: (side, reference, figure).
 BESIDE = ("kernel", "script", "raw_uv")
+# The argument-kind table's sides: besides, the control, a second init_rpc pair of the same
+# script, which reads how far a row strays from 1.00 with no nbrpc in it (a pair's own speed,
+# its threads' places on the cores: it stays with the pair for the whole run).
+KIND_SIDES = BESIDE + ("raw_uv_again",)
 BESIDE_ROWS = {"user_kernel_beside_script_sync": ("kernel", "script", "sync_ms"),
                "user_kernel_beside_raw_sync": ("kernel", "raw_uv", "sync_ms"),
                "user_kernel_beside_raw_remote": ("kernel", "raw_uv", "remote_ms"),
@@ -164,15 +168,18 @@ def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_c
     small calls, half as many ``remote`` + ``to_here`` and ``calls`` ``rpc_async`` with 32
     in flight (the order rotating), so that the machine's drift, its load and a run's
     thread placement fall on every side alike; then ``kind_turns`` turns of the
-    argument-kind table, ``kind_calls`` calls of each form and kind. Each side's figures
-    per turn (``user_script.turn``, ``user_script.kinds_turn``)."""
+    argument-kind table, ``kind_calls`` calls of each form and kind, with the control
+    (``KIND_SIDES``). Each side's figures per turn (``user_script.turn``,
+    ``user_script.kinds_turn``)."""
     from jupyter_client import KernelManager
 
     with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
-        store = str(Path(scratch) / "store")
+        store, again = str(Path(scratch) / "store"), str(Path(scratch) / "store-again")
         commands = ([sys.executable, str(SCRIPT), "nbrpc", "--turns"],
                     [sys.executable, str(SCRIPT), "raw-uv", "0", store, "--turns"],
-                    [sys.executable, str(SCRIPT), "raw-uv", "1", store])
+                    [sys.executable, str(SCRIPT), "raw-uv", "0", again, "--turns"],
+                    [sys.executable, str(SCRIPT), "raw-uv", "1", store],
+                    [sys.executable, str(SCRIPT), "raw-uv", "1", again])
         errors = [Path(scratch) / f"stderr-{i}" for i in range(len(commands))]
         km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(scratch) / "kernel"))
         km.start_kernel(cwd=scratch)
@@ -191,11 +198,12 @@ def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_c
             ask = {"kernel": lambda n: _last_json(_execute(kc, f"import json\nprint(json.dumps({_turn_call(n)}))"),
                                                   "the kernel"),
                    "script": _asking(procs[0], "the script with nbrpc", errors[0]),
-                   "raw_uv": _asking(procs[1], "the script with init_rpc (raw-uv)", errors[1])}
-            for side in BESIDE:
+                   "raw_uv": _asking(procs[1], "the script with init_rpc (raw-uv)", errors[1]),
+                   "raw_uv_again": _asking(procs[2], "the control's script with init_rpc (raw-uv)", errors[2])}
+            for side in KIND_SIDES:
                 ask[side](calls)  # connections and threads: not timed
-            found = _rotating(ask, turns, calls)
-            kinds = _rotating(ask, kind_turns, f"kinds {kind_calls}")
+            found = _rotating(ask, BESIDE, turns, calls)
+            kinds = _rotating(ask, KIND_SIDES, kind_turns, f"kinds {kind_calls}")
             _execute(kc, "%rpc_shutdown")
             kc.stop_channels()
         finally:
@@ -220,11 +228,11 @@ def _turn_call(n: int | str) -> str:
     return f"kinds_turn({calls})" if what == "kinds" else f"turn({calls})"
 
 
-def _rotating(ask: dict, turns: int, calls: int | str) -> dict[str, list[dict]]:
-    """``turns`` turns of every side in ``BESIDE``, the order rotating; each side's figures."""
-    found = {side: [] for side in BESIDE}
+def _rotating(ask: dict, sides: tuple[str, ...], turns: int, calls: int | str) -> dict[str, list[dict]]:
+    """``turns`` turns of every one of ``sides``, the order rotating; each side's figures."""
+    found = {side: [] for side in sides}
     for i in range(turns):
-        for side in BESIDE[i % len(BESIDE):] + BESIDE[:i % len(BESIDE)]:
+        for side in sides[i % len(sides):] + sides[:i % len(sides)]:
             found[side].append(ask[side](calls))
     return found
 
@@ -250,7 +258,7 @@ def beside_rows(found: dict) -> list[dict]:
         rows.append(row(row_id, statistics.median(ours), statistics.median(theirs),
                         ratio=statistics.median(TARGETS[row_id].ratio(o, t) for o, t in zip(ours, theirs)),
                         note=f"median of {len(ours)} turns' ratios, {calls} calls a turn, "
-                             "the three running at once"))
+                             "the sides running at once, in turns"))
     return rows
 
 
@@ -261,17 +269,19 @@ ARGUMENT_KINDS = ("int", "tensor", "tensor64k", "dict", "grad", "kwargs", "insta
 
 def kind_rows(found: dict) -> list[dict]:
     """``user_<side>_beside_raw_<form>_<kind>``: each form and kind of argument from the
-    kernel and the script against the init_rpc pair, the median of the turns' ratios."""
+    kernel, the script and the control (``KIND_SIDES``) against the init_rpc pair, the
+    median of the turns' ratios."""
     rows = []
-    for side in ("kernel", "script"):
+    for side in ("kernel", "script", "control"):
         for form in FORMS:
             for kind in ARGUMENT_KINDS:
                 row_id, figure = f"user_{side}_beside_raw_{form}_{kind}", f"{form}_{kind}"
-                ours, theirs = ([turn[figure] for turn in found["kinds"][s]] for s in (side, "raw_uv"))
+                sides = ("raw_uv_again" if side == "control" else side, "raw_uv")
+                ours, theirs = ([turn[figure] for turn in found["kinds"][s]] for s in sides)
                 rows.append(row(row_id, statistics.median(ours), statistics.median(theirs),
                                 ratio=statistics.median(TARGETS[row_id].ratio(o, t) for o, t in zip(ours, theirs)),
                                 note=f"median of {len(ours)} turns' ratios, {found['kind_calls']} calls a turn, "
-                                     "the three running at once"))
+                                     "the sides running at once, in turns"))
     return rows
 
 

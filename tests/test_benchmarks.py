@@ -266,8 +266,9 @@ def test_the_side_by_side_rows_take_each_turns_ratio(bench):
 
 
 def test_the_argument_kind_table_has_a_row_for_each_form_kind_and_side(bench):
-    """Each form of call with each kind of argument, from the kernel and the script, against
-    the init_rpc pair of the same turn; a row's ratio is the median of the turns' ratios."""
+    """Each form of call with each kind of argument, from the kernel, the script and the
+    control (a second init_rpc pair), against the init_rpc pair of the same turn; a row's
+    ratio is the median of the turns' ratios; the control's rows have no target."""
     user = bench["user"]
     figures = [f"{form}_{kind}" for form in user.FORMS for kind in user.ARGUMENT_KINDS]
     assert len(figures) == 28 and "remote_tensor" in figures and "proxy_instance" in figures
@@ -275,11 +276,16 @@ def test_the_argument_kind_table_has_a_row_for_each_form_kind_and_side(bench):
              "script": [dict.fromkeys(figures, 1.0), dict.fromkeys(figures, 2.0), dict.fromkeys(figures, 4.0)]}
     kinds["kernel"] = [{name: turn[name] * factor for name in figures}
                        for turn, factor in zip(kinds["raw_uv"], (1.02, 1.2, 1.04))]
+    kinds["raw_uv_again"] = [{name: turn[name] * factor for name in figures}
+                             for turn, factor in zip(kinds["raw_uv"], (0.9, 1.06, 1.07))]
+    assert set(kinds) == set(user.KIND_SIDES)
     rows = {row["id"]: row for row in user.kind_rows({"kinds": kinds, "kind_calls": 15})}
-    assert len(rows) == 56 and set(rows) <= set(bench["targets"].load())
+    assert len(rows) == 84 and set(rows) <= set(bench["targets"].load())
     grad = rows["user_kernel_beside_raw_remote_grad"]
     assert grad["ratio"] == pytest.approx(1.04) and grad["met"] is True and "15 calls a turn" in grad["note"]
     assert rows["user_script_beside_raw_proxy_dict"]["ratio"] == 1.0
+    control = rows["user_control_beside_raw_sync_instance"]
+    assert control["ratio"] == pytest.approx(1.06) and control["met"] is None
 
 
 def _side_by_side_processes() -> list[psutil.Process]:
@@ -298,6 +304,7 @@ def test_a_kernel_a_script_and_the_init_rpc_pair_run_side_by_side(bench):
     is gone after."""
     found = bench["user"].side_by_side(turns=2, calls=20, kind_turns=1, kind_calls=2)
     assert {side: len(turns) for side, turns in found["turns"].items()} == {"kernel": 2, "script": 2, "raw_uv": 2}
+    assert set(found["kinds"]) == {"kernel", "script", "raw_uv", "raw_uv_again"}  # with the control
     for [kinds] in found["kinds"].values():  # every form with every kind of argument ran, on every side
         assert len(kinds) == 28 and all(0.01 < ms < 1000 for ms in kinds.values()), kinds
     assert all(row["ratio"] > 0 for row in bench["user"].kind_rows(found))
