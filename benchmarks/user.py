@@ -153,6 +153,9 @@ BESIDE = ("kernel", "script", "raw_uv")
 # script, which reads how far a row strays from 1.00 with no nbrpc in it (a pair's own speed,
 # its threads' places on the cores: it stays with the pair for the whole run).
 KIND_SIDES = BESIDE + ("raw_uv_again",)
+# The argument-kind table's columns and rows (``user_script.kinds_turn``): forms of call, kinds of argument.
+FORMS = ("sync", "async", "remote", "proxy")
+ARGUMENT_KINDS = ("int", "tensor", "tensor64k", "dict", "grad", "kwargs", "instance")
 BESIDE_ROWS = {"user_kernel_beside_script_sync": ("kernel", "script", "sync_ms"),
                "user_kernel_beside_raw_sync": ("kernel", "raw_uv", "sync_ms"),
                "user_kernel_beside_raw_remote": ("kernel", "raw_uv", "remote_ms"),
@@ -168,8 +171,8 @@ def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_c
     small calls, half as many ``remote`` + ``to_here`` and ``calls`` ``rpc_async`` with 32
     in flight (the order rotating), so that the machine's drift, its load and a run's
     thread placement fall on every side alike; then ``kind_turns`` turns of the
-    argument-kind table, ``kind_calls`` calls of each form and kind, with the control
-    (``KIND_SIDES``). Each side's figures per turn (``user_script.turn``,
+    argument-kind table, the sides taking turns row by row, ``kind_calls`` calls of each
+    form and kind, with the control (``KIND_SIDES``). Each side's figures per turn (``user_script.turn``,
     ``user_script.kinds_turn``)."""
     from jupyter_client import KernelManager
 
@@ -203,7 +206,7 @@ def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_c
             for side in KIND_SIDES:
                 ask[side](calls)  # connections and threads: not timed
             found = _rotating(ask, BESIDE, turns, calls)
-            kinds = _rotating(ask, KIND_SIDES, kind_turns, f"kinds {kind_calls}")
+            kinds = _rotating_rows(ask, KIND_SIDES, kind_turns, kind_calls)
             _execute(kc, "%rpc_shutdown")
             kc.stop_channels()
         finally:
@@ -223,9 +226,9 @@ def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_c
 
 
 def _turn_call(n: int | str) -> str:
-    """The kernel's call for a turn asked as the scripts are (``n``: N, or "kinds N")."""
-    what, _, calls = str(n).rpartition(" ")
-    return f"kinds_turn({calls})" if what == "kinds" else f"turn({calls})"
+    """The kernel's call for a turn asked as the scripts are (``n``: N, or "kinds N ROW")."""
+    words = str(n).split()
+    return f"kinds_turn({words[1]}, {words[2]!r})" if words[0] == "kinds" else f"turn({words[0]})"
 
 
 def _rotating(ask: dict, sides: tuple[str, ...], turns: int, calls: int | str) -> dict[str, list[dict]]:
@@ -234,6 +237,23 @@ def _rotating(ask: dict, sides: tuple[str, ...], turns: int, calls: int | str) -
     for i in range(turns):
         for side in sides[i % len(sides):] + sides[:i % len(sides)]:
             found[side].append(ask[side](calls))
+    return found
+
+
+def _rotating_rows(ask: dict, sides: tuple[str, ...], turns: int, calls: int) -> dict[str, list[dict]]:
+    """``turns`` turns of the argument-kind table, every side taking each row in turn (the
+    order rotating), so that a row's figures from all sides are measured within a fraction
+    of a second of each other: what the machine does meanwhile falls on all of them alike.
+    Each side's figures per turn, every row's."""
+    found = {side: [] for side in sides}
+    for i in range(turns):
+        figures = {side: {} for side in sides}
+        for j, figure in enumerate(f"{form}_{kind}" for form in FORMS for kind in ARGUMENT_KINDS):
+            first = (i + j) % len(sides)
+            for side in sides[first:] + sides[:first]:
+                figures[side].update(ask[side](f"kinds {calls} {figure}"))
+        for side in sides:
+            found[side].append(figures[side])
     return found
 
 
@@ -260,11 +280,6 @@ def beside_rows(found: dict) -> list[dict]:
                         note=f"median of {len(ours)} turns' ratios, {calls} calls a turn, "
                              "the sides running at once, in turns"))
     return rows
-
-
-# The argument-kind table's columns and rows (``user_script.kinds_turn``): forms of call, kinds of argument.
-FORMS = ("sync", "async", "remote", "proxy")
-ARGUMENT_KINDS = ("int", "tensor", "tensor64k", "dict", "grad", "kwargs", "instance")
 
 
 def kind_rows(found: dict) -> list[dict]:

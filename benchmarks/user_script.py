@@ -12,8 +12,8 @@ defaults (or told to use TensorPipe's ``uv`` transport only, nbrpc's default), m
 through a file store; rank 1 serves until rank 0 is done. A notebook runs the code between
 the two "cells" markers below as a cell, after ``%load_ext nbrpc`` and ``%rpc_init -n 1``.
 The measuring process prints one JSON line; with ``--turns`` it reads a number N per line
-instead and answers each with ``turn(N)``'s figures (``kinds_turn(N)``'s for a line
-"kinds N": the argument-kind table), until its input ends.
+instead and answers each with ``turn(N)``'s figures (``kinds_turn(N, ROW)``'s for a line
+"kinds N ROW": a row of the argument-kind table), until its input ends.
 """
 
 import sys
@@ -24,7 +24,6 @@ if __name__ == "__main__" and sys.argv[1:2] == ["nbrpc"]:
 # -- cells begin
 import collections  # noqa: E402
 import contextlib  # noqa: E402
-import functools  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -100,30 +99,21 @@ KINDS = {"int": ((1,), {}, False),
          "grad": ((torch.ones(4, requires_grad=True),), {}, True),
          "kwargs": ((), {"value": 1}, False),
          "instance": ((Point(1.0, 2.0),), {}, False)}
-_held = []  # the RRef whose proxy ``kinds_turn`` calls through, made on first use
 
 
-def forms():
-    """The calls of ``kinds_turn``, each taking (args, kwargs)."""
-    if not _held:
-        _held.append(rpc.remote("worker1", Echo))
-    proxy = _held[0].rpc_sync()
-    return {"sync": lambda a, k: rpc.rpc_sync("worker1", echo, args=a, kwargs=k),
-            "async": lambda a, k: rpc.rpc_async("worker1", echo, args=a, kwargs=k).wait(),
-            "remote": lambda a, k: rpc.remote("worker1", echo, args=a, kwargs=k).to_here(),
-            "proxy": lambda a, k: proxy.echo(*a, **k)}
-
-
-def kinds_turn(n):
-    """One turn of the argument-kind table: ms per call of each form with each kind of
-    argument (``<form>_<kind>``), n calls of each."""
-    figures = {}
-    for form, call in forms().items():
-        for kind, (args, kwargs, in_context) in KINDS.items():
-            with dist_autograd.context() if in_context else contextlib.nullcontext():
-                figures[f"{form}_{kind}"] = timed(functools.partial(call, args, kwargs), n)
-    _held.clear()  # (before a shutdown, its owner is told it is gone)
-    return figures
+def kinds_turn(n, row):
+    """One turn of a row of the argument-kind table, ``<form>_<kind>``: ms per call of
+    that form with that kind of argument, n calls."""
+    form, kind = row.split("_")
+    args, kwargs, in_context = KINDS[kind]
+    held = rpc.remote("worker1", Echo) if form == "proxy" else None  # let go of as the turn ends
+    proxy = held.rpc_sync() if held else None
+    calls = {"sync": lambda: rpc.rpc_sync("worker1", echo, args=args, kwargs=kwargs),
+             "async": lambda: rpc.rpc_async("worker1", echo, args=args, kwargs=kwargs).wait(),
+             "remote": lambda: rpc.remote("worker1", echo, args=args, kwargs=kwargs).to_here(),
+             "proxy": lambda: proxy.echo(*args, **kwargs)}
+    with dist_autograd.context() if in_context else contextlib.nullcontext():
+        return {row: timed(calls[form], n)}
 # -- cells end
 
 
@@ -135,8 +125,9 @@ def measure(argv: list[str]) -> None:
         print(json.dumps(measure_all(*map(int, argv))), flush=True)
         return
     for line in sys.stdin:
-        what, _, n = line.rpartition(" ")  # "N", or "kinds N"
-        print(json.dumps(kinds_turn(int(n)) if what == "kinds" else turn(int(n))), flush=True)
+        words = line.split()  # "N", or "kinds N ROW"
+        figures = kinds_turn(int(words[1]), words[2]) if words[0] == "kinds" else turn(int(words[0]))
+        print(json.dumps(figures), flush=True)
 
 
 def main(argv: list[str]) -> None:
