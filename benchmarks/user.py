@@ -150,8 +150,7 @@ def take_turns(runs: int, calls: int, trips: int, progress=print) -> dict[str, l
 # The sides that run at once in ``side_by_side``, and its rows: (side, reference, figure).
 BESIDE = ("kernel", "script", "raw_uv")
 # The argument-kind table's sides: besides, the control, a second init_rpc pair of the same
-# script, which reads how far a row strays from 1.00 with no nbrpc in it (a pair's own speed,
-# its threads' places on the cores: it stays with the pair for the whole run).
+# script, which reads how far a row strays from 1.00 with no nbrpc in it.
 KIND_SIDES = BESIDE + ("raw_uv_again",)
 # The argument-kind table's columns and rows (``user_script.kinds_turn``): forms of call, kinds of argument.
 FORMS = ("sync", "async", "remote", "proxy")
@@ -172,8 +171,8 @@ def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_c
     in flight (the order rotating), so that the machine's drift, its load and a run's
     thread placement fall on every side alike; then ``kind_turns`` turns of the
     argument-kind table, the sides taking turns row by row, ``kind_calls`` calls of each
-    form and kind, with the control (``KIND_SIDES``). Each side's figures per turn (``user_script.turn``,
-    ``user_script.kinds_turn``)."""
+    form and kind, with the control (``KIND_SIDES``). Each side's figures per turn
+    (``user_script.turn``, ``user_script.kinds_turn``)."""
     from jupyter_client import KernelManager
 
     with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
