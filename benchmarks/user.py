@@ -234,9 +234,15 @@ def _rotating(ask: dict, sides: tuple[str, ...], turns: int, calls: int | str) -
     """``turns`` turns of every one of ``sides``, the order rotating; each side's figures."""
     found = {side: [] for side in sides}
     for i in range(turns):
-        for side in sides[i % len(sides):] + sides[:i % len(sides)]:
+        for side in _from(sides, i):
             found[side].append(ask[side](calls))
     return found
+
+
+def _from(sides: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """``sides`` in turn order, the ``i``-th (wrapping around) first."""
+    first = i % len(sides)
+    return sides[first:] + sides[:first]
 
 
 def _rotating_rows(ask: dict, sides: tuple[str, ...], turns: int, calls: int) -> dict[str, list[dict]]:
@@ -248,8 +254,7 @@ def _rotating_rows(ask: dict, sides: tuple[str, ...], turns: int, calls: int) ->
     for i in range(turns):
         figures = {side: {} for side in sides}
         for j, figure in enumerate(f"{form}_{kind}" for form in FORMS for kind in ARGUMENT_KINDS):
-            first = (i + j) % len(sides)
-            for side in sides[first:] + sides[:first]:
+            for side in _from(sides, i + j):
                 figures[side].update(ask[side](f"kinds {calls} {figure}"))
         for side in sides:
             found[side].append(figures[side])
