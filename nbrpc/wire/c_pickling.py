@@ -11,7 +11,7 @@ plain C pickler, no Python code run per object but the reducers in its table.
   ``TABLE``, ``SHARED_MEMORY``); ``flat_leaves`` the same in one pass for a call's usual
   arguments and a reply.
 - ``reduced_in_c``: a notebook function's reduction made ready for the C pickler.
-- ``pickled_in_c``: the message pickled by this thread's C pickler, with the kept
+- ``_in_c``: the message pickled by this thread's C pickler and signed, with the kept
   pickler's table where it holds tensors or RRefs: the same bytes and tensors (shared
   memory's reducer and message scope only where a tensor's storage is big enough for it).
 """
@@ -42,7 +42,7 @@ class Reduced(tuple):
 
 
 class _CPickler(threading.local):
-    """This thread's plain C pickler for ``pickled_in_c``: its table for plain values, and
+    """This thread's plain C pickler for ``_in_c``: its table for plain values, and
     for tensors and RRefs a table ``in_c_table`` made of the kept pickler's."""
 
     def __init__(self):
@@ -58,6 +58,7 @@ def in_c_table(flat: dict) -> dict:
 
 
 _c_pickler = _CPickler()
+_tensor_tables = torch_compat.tensor_tables
 # How many values a message's arguments (or its reply) are looked through for the C path
 # at most: past it, the kept pickler, which pickles a big container of plain values in C too.
 WALK_LIMIT = 64
@@ -143,11 +144,44 @@ _NO_RREF = dict.fromkeys((rpc.PyRRef, rpc.RRef), _no_rref)
 
 
 def _in_c(obj, counted, flat, leaves: int, instances: dict) -> tuple[bytes, list] | None:
-    """``obj`` pickled all in C (``pickled_in_c``) with the table its ``leaves`` need and
-    its held notebook classes' ``instances``, signed, counted as ``counted``."""
-    shared = leaves == SHARED_MEMORY
-    pickled = pickled_in_c(obj, flat(shared) if leaves else None, shared, instances)
-    return None if pickled is None else (signing.message(counted, pickled[0], pickled[1]), pickled[1])
+    """``obj``'s message by this thread's C pickler, signed, counted as ``counted``, and its
+    tensors; None where it fails (the kept pickler then says why). Its ``leaves`` say what
+    of the table it takes (``flat(shared)``, the kept pickler's made ``in_c_table``): none
+    for plain values; torch's tensor table of this message for tensors and RRefs, or shared
+    memory's reducer in a message scope besides (``SHARED_MEMORY``), as the kept pickler
+    sends them; and the reducers of held notebook classes' ``instances``. One frame: it
+    runs for every message of the usual call."""
+    c_pickler = _c_pickler
+    pickler = c_pickler.pickler
+    table = flat(leaves == SHARED_MEMORY) if leaves else c_pickler.plain
+    pickler.dispatch_table = {**table, **instances} if instances else table
+    tables = outer = None
+    sent = []
+    try:
+        if not leaves:  # plain values (and reductions) only: no tensor table, no shared memory
+            pickler.dump(obj)
+        else:  # torch's tensor table of this message set (this thread's: getattr would raise where unset)
+            tables = _tensor_tables.__dict__
+            outer = tables.get("send_tables")
+            tables["send_tables"] = sent
+            if leaves == SHARED_MEMORY:  # its segments freed again if it fails
+                with shared_tensors.PICKLING:
+                    pickler.dump(obj)
+            else:
+                pickler.dump(obj)
+        body = c_pickler.body.getvalue()
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
+        return None
+    finally:
+        pickler.clear_memo()
+        c_pickler.body.seek(0)
+        c_pickler.body.truncate()
+        if tables is not None:
+            if outer is None:
+                del tables["send_tables"]
+            else:
+                tables["send_tables"] = outer
+    return signing.message(counted, body, sent), sent
 
 
 def _leaf(value, cls: type, leaves: int) -> int:
@@ -224,48 +258,6 @@ def flat_leaves(values: tuple, instances: dict) -> int | None:
             if fields:
                 return leaves_in_c(values, instances)
     return leaves
-
-
-def pickled_in_c(obj, flat: dict | None, shared: bool = True,
-                 instances: dict | None = None) -> tuple[bytes, list] | None:
-    """``obj``'s pickle by this thread's C pickler (with ``flat``, the kept pickler's table
-    made ``in_c_table``, for tensors and RRefs: torch's tensor table, or shared memory (``shared``: in a message
-    scope), as the kept pickler sends them; and the reducers of held notebook classes'
-    ``instances``) and its tensors; None where it fails (the kept pickler then says why)."""
-    c_pickler = _c_pickler
-    table = c_pickler.plain if flat is None else flat
-    c_pickler.pickler.dispatch_table = {**table, **instances} if instances else table
-    try:
-        if flat is None:  # plain values (and reductions) only: no tensor table, no shared memory
-            c_pickler.pickler.dump(obj)
-            return c_pickler.body.getvalue(), []
-        return _with_tables(c_pickler, obj, shared)
-    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
-        return None
-    finally:
-        c_pickler.pickler.clear_memo()
-        c_pickler.body.seek(0)
-        c_pickler.body.truncate()
-
-
-def _with_tables(c_pickler: _CPickler, obj, shared: bool) -> tuple[bytes, list]:
-    """``obj`` dumped with torch's tensor table of this message set (the tensors it sends
-    beside it) and (``shared``) its shared-memory segments freed again if it fails."""
-    tables = torch_compat.tensor_tables.__dict__  # (this thread's: a missing name costs getattr an exception)
-    outer = tables.get("send_tables")
-    tables["send_tables"] = sent = []
-    try:
-        if shared:
-            with shared_tensors.PICKLING:
-                c_pickler.pickler.dump(obj)
-        else:
-            c_pickler.pickler.dump(obj)
-        return c_pickler.body.getvalue(), sent
-    finally:
-        if outer is None:
-            del tables["send_tables"]
-        else:
-            tables["send_tables"] = outer
 
 
 def reduced_in_c(func: types.FunctionType) -> tuple[Reduced | None, dict | None]:

@@ -39,7 +39,7 @@ class _TorchTable:
     """(torch's table, how many reducers were registered) when torch's RRef and registered
     reducers were last put in it (``_prepared``); and the kept pickler's flattened table,
     with shared memory's reducer and without, and what they were made from (``flat``: the
-    key ``_flat_key`` tells)."""
+    key ``serialize`` makes)."""
 
     def __init__(self):
         self.prepared: tuple | None = None
@@ -62,9 +62,13 @@ def serialize(self, obj):
         obj = remote_errors.recreating(obj)
 
     def flat(shared: bool) -> dict:  # the kept pickler's table, as it would pickle this message with
-        key = _flat_key(self, cls)
+        # What it is made from (``RpcPickler._flat_table``): torch's table and reducers, the
+        # copyreg table, the ledger's and shared memory's switches; asked by each message
+        # with tensors or RRefs, made once per change.
+        key = (cls, *rpc_pickler.table_state(self), len(copyreg.dispatch_table), rref_ledger.is_tracking(),
+               shared_tensors.SHARED.enabled)
         made = _torch_table.flat
-        if made is None or made[0] != key:  # (a message with tensors or RRefs asks once per change)
+        if made is None or made[0] != key:
             made = _torch_table.flat = (key, *_flat_tables(cls, _prepared(self)))
         return made[1] if shared else made[2]
 
@@ -93,13 +97,6 @@ def _kept_message(torch_pickler, cls: type, obj, made: dict | None) -> tuple[byt
     if isinstance(obj, torch.jit.ScriptModule):
         table[obj.__class__] = rpc_pickler.script_module_reducer(torch_pickler)
     return cloudpickling.message(obj, cls, table, made)
-
-
-def _flat_key(torch_pickler, cls: type) -> tuple:
-    """What the kept pickler's flattened table is made from (``RpcPickler._flat_table``):
-    torch's table and reducers, the copyreg table, the ledger's and shared memory's switches."""
-    return (cls, *rpc_pickler.table_state(torch_pickler), len(copyreg.dispatch_table),
-            rref_ledger.is_tracking(), shared_tensors.is_enabled())
 
 
 def _flat_tables(cls: type, table: dict) -> tuple[dict, dict]:
