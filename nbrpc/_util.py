@@ -322,27 +322,29 @@ class Hooks:
     layer keeps no slot for the upper one to fill. The newest comes first."""
 
     def __init__(self):
-        self._hooks: list[Callable] = []
+        # The hooks, newest first: changed in place, so that a layer that asks on every call
+        # whether there are any may read it (a list's truth costs no Python call, ``__bool__`` one).
+        self.callables: list[Callable] = []
 
     def add(self, hook: Callable) -> Callable:
         """Register ``hook`` (once); returns it (``discard`` takes it back)."""
         self.discard(hook)
-        self._hooks.insert(0, hook)
+        self.callables.insert(0, hook)
         return hook
 
     def discard(self, hook: Callable) -> None:
-        if hook in self._hooks:
-            self._hooks.remove(hook)
+        if hook in self.callables:
+            self.callables.remove(hook)
 
     def __bool__(self) -> bool:
-        return bool(self._hooks)
+        return bool(self.callables)
 
     def __iter__(self):
-        return iter(list(self._hooks))
+        return iter(list(self.callables))
 
     def first(self, *args):
         """The first answer other than None of the hooks, newest first (None: none)."""
-        for hook in list(self._hooks):
+        for hook in list(self.callables):
             found = hook(*args)
             if found is not None:
                 return found

@@ -25,8 +25,8 @@ _CARRIED: dict[type, tuple] = {}
 
 
 def remote_to(to, func, args, kwargs, timeout: float):
-    """torch's ``remote``, telling the pickler where the call goes (``_destination``)."""
-    receivers.begin(_destination(to))
+    """torch's ``remote``, telling the pickler where the call goes."""
+    receivers.begin(to if type(to) is str else destination_name(to))
     try:
         rref = _send(to, func, args, kwargs, timeout, remote=True)
     finally:
@@ -59,12 +59,6 @@ def require_callable(func) -> None:
                         "function itself, as in rpc.rpc_sync(to, f, args=(x,)), not what it returned")
 
 
-def _destination(to) -> str:
-    """The worker name the next call this thread pickles goes to, for ``receivers.begin``:
-    notebook code the receiver holds goes by digest (``definitions.Receivers``)."""
-    return to if type(to) is str else destination_name(to)
-
-
 def _acknowledging(to, fresh: list[bytes]) -> Callable:
     """A done-callback: once ``to`` answered, it holds the codes the call carried."""
     name = destination_name(to)
@@ -79,9 +73,9 @@ def _acknowledging(to, fresh: list[bytes]) -> Callable:
     return acknowledge
 
 
-def invoke_to(to, func, mode: RPCExecMode, args, kwargs, timeout: float):
-    """torch's ``_invoke_rpc``, telling the pickler where the call goes (``_destination``)."""
-    receivers.begin(_destination(to))
+def invoke_to(to, func, args, kwargs, timeout: float, mode: RPCExecMode):
+    """torch's ``_invoke_rpc``, telling the pickler where the call goes."""
+    receivers.begin(to if type(to) is str else destination_name(to))
     try:
         fut = _send(to, func, args, kwargs, timeout, mode=mode)
     finally:

@@ -268,8 +268,18 @@ def _run(func: Callable, call_id: str, args: tuple, kwargs: dict):
         except Exception as e:
             _served.ended_with(call_id, e)
             raise
-        finally:
-            _forget(served, outer)
+        finally:  # forgotten (in this frame: it runs for every call)
+            with _served.lock:
+                _served.running.pop(call_id, None)
+                if outer is None:
+                    _served.by_thread.pop(served.thread, None)
+                else:  # a call served inline by a thread that serves another (a call to itself)
+                    _served.by_thread[served.thread] = outer
+                if served.raised:
+                    # A stop that came as the function returned must not hit the thread's next call.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(served.thread), None)
+                if served.ended is not None:
+                    served.ended.set()
     except KeyboardInterrupt:
         # A plain exception, so torch answers the (gone) caller as for any error.
         error = RuntimeError(f"{_what(func)} was stopped: its caller was interrupted or gave up on it")
@@ -293,20 +303,6 @@ def one_line(error: BaseException) -> str:
     for advice in (". Pass timeout=", ". Start a new cluster", ". When it stopped:", ". Torch said:"):
         text = text.split(advice, 1)[0]
     return f"{type(error).__name__}: {text}"
-
-
-def _forget(served: Served, outer: Served | None) -> None:
-    with _served.lock:
-        _served.running.pop(served.call_id, None)
-        if outer is None:
-            _served.by_thread.pop(served.thread, None)
-        else:  # a call served inline by a thread that serves another (a call to itself)
-            _served.by_thread[served.thread] = outer
-        if served.raised:
-            # A stop that came as the function returned must not hit the thread's next call.
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(served.thread), None)
-        if served.ended is not None:
-            served.ended.set()
 
 
 # -- the calls a served call makes ------------------------------------------------------

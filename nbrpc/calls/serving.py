@@ -172,32 +172,24 @@ def _beginning() -> None:
         hook()
 
 
-def _take_torch_thread() -> bool:
-    """Whether this torch thread may run a call (fewer than the limit do); if so it counts."""
+def serve(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
+    """``run(*args, **kwargs)``'s Future: run on this torch thread while fewer than the
+    limit do (counted in ``pool.inline`` meanwhile), else on a serving thread (``hand_off``).
+    One frame: it serves every call."""
     limit = pool.inline_limit
     with pool._lock:
         inline = pool.inline < (pool.find_inline_limit() if limit is None else limit)
         if inline:
             pool.inline += 1
-    return inline
-
-
-def _give_back_torch_thread() -> None:
-    with pool._lock:
-        pool.inline -= 1
-
-
-def serve(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
-    """``run(*args, **kwargs)``'s Future: run on this torch thread while fewer than the
-    limit do, else on a serving thread (``hand_off``)."""
-    if not _take_torch_thread():
+    if not inline:
         return hand_off(run, args, kwargs)
     try:
-        if ON_CALL:
+        if ON_CALL.callables:
             _beginning()
         value = run(*args, **kwargs)
     finally:
-        _give_back_torch_thread()
+        with pool._lock:
+            pool.inline -= 1
     fut = torch_compat.new_future(_devices(ThreadState()) if torch.cuda.is_initialized() else [])
     fut.set_result(value)
     return fut
@@ -212,7 +204,7 @@ def hand_off(run: Callable, args: tuple, kwargs: dict) -> torch.futures.Future:
     def job() -> None:
         state.enter()
         try:
-            if ON_CALL:
+            if ON_CALL.callables:
                 _beginning()
             value = run(*args, **kwargs)
         except BaseException as e:  # a stop that came as the call ended: still answer

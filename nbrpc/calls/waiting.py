@@ -9,6 +9,7 @@ meanwhile whether the worker is gone and answering a member's debugger prompts;
 from __future__ import annotations
 
 import _thread
+import functools
 import threading
 from collections.abc import Callable
 
@@ -32,30 +33,28 @@ def wait(fut, to, served: interrupts.Served | None = None) -> None:
         return
     done = _thread.allocate_lock()
     done.acquire()
-    _CFuture.add_done_callback(fut, _releasing(done))
+    _CFuture.add_done_callback(fut, functools.partial(_release, done))
     if served is None:
         await_release(done, to)
     else:
         stopping.wait_served(served, done, lambda: await_release(done, to))
 
 
-def _releasing(done) -> Callable:
-    def release(_) -> None:
-        torch_compat.keep_thread_state()  # a torch thread: its next callback runs sooner
-        interrupts.release(done)  # unless a stop of the waiting call released it first
-
-    return release
+def _release(done, _) -> None:
+    """A future's done-callback, on a torch thread: ``done`` released, unless a stop of the
+    waiting call released it first."""
+    torch_compat.keep_thread_state()  # its next callback runs sooner
+    interrupts.release(done)
 
 
 def await_release(done, to) -> None:
     """Wait until ``done`` (a held lock) is released, in steps Ctrl-C can interrupt,
     giving up if the worker is gone."""
-    name = destination_name(to)
     while not done.acquire(timeout=poll_interval(FATE_POLL)):
         answer_waiting()  # a member's pdb prompting in this cell
         # A worker whose link went silent never answers, and torch would
         # wait out the whole RPC timeout to say so.
-        if worker_fate(name):
+        if worker_fate(destination_name(to)):
             raise RuntimeError("no reply: the worker is gone")
 
 

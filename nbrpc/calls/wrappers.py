@@ -124,11 +124,7 @@ def _call_and_wait(to, func, args, kwargs, timeout: float):
     """``rpc_sync``'s call, waited for interruptibly; its value, or its error as named."""
     destinations.require_callable(func)
     record = caller_half.record("rpc_sync", to, func)
-
-    def send(f):
-        return destinations.invoke_to(to, f, RPCExecMode.SYNC, args, kwargs, timeout)
-
-    fut, sent = _send(send, func, interrupts.sent_as(func), args, record, replies=True)
+    fut, sent = _send(_SYNC, to, func, args, kwargs, timeout, interrupts.sent_as(func), record, replies=True)
     call_id = None if sent is None else sent.call_id
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key, served = PENDING.calling(to, what, call_id, "rpc_sync"), interrupts.calling_from_here(to, call_id)
@@ -162,8 +158,7 @@ def rpc_async(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEO
     """``torch.distributed.rpc.rpc_async``, returning a ``NamedFuture``."""
     destinations.require_callable(func)
     record = caller_half.record("rpc_async", to, func)
-    fut, sent = _send(lambda f: destinations.invoke_to(to, f, RPCExecMode.ASYNC, args, kwargs, timeout),
-                      func, interrupts.sent_as(func), args, record, replies=True)
+    fut, sent = _send(_ASYNC, to, func, args, kwargs, timeout, interrupts.sent_as(func), record, replies=True)
     call_id = None if sent is None else sent.call_id
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     # Found now: the call outlives this frame (see ``Pending.calling``); from torch's check up.
@@ -188,8 +183,8 @@ def remote(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT)
     what = functions.named(func, args)  # an RRef proxy's call: by its method
     key = PENDING.remote_sending(to, what, call_id, site)
     try:
-        rref, _ = _send(lambda f: destinations.remote_to(to, f, args, kwargs, timeout), func, carrier, args, record,
-                        replies=False, call_id=call_id)
+        rref, _ = _send(destinations.remote_to, to, func, args, kwargs, timeout, carrier, record, replies=False,
+                        call_id=call_id)
     except RuntimeError as e:
         PENDING.answered(key)
         raise_named(e, to, label("remote", to, what), timeout, record.named)
@@ -305,19 +300,24 @@ def _local_value(rref):
     return rref.local_value()
 
 
-def _send(send: Callable, func, carrier: type | None, args, record: caller_half.Record | caller_half.Unrecorded,
-          replies: bool, call_id: str | None = None):
-    """``send(f)`` makes the call with ``f`` for ``func``: a Python function goes in its
-    ``carrier`` (``interrupts.sent_as``: a ``Stoppable``, an ``@async_execution`` one an
-    ``Awaited``) with a new call id (or ``call_id``, given only for such a function), so
-    that an interrupt can stop it (a recorded call's carries the record's id, and whether
-    its reply is pickled: ``replies``). Returns what ``send`` returned and the carrier sent
-    (None: the function went bare and cannot be stopped); the record learns what was sent,
-    and a failure to send."""
+# How ``_send`` sends an ``rpc_sync``'s and an ``rpc_async``'s call (a ``remote``'s: ``destinations.remote_to``).
+_SYNC = functools.partial(destinations.invoke_to, mode=RPCExecMode.SYNC)
+_ASYNC = functools.partial(destinations.invoke_to, mode=RPCExecMode.ASYNC)
+
+
+def _send(send: Callable, to, func, args, kwargs, timeout: float, carrier: type | None,
+          record: caller_half.Record | caller_half.Unrecorded, replies: bool, call_id: str | None = None):
+    """``send(to, f, args, kwargs, timeout)`` makes the call with ``f`` for ``func``: a
+    Python function goes in its ``carrier`` (``interrupts.sent_as``: a ``Stoppable``, an
+    ``@async_execution`` one an ``Awaited``) with a new call id (or ``call_id``, given only
+    for such a function), so that an interrupt can stop it (a recorded call's carries the
+    record's id, and whether its reply is pickled: ``replies``). Returns what ``send``
+    returned and the carrier sent (None: the function went bare and cannot be stopped);
+    the record learns what was sent, and a failure to send."""
     output.before_call()
     try:
         if carrier is None:
-            return send(func), None
+            return send(to, func, args, kwargs, timeout), None
         trace = None
         if carrier is interrupts.Stoppable:
             trace = record.trace(replies)
@@ -325,10 +325,10 @@ def _send(send: Callable, func, carrier: type | None, args, record: caller_half.
         # A reply takes a class its caller made home by identity (``receivers.replying``).
         stoppable = carrier((func, call_id, trace, REGISTRY.origin) if replies else (func, call_id, trace))
         try:
-            return send(stoppable), stoppable
+            return send(to, stoppable, args, kwargs, timeout), stoppable
         except SerializationError:
             # Sent bare, the error names the function or argument that does not pickle.
-            return send(func), None
+            return send(to, func, args, kwargs, timeout), None
     except BaseException as e:
         record.failed(e)
         raise
