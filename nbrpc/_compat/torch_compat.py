@@ -192,7 +192,8 @@ def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode, 
             return _torch_remote(to, func, args, kwargs, timeout)
         return invoke_rpc(to, func, mode, args, kwargs, timeout)
     info = api._to_worker_info(to)
-    pickled, tensors = pickle_message(PythonUDF(func, args or (), kwargs or {}))
+    # (made as torch's namedtuple is, in C: its Python __new__ is a frame a call)
+    pickled, tensors = pickle_message(tuple.__new__(PythonUDF, (func, args or (), kwargs or {})))
     send = _invoke_remote_python_udf if remote else _invoke_rpc_python_udf
     return send(info, pickled, tensors, timeout, is_async)
 

@@ -145,7 +145,7 @@ class Pending:
         its key for ``answered``, and that of the ``remote`` making the value, which it
         waits on (``remote_call``; ``fetched`` once the value came)."""
         on = self.remote_call(rref)
-        key = self.new_id()
+        key = self._id_prefix + str(next(self._ids))  # (``new_id``)
         self.outgoing[key] = (key, owner, "to_here", _getframe(1), _get_ident(), _now(), "to_here", on)
         return key, on
 
@@ -190,10 +190,10 @@ class Pending:
         the RRef (torch's creation future is done: the function ran). No callback marks
         that (a torch thread would take the GIL for it after every ``remote``), and the
         future is asked for only then: ``in_flight`` and the next ``remote_sending`` drop
-        the calls whose future is done, or whose RRef is gone (nothing waits on them)."""
+        the calls whose future is done, or whose RRef is gone (nothing waits on them). No
+        lock: ``_drop_created`` walks a copy and drops only what it saw."""
         self.rrefs[id(rref)] = key
-        with self._remotes_lock:
-            self.remotes[key] = (weakref.ref(rref), id(rref))
+        self.remotes[key] = (weakref.ref(rref), id(rref))
 
     def fetched(self, remote_key: str) -> None:
         """The value of the ``remote`` ``remote_key`` arrived here (``to_here``): its function
