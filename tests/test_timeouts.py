@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,3 +90,43 @@ def test_the_stop_after_a_timeout_leaves_every_thread_of_the_worker_right(cluste
     futs = [rpc.rpc_async("worker1", timeout_forms.sleep_in_c, args=(0.01 * i,)) for i in range(40)]
     assert [f.wait() for f in futs] == [0.01 * i for i in range(40)]
     assert [rpc.rpc_sync("worker1", timeout_forms.echo, args=(i,)) for i in range(40)] == list(range(40))
+
+
+def test_a_call_that_had_not_begun_when_its_timeout_fired_still_runs_as_under_torch(cluster):
+    """torch runs a call whose caller gave up on it; nbrpc's stop after a timeout stops only
+    a running one: a call still being unpickled on its worker when the timeout fired runs
+    there (torch's ``_all_gather`` waits forever for a follower's call otherwise), and the
+    error says it may. An interrupt's stop still cancels a call that has not begun."""
+    slow = timeout_forms.SlowToUnpickle(0.6)
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="RPC ran for more than set timeout") as raised:
+        rpc.rpc_sync("worker1", timeout_forms.note, args=("late", slow), timeout=0.2)
+    assert time.monotonic() - began < 0.2 + TOLERANCE + 0.1
+    assert "it runs when it begins, as torch runs a call whose caller gave up on it" in str(raised.value)
+    deadline = time.monotonic() + 10
+    while "late" not in rpc.rpc_sync("worker1", timeout_forms.noted) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rpc.rpc_sync("worker1", timeout_forms.noted).count("late") == 1
+    # rpc_async's timeout: the same
+    fut = rpc.rpc_async("worker1", timeout_forms.note, args=("late async", slow), timeout=0.2)
+    with pytest.raises(RuntimeError, match="RPC ran for more than set timeout"):
+        fut.wait()
+    deadline = time.monotonic() + 10
+    while "late async" not in rpc.rpc_sync("worker1", timeout_forms.noted) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rpc.rpc_sync("worker1", timeout_forms.noted).count("late async") == 1
+
+
+def test_an_interrupt_still_cancels_a_call_that_has_not_begun(cluster):
+    """The stop button (Ctrl-C: SIGINT here) while a call is still being unpickled on its
+    worker: the stop cancels it, it never runs, and the error says so."""
+    slow = timeout_forms.SlowToUnpickle(0.6)
+    press = threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT))
+    press.start()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="it had ended, or will not begin"):
+            rpc.rpc_sync("worker1", timeout_forms.note, args=("cancelled", slow))
+    finally:
+        press.join()
+    time.sleep(1.0)  # past the unpickling
+    assert "cancelled" not in rpc.rpc_sync("worker1", timeout_forms.noted)

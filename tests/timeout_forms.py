@@ -37,6 +37,31 @@ def echo(value):
     return value
 
 
+class SlowToUnpickle:
+    """An argument whose unpickling takes ``seconds``, on the callee: a call carrying it
+    has not begun there when a shorter timeout of its caller fires (torch's
+    ``SlowPickleClass`` of ``test_all_gather_timeout``)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __setstate__(self, state: dict) -> None:
+        time.sleep(state["seconds"])
+        self.__dict__.update(state)
+
+
+NOTED: list[str] = []  # on the callee: what ``note`` was given
+
+
+def note(text: str, _slow=None) -> int:
+    NOTED.append(text)
+    return len(NOTED)
+
+
+def noted() -> list[str]:
+    return NOTED
+
+
 def _value(fut):
     return fut.wait()
 

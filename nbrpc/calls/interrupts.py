@@ -15,7 +15,8 @@ Parts:
   call's own calls first (on their members, the same way), then wakes the call's
   thread if it waits on one of them, else raises ``KeyboardInterrupt`` in it; and
   answers, after at most ``STOP_GRACE`` s, what became of the call: ``STOPPED``,
-  ``STILL_RUNNING``, ``NOT_RUNNING``, ``ENDED`` and the error it had ended with, or
+  ``STILL_RUNNING``, ``NOT_RUNNING`` (``LEFT_TO_RUN`` after a timeout, which lets a call
+  that has not begun run, as torch does), ``ENDED`` and the error it had ended with, or
   ``UNSET`` (an ``Awaited`` call's future).
 - ``Awaited``: what the caller sends for an ``@async_execution`` function, whose future
   not yet complete is kept in ``PENDING``.
@@ -54,6 +55,8 @@ from . import output, serving
 STOPPED = "stopped"  # the call ended after the stop
 STILL_RUNNING = "still running"  # it had not ended ``STOP_GRACE`` s after the stop
 NOT_RUNNING = "not running"  # it had ended already, or had not begun (it will not run)
+# A timeout's stop: it had ended already, or had not begun (it runs when it begins, as torch runs it).
+LEFT_TO_RUN = "not running; left to run"
 UNSET = "future unset"  # its @async_execution function's future was still not complete
 ENDED = "ended with "  # it had ended with this error (the rest of the answer) before the stop came
 # How long ``stop`` waits for a stopped call to end before it answers (seconds): after
@@ -336,14 +339,16 @@ def waiting(served: Served, lock) -> bool:
 # -- stopping --------------------------------------------------------------------------
 
 
-def _stop_here(call_id: str) -> tuple[Served | None, list]:
-    """Mark call ``call_id`` stopped and reach its thread; its own calls, to stop too."""
+def _stop_here(call_id: str, cancel: bool) -> tuple[Served | None, list]:
+    """Mark call ``call_id`` stopped and reach its thread; its own calls, to stop too. One
+    that has not begun will not run if ``cancel``."""
     with _served.lock:
         served = _served.running.get(call_id)
         if served is None:
-            if len(_served.stopped_early) >= EARLY_LIMIT:
-                _served.stopped_early.clear()
-            _served.stopped_early.add(call_id)
+            if cancel:
+                if len(_served.stopped_early) >= EARLY_LIMIT:
+                    _served.stopped_early.clear()
+                _served.stopped_early.add(call_id)
             return None, []
         if served.stopped:
             return served, []
@@ -367,14 +372,14 @@ def release(lock) -> None:
         pass
 
 
-def _stop(call_id: str, grace: float) -> str:
+def _stop(call_id: str, grace: float, cancel: bool) -> str:
     if PENDING.settled(call_id):  # its caller gave up on a future nobody completed
         return UNSET
-    served, nested = _stop_here(call_id)
+    served, nested = _stop_here(call_id, cancel)
     if served is None:
         ending = _served.endings.pop(call_id, None)
-        return NOT_RUNNING if ending is None else ENDED + ending
-    answers = [send_stop(to, nested_id, grace) for nested_id, to in nested]
+        return (NOT_RUNNING if cancel else LEFT_TO_RUN) if ending is None else ENDED + ending
+    answers = [send_stop(to, nested_id, grace, cancel) for nested_id, to in nested]
     for answer in answers:  # the nested calls end first: the waiting one wakes
         try:
             answer.wait()
@@ -383,22 +388,25 @@ def _stop(call_id: str, grace: float) -> str:
     return STOPPED if served.ended.wait(grace) else STILL_RUNNING
 
 
-def stop(call_id: str, grace: float = STOP_GRACE) -> torch.futures.Future:
+def stop(call_id: str, grace: float = STOP_GRACE, cancel: bool = True) -> torch.futures.Future:
     """Stop call ``call_id`` on this member (run over RPC); a Future of what became of it
-    within ``grace`` s (``STOPPED``, ``STILL_RUNNING``, ``NOT_RUNNING``). An
+    within ``grace`` s (``STOPPED``, ``STILL_RUNNING``, ``NOT_RUNNING``). A call that has
+    not begun (its message still unpickled, say) will not run if ``cancel`` (an interrupt);
+    a timeout's stop leaves it to run (``LEFT_TO_RUN``), as torch runs a call whose caller
+    gave up on it (torch's ``_all_gather`` needs its followers' calls to run). An
     ``@async_execution`` function, so the waiting happens on a serving thread."""
     torch_compat.keep_thread_state()
-    return serving.hand_off(_stop, (call_id, grace), {})
+    return serving.hand_off(_stop, (call_id, grace, cancel), {})
 
 
 torch_compat.mark_async_execution(stop)
 
 
-def send_stop(to, call_id: str, grace: float = STOP_GRACE) -> torch.futures.Future:
-    """Ask member ``to`` to stop call ``call_id``: a Future of its answer (``stop``); its
-    error if ``to`` is gone or does not answer."""
+def send_stop(to, call_id: str, grace: float = STOP_GRACE, cancel: bool = True) -> torch.futures.Future:
+    """Ask member ``to`` to stop call ``call_id`` (``stop``; ``cancel`` False: a timeout's):
+    a Future of its answer; its error if ``to`` is gone or does not answer."""
     try:
-        return torch_compat.invoke_rpc(to, stop, torch_compat.RPCExecMode.ASYNC, (call_id, grace), None,
+        return torch_compat.invoke_rpc(to, stop, torch_compat.RPCExecMode.ASYNC, (call_id, grace, cancel), None,
                                        grace + 8.0)
     except (RuntimeError, ValueError) as e:  # the worker is gone (or unknown)
         fut = torch.futures.Future()

@@ -54,6 +54,9 @@ def outcome_text(outcome: str | None, name: str) -> str:
                 "not set; nbrpc stopped waiting on it")
     if outcome == interrupts.NOT_RUNNING:
         return f"it was not running on {name!r} when nbrpc went to stop it (it had ended, or will not begin)"
+    if outcome == interrupts.LEFT_TO_RUN:
+        return (f"it was not running on {name!r} when nbrpc went to stop it (it had ended, or it runs "
+                "when it begins, as torch runs a call whose caller gave up on it)")
     if outcome.startswith(interrupts.ENDED):
         return f"it had ended on {name!r} when nbrpc went to stop it, with {outcome[len(interrupts.ENDED):]}"
     if outcome == interrupts.STILL_RUNNING:
@@ -72,7 +75,7 @@ def stop_on_timeout(error: Exception, to, call_id: str | None) -> str | None:
     ``interrupts.TIMEOUT_ANSWER`` s, else ``ASKED`` (the stop goes on); or None."""
     if call_id is None or not timed_out(error):
         return None
-    stopping = interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
+    stopping = interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE, cancel=False)
     if interrupts.served_here() is not None:
         return ASKED  # a nested call: see stopped
     return outcome(stopping)
@@ -83,7 +86,7 @@ def stop_if_timed_out(error: Exception, to, call_id: str | None):
     without waiting: the stop's Future (``outcome`` reads it), or None."""
     if call_id is None or not timed_out(error):
         return None
-    return interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE)
+    return interrupts.send_stop(to, call_id, interrupts.TIMEOUT_STOP_GRACE, cancel=False)
 
 
 def outcome(stop) -> str | None:
