@@ -182,8 +182,8 @@ def call_kind(func) -> tuple[str, bool]:
 
 
 def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode, kind: tuple | None = None):
-    """torch's ``_invoke_rpc`` with ``mode`` (``REMOTE``: torch's ``remote``), without its lookups and
-    profiling context for a Python function (``call_kind``, or ``kind``, its answer known to the caller)
+    """torch's ``_invoke_rpc`` with ``mode`` (``REMOTE``: torch's ``remote``), without its lookups and profiling
+    context for a Python function (``call_kind``, or ``kind``: known to the caller), its ``PythonUDF`` made in C,
     while no profiler runs; any other callable, and any call while a profiler runs, goes to torch's own."""
     kind, is_async = kind or call_kind(func)
     remote = mode == RPCExecMode.REMOTE
@@ -192,7 +192,6 @@ def send_python_call(to, func, args, kwargs, timeout: float, mode: RPCExecMode, 
             return _torch_remote(to, func, args, kwargs, timeout)
         return invoke_rpc(to, func, mode, args, kwargs, timeout)
     info = api._to_worker_info(to)
-    # (made as torch's namedtuple is, in C: its Python __new__ is a frame a call)
     pickled, tensors = pickle_message(tuple.__new__(PythonUDF, (func, args or (), kwargs or {})))
     send = _invoke_remote_python_udf if remote else _invoke_rpc_python_udf
     return send(info, pickled, tensors, timeout, is_async)
