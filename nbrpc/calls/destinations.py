@@ -26,7 +26,7 @@ _CARRIED: dict[type, tuple] = {}
 
 def remote_to(to, func, args, kwargs, timeout: float):
     """torch's ``remote``, telling the pickler where the call goes."""
-    receivers.begin(to if type(to) is str else destination_name(to))
+    receivers.begin(destination_name(to))
     try:
         rref = _send(to, func, args, kwargs, timeout, remote=True)
     finally:
@@ -75,7 +75,7 @@ def _acknowledging(to, fresh: list[bytes]) -> Callable:
 
 def invoke_to(to, func, args, kwargs, timeout: float, mode: RPCExecMode):
     """torch's ``_invoke_rpc``, telling the pickler where the call goes."""
-    receivers.begin(to if type(to) is str else destination_name(to))
+    receivers.begin(destination_name(to))
     try:
         fut = _send(to, func, args, kwargs, timeout, mode=mode)
     finally:

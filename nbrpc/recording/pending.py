@@ -145,7 +145,7 @@ class Pending:
         its key for ``answered``, and that of the ``remote`` making the value, which it
         waits on (``remote_call``; ``fetched`` once the value came)."""
         on = self.remote_call(rref)
-        key = self._id_prefix + str(next(self._ids))  # (``new_id``)
+        key = self.new_id()
         self.outgoing[key] = (key, owner, "to_here", _getframe(1), _get_ident(), _now(), "to_here", on)
         return key, on
 
