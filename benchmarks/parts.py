@@ -89,6 +89,19 @@ def instance_remote_fetches(n: int) -> None:
         rpc.remote(WORKER, echo, args=(instance,)).to_here()
 
 
+class Echo:
+    """What an RRef on the worker holds, for calls through its proxy (``user_script.py``)."""
+
+    def echo(self, value):
+        return value
+
+
+def proxy_calls(n: int) -> None:
+    proxy = rpc.remote(WORKER, Echo).rpc_sync()
+    for _ in range(n):
+        proxy.echo(1)
+
+
 def pipelined(n: int, in_flight: int = 32) -> None:
     waiting = collections.deque()
     for _ in range(n):
@@ -104,7 +117,8 @@ LOOPS = {"rpc_sync": (small_calls, 1), "remote + to_here": (remote_fetches, 2),
          "rpc_async, 32 in flight": (pipelined, 1), "rpc_sync of a small tensor": (tensor_calls, 1),
          "remote + to_here of a small tensor": (tensor_remote_fetches, 2),
          "rpc_sync of a cell class's instance": (instance_calls, 1),
-         "remote + to_here of a cell class's instance": (instance_remote_fetches, 2)}
+         "remote + to_here of a cell class's instance": (instance_remote_fetches, 2),
+         "an RRef proxy's call": (proxy_calls, 1)}
 
 
 def _measure(loop, calls: int, worker: int) -> tuple[float, float, float, float]:

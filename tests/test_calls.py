@@ -318,6 +318,13 @@ def test_a_function_is_told_its_carrier_once_and_kept_alive_by_nothing():
     assert interrupts.sent_as(torch.jit.is_scripting) is None  # a Python function, an operator to torch
     assert interrupts.sent_as(torch.nn.functional.relu) is interrupts.Stoppable
     assert id(torch.nn.functional.relu) not in interrupts._carriers
+    # Except the helpers behind an RRef's proxy, which torch sends as Python functions always.
+    from torch.distributed.rpc import rref_proxy
+
+    local_invoke, local_invoke_async = rref_proxy._local_invoke, rref_proxy._local_invoke_async_execution
+    assert interrupts.sent_as(local_invoke) is interrupts.Stoppable
+    assert interrupts.sent_as(local_invoke_async) is interrupts.Awaited
+    assert interrupts._carriers[id(local_invoke)][1] is interrupts.Stoppable
     # A stale entry at a function's id (another function, since gone) is not its answer.
     interrupts._carriers[id(plain)] = (weakref.ref(awaited), interrupts.Awaited)
     assert interrupts.sent_as(plain) is interrupts.Stoppable

@@ -341,7 +341,9 @@ def factorial(n):
         'rpc.rpc_sync("worker1", double, args=(torch.ones(1),)).item()': (2.0, False),
         'rpc.remote("worker1", double, args=(torch.ones(1),)).to_here().item()': (2.0, False),
         'rpc.rpc_sync("worker1", double, kwargs={"x": 1})': (2, False),
-        'rpc.rpc_sync("worker1", double, args=(list(range(100)),))[-1]': (99, True),  # past WALK_LIMIT
+        'rpc.rpc_sync("worker1", double, args=(list(range(63)),))[-1]': (62, False),  # WALK_LIMIT values
+        'rpc.rpc_sync("worker1", double, args=(list(range(64)),))[-1]': (63, True),  # one past it
+        'rpc.rpc_sync("worker1", double, args=(list(range(100)),))[-1]': (99, True),
         'rpc.rpc_sync("worker1", double, args=(torch.nn.Parameter(torch.ones(1)),)).item()': (2.0, True),
     }
     for call, (value, kept) in calls.items():

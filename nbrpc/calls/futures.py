@@ -134,7 +134,8 @@ class NamedFuture(torch.futures.Future):
         to, func, timeout, call_id = self._call
         try:
             try:
-                waiting.wait(self, to, interrupts.served_here())
+                if not _CFuture.done(self):  # (an RRef proxy's type, asked before every call, is done)
+                    waiting.wait(self, to, interrupts.served_here())
                 return _CFuture.wait(self)
             except RuntimeError as e:
                 if stepped_through(e, to, call_id):  # a person stepped through it: no timeout

@@ -82,7 +82,7 @@ os.register_at_fork(after_in_child=_ids.__init__)
 # id() of a Python function outside torch -> (a weak reference to it, its carrier: ``sent_as``).
 # The answer is the function's for good (``@async_execution`` makes a new function; torch's
 # builtin table, which may grow as torch's modules are imported, holds torch's functions
-# only); weak, so that no function is kept alive.
+# only, never the helpers behind an RRef's proxy); weak, so that no function is kept alive.
 _carriers: dict[int, tuple] = {}
 CARRIERS_KEPT = 1024
 
@@ -101,7 +101,8 @@ def sent_as(func: Callable) -> type | None:
         return known[1]
     kind, is_async = torch_compat.call_kind(func)
     carrier = None if kind != torch_compat.PYTHON else Awaited if is_async else Stoppable
-    if type(func) is types.FunctionType and not str(func.__module__).startswith("torch"):
+    if type(func) is types.FunctionType and (not str(func.__module__).startswith("torch")
+                                             or func in torch_compat.RREF_HELPERS):
         if len(_carriers) >= CARRIERS_KEPT:  # (ids of functions long gone, mostly)
             _carriers.clear()
         _carriers[id(func)] = (weakref.ref(func), carrier)

@@ -68,6 +68,7 @@ _TABLE_LEAVES = frozenset({torch.Tensor, rpc.PyRRef, rpc.RRef})
 # tensor table (tensors and RRefs), or shared memory's reducer and message scope besides (a
 # tensor whose storage may go through a segment: ``shared_tensors.below_shared``).
 PLAIN, TABLE, SHARED_MEMORY = 0, 1, 2
+_ALL_PLAIN = PLAIN_VALUES.issuperset  # of an iterable of types: whether each is a plain value's
 
 
 def call_message(udf, flat) -> tuple[tuple[bytes, list] | None, dict | None]:
@@ -192,14 +193,16 @@ def _leaf(value, cls: type, leaves: int) -> int:
     return TABLE if shared_tensors.below_shared(value) else SHARED_MEMORY
 
 
-def leaves_in_c(values, instances: dict) -> int | None:
+def leaves_in_c(values, instances: dict, leaves: int = PLAIN, left: int = WALK_LIMIT) -> int | None:
     """What ``values`` need of the table (``PLAIN``, ``TABLE``, ``SHARED_MEMORY``), where
     the C pickler with the kept pickler's table makes of them what the kept pickler does:
     plain values, tensors and RRefs (not a module's global, which ``reducer_override`` sends
     by name; torch's patch points hold functions and classes only), in tuples, lists, dicts
     and instances of notebook classes the receiver holds (their classes' reducers noted in
-    ``instances``: ``held_instances``), ``WALK_LIMIT`` values at most; else None."""
-    todo, left, leaves = list(values), WALK_LIMIT, PLAIN
+    ``instances``: ``held_instances``), ``left`` values at most (``WALK_LIMIT``, less those
+    ``flat_leaves`` looked at, which need ``leaves`` so far); else None. A container of
+    plain values alone is told so in C, each of its values counted."""
+    todo = list(values)
     while todo:
         value = todo.pop()
         cls = type(value)
@@ -209,10 +212,16 @@ def leaves_in_c(values, instances: dict) -> int | None:
         if cls in PLAIN_VALUES:
             continue
         if cls is tuple or cls is list:
-            todo += value
+            if _ALL_PLAIN(map(type, value)):
+                left -= len(value)
+            else:
+                todo += value
         elif cls is dict:
-            todo += value.keys()
-            todo += value.values()
+            if _ALL_PLAIN(map(type, value)) and _ALL_PLAIN(map(type, value.values())):
+                left -= 2 * len(value)
+            else:
+                todo += value.keys()
+                todo += value.values()
         elif cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves = _leaf(value, cls, leaves)
         else:
@@ -221,7 +230,7 @@ def leaves_in_c(values, instances: dict) -> int | None:
                 return None
             if fields:
                 todo.append(fields)  # (walked as a dict)
-    return leaves
+    return None if left < 0 else leaves
 
 
 def _held_instance(value, cls: type, instances: dict) -> dict | None:
@@ -231,7 +240,7 @@ def _held_instance(value, cls: type, instances: dict) -> dict | None:
     if found is None:
         return None
     fields, instances[cls] = found
-    if PLAIN_VALUES.issuperset(map(type, fields.values())) and PLAIN_VALUES.issuperset(map(type, fields)):
+    if _ALL_PLAIN(map(type, fields.values())) and _ALL_PLAIN(map(type, fields)):
         return {}
     return fields
 
@@ -239,24 +248,25 @@ def _held_instance(value, cls: type, instances: dict) -> dict | None:
 def flat_leaves(values: tuple, instances: dict) -> int | None:
     """``leaves_in_c(values, instances)`` (a call's positional arguments, its keywords empty,
     or a reply alone), told in one pass where each of ``values`` is a plain value, a tensor,
-    an RRef or a held instance of plain fields, walked where one is a container."""
+    an RRef or a held instance of plain fields; from the first container (or instance of
+    other fields) on, ``leaves_in_c`` walks the rest."""
     if len(values) > WALK_LIMIT - 2:
         return leaves_in_c(values, instances)
     leaves = PLAIN
-    for value in values:
+    for i, value in enumerate(values):
         cls = type(value)
         if cls in PLAIN_VALUES:
             continue
         if cls in _TABLE_LEAVES and module_globals.find(value) is None:
             leaves = _leaf(value, cls, leaves)
         elif cls is tuple or cls is list or cls is dict:
-            return leaves_in_c(values, instances)
+            return leaves_in_c(values[i:], instances, leaves, WALK_LIMIT - i)
         else:
             fields = _held_instance(value, cls, instances)
             if fields is None:
                 return None
             if fields:
-                return leaves_in_c(values, instances)
+                return leaves_in_c(values[i:], instances, leaves, WALK_LIMIT - i)
     return leaves
 
 
