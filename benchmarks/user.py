@@ -26,7 +26,9 @@ argument-kind table (``user_<side>_beside_raw_<form>_<kind>``, ``--kind-turns`` 
 ``--kind-calls`` calls of each): an int, a small tensor, a 64 KiB tensor, a dict of two
 tensors, a ``requires_grad`` tensor in a distributed autograd context, a keyword argument
 and a cell class's instance, each by ``rpc_sync``, ``rpc_async`` + ``wait``, ``remote`` +
-``to_here`` and a call through an RRef's proxy.
+``to_here`` and a call through an RRef's proxy, with two controls that have no nbrpc in
+them: a second init_rpc pair of the script, and its cells in a plain Jupyter kernel as
+rank 0 of an init_rpc pair (what a kernel costs by itself).
 """
 
 from __future__ import annotations
@@ -61,26 +63,20 @@ def cells(calls: int, trips: int) -> list[str]:
 
 
 def run_kernel(calls: int, trips: int) -> dict:
-    """One run in a real Jupyter kernel; its figures. The kernel talks over Unix sockets:
-    TCP ports chosen before the kernel binds them can be taken by others meanwhile."""
-    from jupyter_client import KernelManager
-
+    """One run in a real Jupyter kernel; its figures."""
     with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
-        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(scratch) / "kernel"))
-        km.start_kernel(cwd=scratch)
-        started = []
+        started, kernels = [], []
         try:
-            kc = km.client()
-            kc.start_channels()
-            kc.wait_for_ready(timeout=TIMEOUT)
+            km, kc = _kernel(scratch, "kernel", kernels)
             printed = []
             for cell in cells(calls, trips):
                 started += _children(km.provisioner.pid)
                 printed.append(_execute(kc, cell))
-            kc.stop_channels()
             return _last_json("".join(printed), "the kernel")
         finally:
-            km.shutdown_kernel(now=True)
+            for km, kc in kernels:
+                kc.stop_channels()
+                km.shutdown_kernel(now=True)
             kill_pids(sorted(set(started)))
 
 
@@ -149,9 +145,12 @@ def take_turns(runs: int, calls: int, trips: int, progress=print) -> dict[str, l
 
 # The sides that run at once in ``side_by_side``, and its rows: (side, reference, figure).
 BESIDE = ("kernel", "script", "raw_uv")
-# The argument-kind table's sides: besides, the control, a second init_rpc pair of the same
-# script, which reads how far a row strays from 1.00 with no nbrpc in it.
-KIND_SIDES = BESIDE + ("raw_uv_again",)
+# The argument-kind table's sides: besides, two controls with no nbrpc in them: a second
+# init_rpc pair of the same script, which reads how far a row strays from 1.00, and the
+# script's cells in a plain Jupyter kernel under init_rpc, which reads what a kernel costs.
+KIND_SIDES = BESIDE + ("raw_uv_again", "raw_kernel")
+# The argument-kind table's row groups: (side in the row ids, side measured).
+KIND_ROWS = (("kernel", "kernel"), ("script", "script"), ("control", "raw_uv_again"), ("plainkernel", "raw_kernel"))
 # The argument-kind table's columns and rows (``user_script.kinds_turn``): forms of call, kinds of argument.
 FORMS = ("sync", "async", "remote", "proxy")
 ARGUMENT_KINDS = ("int", "tensor", "tensor64k", "dict", "grad", "kwargs", "instance")
@@ -171,43 +170,43 @@ def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_c
     in flight (the order rotating), so that the machine's drift, its load and a run's
     thread placement fall on every side alike; then ``kind_turns`` turns of the
     argument-kind table, the sides taking turns row by row, ``kind_calls`` calls of each
-    form and kind, with the control (``KIND_SIDES``). Each side's figures per turn
-    (``user_script.turn``, ``user_script.kinds_turn``)."""
-    from jupyter_client import KernelManager
-
+    form and kind, with the controls (``KIND_SIDES``): a second init_rpc pair of the
+    script, and a plain Jupyter kernel (no nbrpc) as rank 0 of an init_rpc pair, whose
+    cells are the script's. Each side's figures per turn (``user_script.turn``,
+    ``user_script.kinds_turn``)."""
     with tempfile.TemporaryDirectory(prefix="nbrpc-user-") as scratch:
-        store, again = str(Path(scratch) / "store"), str(Path(scratch) / "store-again")
+        store, again, plain = (str(Path(scratch) / name) for name in ("store", "store-again", "store-plain"))
         commands = ([sys.executable, str(SCRIPT), "nbrpc", "--turns"],
                     [sys.executable, str(SCRIPT), "raw-uv", "0", store, "--turns"],
                     [sys.executable, str(SCRIPT), "raw-uv", "0", again, "--turns"],
                     [sys.executable, str(SCRIPT), "raw-uv", "1", store],
-                    [sys.executable, str(SCRIPT), "raw-uv", "1", again])
+                    [sys.executable, str(SCRIPT), "raw-uv", "1", again],
+                    [sys.executable, str(SCRIPT), "raw-uv", "1", plain])
         errors = [Path(scratch) / f"stderr-{i}" for i in range(len(commands))]
-        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(scratch) / "kernel"))
-        km.start_kernel(cwd=scratch)
-        procs, started = [], []
+        procs, started, kernels = [], [], []
         try:
             for command, err in zip(commands, errors):
                 with err.open("w") as sink:
                     procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                   stderr=sink, text=True, start_new_session=True))
-            kc = km.client()
-            kc.start_channels()
-            kc.wait_for_ready(timeout=TIMEOUT)
+            km, kc = _kernel(scratch, "kernel", kernels)
             for cell in cells(0, 0)[:3]:
                 started += _children(km.provisioner.pid)
                 _execute(kc, cell)
-            ask = {"kernel": lambda n: _last_json(_execute(kc, f"import json\nprint(json.dumps({_turn_call(n)}))"),
-                                                  "the kernel"),
+            _, plain_kc = _kernel(scratch, "plain-kernel", kernels)
+            for cell in (cells(0, 0)[2], PLAIN_KERNEL_JOINS.format(store=plain)):
+                _execute(plain_kc, cell)
+            ask = {"kernel": _asking_kernel(kc, "the kernel"),
                    "script": _asking(procs[0], "the script with nbrpc", errors[0]),
                    "raw_uv": _asking(procs[1], "the script with init_rpc (raw-uv)", errors[1]),
-                   "raw_uv_again": _asking(procs[2], "the control's script with init_rpc (raw-uv)", errors[2])}
+                   "raw_uv_again": _asking(procs[2], "the control's script with init_rpc (raw-uv)", errors[2]),
+                   "raw_kernel": _asking_kernel(plain_kc, "the plain kernel with init_rpc (raw-uv)")}
             for side in KIND_SIDES:
                 ask[side](calls)  # connections and threads: not timed
             found = _rotating(ask, BESIDE, turns, calls)
             kinds = _rotating_rows(ask, KIND_SIDES, kind_turns, kind_calls)
             _execute(kc, "%rpc_shutdown")
-            kc.stop_channels()
+            _execute(plain_kc, "rpc.shutdown()")
         finally:
             for proc in procs:
                 started += _children(proc.pid)
@@ -219,9 +218,36 @@ def side_by_side(turns: int = 60, calls: int = 200, kind_turns: int = 60, kind_c
                 except subprocess.TimeoutExpired:
                     pass
                 proc.stdout.close()
-            km.shutdown_kernel(now=True)
+            for km, kc in kernels:
+                kc.stop_channels()
+                km.shutdown_kernel(now=True)
             kill_pids(sorted(set(started + [proc.pid for proc in procs])))
     return {"turns": found, "calls": calls, "kinds": kinds, "kind_calls": kind_calls}
+
+
+# The plain kernel's second cell: rank 0 of an init_rpc pair on uv, as the script's ``main`` joins.
+PLAIN_KERNEL_JOINS = """options = rpc.TensorPipeRpcBackendOptions(init_method="file://{store}", _transports=["uv"])
+rpc.init_rpc("master", rank=0, world_size=2, rpc_backend_options=options)"""
+
+
+def _kernel(scratch: str, name: str, kernels: list) -> tuple:
+    """A Jupyter kernel in ``scratch`` and its ready client, noted in ``kernels`` (for the
+    caller to end). It talks over Unix sockets: TCP ports chosen before the kernel binds
+    them can be taken by others meanwhile."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(scratch) / name))
+    km.start_kernel(cwd=scratch)
+    kc = km.client()
+    kernels.append((km, kc))
+    kc.start_channels()
+    kc.wait_for_ready(timeout=TIMEOUT)
+    return km, kc
+
+
+def _asking_kernel(kc, who: str):
+    """A turn of ``calls`` (N, or "kinds N ROW") run as a cell of the kernel ``kc``."""
+    return lambda n: _last_json(_execute(kc, f"import json\nprint(json.dumps({_turn_call(n)}))"), who)
 
 
 def _turn_call(n: int | str) -> str:
@@ -288,15 +314,14 @@ def beside_rows(found: dict) -> list[dict]:
 
 def kind_rows(found: dict) -> list[dict]:
     """``user_<side>_beside_raw_<form>_<kind>``: each form and kind of argument from the
-    kernel, the script and the control (``KIND_SIDES``) against the init_rpc pair, the
+    kernel, the script and the controls (``KIND_ROWS``) against the init_rpc pair, the
     median of the turns' ratios."""
     rows = []
-    for side in ("kernel", "script", "control"):
+    for side, measured in KIND_ROWS:
         for form in FORMS:
             for kind in ARGUMENT_KINDS:
                 row_id, figure = f"user_{side}_beside_raw_{form}_{kind}", f"{form}_{kind}"
-                sides = ("raw_uv_again" if side == "control" else side, "raw_uv")
-                ours, theirs = ([turn[figure] for turn in found["kinds"][s]] for s in sides)
+                ours, theirs = ([turn[figure] for turn in found["kinds"][s]] for s in (measured, "raw_uv"))
                 rows.append(row(row_id, statistics.median(ours), statistics.median(theirs),
                                 ratio=statistics.median(TARGETS[row_id].ratio(o, t) for o, t in zip(ours, theirs)),
                                 note=f"median of {len(ours)} turns' ratios, {found['kind_calls']} calls a turn, "

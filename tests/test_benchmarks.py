@@ -267,8 +267,9 @@ def test_the_side_by_side_rows_take_each_turns_ratio(bench):
 
 def test_the_argument_kind_table_has_a_row_for_each_form_kind_and_side(bench):
     """Each form of call with each kind of argument, from the kernel, the script and the
-    control (a second init_rpc pair), against the init_rpc pair of the same turn; a row's
-    ratio is the median of the turns' ratios; the control's rows have no target."""
+    controls (a second init_rpc pair, a plain kernel under init_rpc), against the init_rpc
+    pair of the same turn; a row's ratio is the median of the turns' ratios; the controls'
+    rows have no target."""
     user = bench["user"]
     figures = [f"{form}_{kind}" for form in user.FORMS for kind in user.ARGUMENT_KINDS]
     assert len(figures) == 28 and "remote_tensor" in figures and "proxy_instance" in figures
@@ -278,14 +279,18 @@ def test_the_argument_kind_table_has_a_row_for_each_form_kind_and_side(bench):
                        for turn, factor in zip(kinds["raw_uv"], (1.02, 1.2, 1.04))]
     kinds["raw_uv_again"] = [{name: turn[name] * factor for name in figures}
                              for turn, factor in zip(kinds["raw_uv"], (0.9, 1.06, 1.07))]
+    kinds["raw_kernel"] = [{name: turn[name] * factor for name in figures}
+                           for turn, factor in zip(kinds["raw_uv"], (1.1, 1.08, 0.95))]
     assert set(kinds) == set(user.KIND_SIDES)
     rows = {row["id"]: row for row in user.kind_rows({"kinds": kinds, "kind_calls": 15})}
-    assert len(rows) == 84 and set(rows) <= set(bench["targets"].load())
+    assert len(rows) == 112 and set(rows) <= set(bench["targets"].load())
     grad = rows["user_kernel_beside_raw_remote_grad"]
     assert grad["ratio"] == pytest.approx(1.04) and grad["met"] is True and "15 calls a turn" in grad["note"]
     assert rows["user_script_beside_raw_proxy_dict"]["ratio"] == 1.0
     control = rows["user_control_beside_raw_sync_instance"]
     assert control["ratio"] == pytest.approx(1.06) and control["met"] is None
+    plain = rows["user_plainkernel_beside_raw_remote_int"]
+    assert plain["ratio"] == pytest.approx(1.08) and plain["met"] is None
 
 
 def _side_by_side_processes() -> list[psutil.Process]:
@@ -300,11 +305,11 @@ def _side_by_side_processes() -> list[psutil.Process]:
 @pytest.mark.slow
 def test_a_kernel_a_script_and_the_init_rpc_pair_run_side_by_side(bench):
     """Real processes: a Jupyter kernel with nbrpc, a script with nbrpc and an init_rpc pair
-    take turns, of small calls and of the argument-kind table; every process they started
-    is gone after."""
+    take turns, of small calls and of the argument-kind table (with the controls: another
+    init_rpc pair, a plain kernel under init_rpc); every process they started is gone after."""
     found = bench["user"].side_by_side(turns=2, calls=20, kind_turns=1, kind_calls=2)
     assert {side: len(turns) for side, turns in found["turns"].items()} == {"kernel": 2, "script": 2, "raw_uv": 2}
-    assert set(found["kinds"]) == {"kernel", "script", "raw_uv", "raw_uv_again"}  # with the control
+    assert set(found["kinds"]) == {"kernel", "script", "raw_uv", "raw_uv_again", "raw_kernel"}  # with the controls
     for [kinds] in found["kinds"].values():  # every form with every kind of argument ran, on every side
         assert len(kinds) == 28 and all(0.01 < ms < 1000 for ms in kinds.values()), kinds
     assert all(row["ratio"] > 0 for row in bench["user"].kind_rows(found))
