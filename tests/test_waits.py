@@ -359,9 +359,9 @@ def test_a_remote_is_in_flight_until_its_owner_confirms_the_rref():
     rrefs = [Made() for _ in range(4)]
     table.remote_made(table.remote_sending("worker1", time.sleep, "a", None), rrefs[0])
     table.remote_made(table.remote_sending("worker2", time.sleep, "b", None), rrefs[1])
-    assert [e[ID] for e in table.in_flight()] == ["a", "b"] and table.remote_call(rrefs[0]) == "a"
+    assert [e[ID] for e in table.in_flight()] == ["a", "b"] and _fetch_waits_on(table, rrefs[0]) == "a"
     rrefs[1].future.set_result(None)
-    assert [e[ID] for e in table.in_flight()] == ["a"] and table.remote_call(rrefs[1]) is None
+    assert [e[ID] for e in table.in_flight()] == ["a"] and _fetch_waits_on(table, rrefs[1]) is None
     rrefs[0].future.set_result(None)
     key = table.remote_sending("worker1", time.sleep, "c", None)  # drops "a" before "c" leaves
     assert list(table.outgoing) == ["c"] and not table.remotes
@@ -370,6 +370,13 @@ def test_a_remote_is_in_flight_until_its_owner_confirms_the_rref():
     table.remote_made(table.remote_sending("worker2", time.sleep, "d", None), rrefs[3])
     del rrefs[2]  # its RRef dropped: nothing can wait on "c" any more
     assert [e[ID] for e in table.in_flight()] == ["d"]
+
+
+def _fetch_waits_on(table, rref) -> str | None:
+    """The key of the remote a fetch of ``rref`` waits on (the fetch answered at once)."""
+    key, on = table.fetching("worker1", rref)
+    table.answered(key)
+    return on
 
 
 def test_a_fetched_remote_leaves_the_table_with_its_to_here():
@@ -382,8 +389,8 @@ def test_a_fetched_remote_leaves_the_table_with_its_to_here():
 
     table, rref = Pending(), Made()
     table.remote_made(table.remote_sending("worker1", time.sleep, "a", None), rref)
-    fetch = table.calling("worker1", "to_here", None, "to_here", table.remote_call(rref))
-    assert set(table.outgoing) == {"a", fetch}
+    fetch, on = table.fetching("worker1", rref)
+    assert on == "a" and set(table.outgoing) == {"a", fetch}
     table.answered(fetch)
     table.fetched("a")
     assert not table.outgoing and not table.remotes and not table.rrefs
@@ -439,7 +446,8 @@ def test_a_forked_child_has_its_own_call_ids_and_no_calls_of_its_parent():
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.write(w, f"{PENDING.new_id()} {len(PENDING.outgoing)}".encode())
+            calls = len(PENDING.outgoing)
+            os.write(w, f"{PENDING.calling('worker1', time.sleep, None, 'rpc_sync')} {calls}".encode())
             os._exit(0)
         os.waitpid(pid, 0)
         child_id, child_calls = os.read(r, 200).decode().split()

@@ -274,8 +274,16 @@ def _fetch_interruptibly(rref, timeout: float, record: caller_half.Record | call
 
 
 def _in_a_kernel() -> bool:
-    app = sys.modules.get("ipykernel.kernelapp")  # imported by a kernel only, never here
-    return app is not None and app.IPKernelApp.initialized()
+    """Whether this process is a Jupyter kernel: asked before each ``to_here``'s fetch, so
+    a kernel's answer is kept (a process that became one stays one)."""
+    global _KERNEL
+    if not _KERNEL:
+        app = sys.modules.get("ipykernel.kernelapp")  # imported by a kernel only, never here
+        _KERNEL = app is not None and app.IPKernelApp.initialized()
+    return _KERNEL
+
+
+_KERNEL = False
 
 
 def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded):

@@ -122,10 +122,6 @@ class Pending:
         self._ids = itertools.count()
         self._id_prefix = f"{os.getpid()}-n"  # getpid is a system call: not on each call's path
 
-    def new_id(self) -> str:
-        """An id for a call that carries none to its callee (a builtin, ``to_here``)."""
-        return self._id_prefix + str(next(self._ids))
-
     def calling(self, callee, func, call_id: str | None, kind: str, on: str | None = None,
                 site: bool | tuple = True) -> str:
         """A call was sent; returns its key for ``answered``. ``kind``: ``rpc_sync``,
@@ -143,9 +139,14 @@ class Pending:
     def fetching(self, owner: str, rref) -> tuple[str, str | None]:
         """A ``to_here`` of ``rref`` from ``owner`` was sent (``calling`` for it, in one step):
         its key for ``answered``, and that of the ``remote`` making the value, which it
-        waits on (``remote_call``; ``fetched`` once the value came)."""
-        on = self.remote_call(rref)
-        key = self.new_id()
+        waits on, unless it is known to be over (``fetched`` once the value came). One
+        frame: what runs between a ``remote`` and its fetch delays the fetch (see
+        ``remote_sending``)."""
+        on = self.rrefs.get(id(rref))
+        if on is not None and on not in self.remotes:  # over (dropped as the table was read)
+            self.rrefs.pop(id(rref), None)
+            on = None
+        key = self._id_prefix + str(next(self._ids))
         self.outgoing[key] = (key, owner, "to_here", _getframe(1), _get_ident(), _now(), "to_here", on)
         return key, on
 
@@ -228,15 +229,6 @@ class Pending:
         """The entries of the calls in flight now."""
         self._drop_created()
         return list(self.outgoing.copy().values())
-
-    def remote_call(self, rref) -> str | None:
-        """The call id of the ``remote`` that makes ``rref``'s value, unless it is known to
-        be over (one that ended since is dropped as the table is read)."""
-        call_id = self.rrefs.get(id(rref))
-        if call_id is not None and call_id not in self.remotes:
-            self.rrefs.pop(id(rref), None)
-            return None
-        return call_id
 
     def report(self) -> dict:
         """Both tables as plain data (function names, no objects)."""

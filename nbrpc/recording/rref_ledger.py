@@ -242,10 +242,10 @@ def is_tracking() -> bool:
     return _ledger.tracking
 
 
-def created(rref, to, call_site: tuple | None) -> None:
-    """``rpc.remote`` made ``rref`` here, sent to ``to`` from ``call_site`` (file, line)
-    (while tracking)."""
-    _ledger.made(rref, to, call_site)
+# ``rpc.remote`` made ``rref`` here, sent to ``to`` from ``call_site`` (while tracking):
+# ``created(rref, to, call_site)``, the ledger's own ``made`` (no frame of its own: it runs
+# between a ``remote`` and the fetch after it, see ``Pending.remote_sending``).
+created = _ledger.made
 
 
 def _init(self, value, type_hint=None):
