@@ -52,6 +52,7 @@ _torch_to_here = torch_compat.to_here
 # it waits on a helper thread, whose wait the stop button ends: most values come well
 # within it, and the hand-off to a helper and back cost a small fetch about 15%.
 DIRECT_FETCH = 0.5
+_KERNEL = False  # this process is a Jupyter kernel (``_in_a_kernel``), once found to be
 
 
 def install() -> None:
@@ -281,9 +282,6 @@ def _in_a_kernel() -> bool:
         app = sys.modules.get("ipykernel.kernelapp")  # imported by a kernel only, never here
         _KERNEL = app is not None and app.IPKernelApp.initialized()
     return _KERNEL
-
-
-_KERNEL = False
 
 
 def _fetch(rref, timeout: float, record: caller_half.Record | caller_half.Unrecorded):
