@@ -5,9 +5,9 @@ path left out at a time, in one cluster, in turns.
 
 The loops are those of the user's comparison (``user_script.py``): a small ``rpc_sync``
 of a function defined in ``__main__``, ``rpc.remote`` + ``to_here``, and ``rpc_async``
-with 32 in flight; the first two with a small tensor (4 floats) as the argument; an ``rpc_sync`` and a
-``remote`` + ``to_here`` of a cell class's instance (two fields); and a call through an
-RRef's proxy.
+with 32 in flight; the first two with a small tensor (4 floats) as the argument; an
+``rpc_sync`` and a ``remote`` + ``to_here`` of a cell class's instance (two fields); and
+a call through an RRef's proxy.
 Each runs as nbrpc runs it, then with one part left out (the part's function swapped for
 a stand-in that does nothing, for this measurement only), then with torch's own
 functions in nbrpc's cluster (the caller's wrappers left out: torch's pickler is still
